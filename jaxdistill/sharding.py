@@ -1,0 +1,127 @@
+"""Device mesh and logical-axis sharding.
+
+Model code names array axes with a small logical vocabulary::
+
+  batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, layers, cache_seq
+
+A config holds the rules that map each logical name to mesh axes; they are
+resolved here, once, into `NamedSharding`s. The default mesh is pure FSDP plus
+an optional tensor axis: ('data', 'fsdp', 'tensor').
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical name -> mesh axis (or tuple of mesh axes, or None = replicated).
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("vocab", "tensor"),
+    ("seq", None),
+    ("head_dim", None),
+    ("layers", None),
+    ("cache_seq", None),
+)
+
+
+def make_mesh(shape: Mapping[str, int] | None = None, devices=None) -> Mesh:
+  """Builds a ('data', 'fsdp', 'tensor') mesh; one entry may be -1 (= the rest).
+
+  Raises ValueError naming the mesh when it does not divide the device count.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = dict(shape or {"data": -1})
+  unknown = set(shape) - set(MESH_AXES)
+  if unknown:
+    raise ValueError(f"mesh: unknown axes {sorted(unknown)}; use {MESH_AXES}")
+  sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
+  n_free = sum(s == -1 for s in sizes)
+  if n_free > 1:
+    raise ValueError(f"mesh: at most one axis may be -1, got {shape}")
+  known = math.prod(s for s in sizes if s != -1)
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh: axis sizes must be positive or -1, got {shape}")
+  if n_free:
+    if len(devices) % known:
+      raise ValueError(
+          f"mesh {shape} does not divide the {len(devices)} available devices")
+    sizes = [len(devices) // known if s == -1 else s for s in sizes]
+  if math.prod(sizes) != len(devices):
+    raise ValueError(
+        f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+        f"but {len(devices)} are available")
+  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def _mesh_size(mesh: Mesh, axes) -> int:
+  if axes is None:
+    return 1
+  if isinstance(axes, str):
+    axes = (axes,)
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int] | None,
+                    mesh: Mesh, rules=DEFAULT_RULES) -> P:
+  """Resolves one array's logical axis names to a PartitionSpec.
+
+  A dimension that its mesh axes do not divide is replicated (logged once), so
+  that e.g. 2 KV heads on a 4-way tensor axis still run. A mesh axis is used at
+  most once per array.
+  """
+  table = dict(rules)
+  used, spec = set(), []
+  for i, name in enumerate(logical):
+    axes = table.get(name) if name is not None else None
+    if isinstance(axes, str):
+      axes = (axes,)
+    if axes is not None:
+      axes = tuple(a for a in axes if a not in used and mesh.shape.get(a, 1) > 1)
+      if shape is not None and axes and shape[i] % _mesh_size(mesh, axes):
+        logging.info("replicating dim %d (%s, size %d): not divisible by %s",
+                     i, name, shape[i], axes)
+        axes = ()
+    if not axes:
+      spec.append(None)
+    else:
+      used.update(axes)
+      spec.append(axes[0] if len(axes) == 1 else axes)
+  return P(*spec)
+
+
+def is_axes_leaf(x) -> bool:
+  return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def tree_shardings(logical_tree, mesh: Mesh, rules=DEFAULT_RULES, shapes=None):
+  """Maps a pytree of logical-axis tuples (and optional same-structured
+  shapes/ShapeDtypeStructs) to a pytree of NamedShardings."""
+  if shapes is None:
+    return jax.tree.map(
+        lambda ax: NamedSharding(mesh, logical_to_spec(ax, None, mesh, rules)),
+        logical_tree, is_leaf=is_axes_leaf)
+  return jax.tree.map(
+      lambda ax, s: NamedSharding(
+          mesh, logical_to_spec(ax, getattr(s, "shape", s), mesh, rules)),
+      logical_tree, shapes, is_leaf=is_axes_leaf)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedSharding:
+  """Sharding for a [batch, ...] array: batch over the data axes."""
+  return NamedSharding(
+      mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))

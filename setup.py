@@ -1,0 +1,34 @@
+"""jaxdistill: strong-to-weak distillation of LLMs in JAX/Flax."""
+import setuptools
+
+setuptools.setup(
+    name="jaxdistill",
+    version="0.1.0",
+    description=(
+        "On-policy vs off-policy distillation of LLMs (Llama 3, Qwen2.5) in JAX/Flax."
+    ),
+    packages=setuptools.find_packages(include=["jaxdistill", "jaxdistill.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.35",
+        "flax>=0.10",
+        "optax>=0.2.3",
+        "orbax-checkpoint>=0.9",
+        "ml-collections>=0.1.1",
+        "transformers>=4.46",
+        "tokenizers>=0.20",
+        "safetensors>=0.4",
+        "tensorflow-datasets>=4.9.7",
+        "grain>=0.2.2",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        # torch is only a reference for parity tests and benchmarks. The pinned
+        # version is a CPU build on our CI machines; an unpinned `torch` pulls a
+        # multi-GB CUDA build.
+        "test": ["pytest>=8", "torch==2.13.0"],
+    },
+)
