@@ -1,0 +1,140 @@
+"""The compiled decode loop, generic over the models that feed it.
+
+A model is seen here only through a step function
+`step(cache, tokens [B]) -> (logits [B, V], cache)`; the prefill (which also
+gives the logits for the first new token) happens before the loop. This keeps
+the loop testable with toy logits tables and independent of the model code.
+
+Policies: one model ('student' or 'teacher'), or two models decoding in
+lockstep ('mixture': index 0 = student, 1 = teacher). At every step each model
+proposes a token from its own logits with the SAME sampling key, and a coin
+from a separate stream picks the student's proposal with probability lam. So
+lam = 1 (coin always student) is exactly the student-only rollout, lam = 0
+exactly the teacher-only rollout, for the same rng.
+
+RNG (what is guaranteed): with `rng` split into a sampling stream and a coin
+stream, the key of row b at step i is fold_in(fold_in(stream, row_ids[b]), i).
+A row's draws therefore depend only on (rng, its row id, the step, its own
+logits), not on the batch size or on the other rows. Its logits can still
+differ in the last bits with batch composition (batched matmuls, padding to a
+different prompt width), which can flip a near-tie; bit-identical results are
+guaranteed only for identical inputs.
+
+Shapes: B batch rows, N max new tokens, V vocabulary.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from jaxdistill.rollout import sampling
+
+StepFn = Callable[[Any, jax.Array], tuple[jax.Array, Any]]
+
+
+@flax.struct.dataclass
+class LoopState:
+  step: jax.Array          # [] int32: index of the next token to sample
+  tokens: jax.Array        # [B, N] int32, pad after a row ends
+  logprobs: jax.Array      # [B, N] float32, 0 where not generated
+  from_student: jax.Array  # [B, N] bool, False where not generated
+  mask: jax.Array          # [B, N] bool: generated (up to and incl. EOS)
+  done: jax.Array          # [B] bool
+  logits: tuple            # per model [B, V]: logits for the next token
+  caches: tuple            # per model cache pytree
+
+
+def row_keys(key, row_ids):
+  """[B] keys, one per row id: fold_in(key, row_id)."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
+
+
+def _step_keys(keys, i):
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
+
+
+def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
+           max_new_tokens: int, sampler: sampling.Sampler, temperature,
+           top_p=1.0, lam=None, student_index: int | None = 0,
+           eos_ids: Sequence[int] = (), pad_id: int = 0,
+           constrain: Callable[[LoopState], LoopState] = lambda s: s):
+  """Samples up to `max_new_tokens` tokens; call inside jit.
+
+  Args:
+    step_fns: one step function, or (student, teacher) for a mixture.
+    logits: per model [B, V] logits for the first new token (from prefill).
+    caches: per model cache after prefill.
+    rng: PRNG key; streams fold_in(rng, 0) (sampling), fold_in(rng, 1) (coin).
+    row_ids: [B] int32 ids that key each row's RNG stream.
+    max_new_tokens: N, static.
+    sampler: static sampling settings.
+    temperature, top_p: traced sampling values.
+    lam: traced probability of the student's token (mixture only).
+    student_index: for one model, 0 if it is the student, None if teacher.
+    eos_ids: a row ends after emitting any of these.
+    pad_id: written after a row's end.
+    constrain: applied to the state every step (sharding constraints).
+
+  Returns:
+    The final LoopState.
+  """
+  n_models = len(step_fns)
+  if n_models not in (1, 2) or len(logits) != n_models:
+    raise ValueError(f"step_fns: need 1 or 2 models, got {n_models}")
+  b = logits[0].shape[0]
+  sample_keys = row_keys(jax.random.fold_in(rng, 0), row_ids)  # [B]
+  coin_keys = row_keys(jax.random.fold_in(rng, 1), row_ids)  # [B]
+  eos = jnp.asarray(tuple(eos_ids), jnp.int32).reshape(-1)
+
+  def pick(s: LoopState) -> LoopState:
+    i = s.step
+    keys = _step_keys(sample_keys, i)
+    proposals = [sampling.sample(sampler, l, keys, temperature, top_p)
+                 for l in s.logits]
+    if n_models == 2:
+      u = jax.vmap(jax.random.uniform)(_step_keys(coin_keys, i))  # [B]
+      # u is in [0, 1): lam = 1 always picks the student, lam = 0 never.
+      student = u < lam
+      tok = jnp.where(student, proposals[0][0], proposals[1][0])
+      lp = jnp.where(student, proposals[0][1], proposals[1][1])
+    else:
+      tok, lp = proposals[0]
+      student = jnp.full((b,), student_index == 0)
+    live = ~s.done
+    tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
+    ended = live & jnp.any(tok[:, None] == eos[None, :], axis=-1)
+    col = lambda buf, v: buf.at[:, i].set(v)
+    return constrain(s.replace(
+        step=i + 1,
+        tokens=col(s.tokens, tok),
+        logprobs=col(s.logprobs, jnp.where(live, lp, 0.0)),
+        from_student=col(s.from_student, student & live),
+        mask=col(s.mask, live),
+        done=s.done | ended))
+
+  def cond(s: LoopState):
+    return (s.step < max_new_tokens) & ~jnp.all(s.done)
+
+  def body(s: LoopState) -> LoopState:
+    last = jax.lax.dynamic_index_in_dim(s.tokens, s.step - 1, 1, False)  # [B]
+    out = [f(c, last) for f, c in zip(step_fns, s.caches)]
+    return pick(s.replace(logits=tuple(o[0] for o in out),
+                          caches=tuple(o[1] for o in out)))
+
+  n = max_new_tokens
+  s = LoopState(
+      step=jnp.zeros((), jnp.int32),
+      tokens=jnp.full((b, n), pad_id, jnp.int32),
+      logprobs=jnp.zeros((b, n), jnp.float32),
+      from_student=jnp.zeros((b, n), bool),
+      mask=jnp.zeros((b, n), bool),
+      done=jnp.zeros((b,), bool),
+      logits=tuple(logits),
+      caches=tuple(caches))
+  # The first token comes from the prefill logits; each loop iteration then
+  # runs one forward step per model, so no forward is wasted after the last.
+  return jax.lax.while_loop(cond, body, pick(constrain(s)))
