@@ -1,0 +1,11 @@
+"""Llama 3 and Qwen2.5 as pure functions over parameter pytrees.
+
+  cfg, params = models.load_pretrained('/path/to/hf_dir', dtype='bfloat16')
+  logits = models.apply(cfg, params, tokens, attention_mask)   # [B, T, V]
+"""
+from jaxdistill.models.config import FAMILIES, PRESETS, ModelConfig, get_preset
+from jaxdistill.models.model import (
+    apply, cache_logical_axes, init, init_cache, logical_axes, num_params,
+    output_head, param_shapes)
+from jaxdistill.models.checkpoint import (
+    config_from_hf, config_to_hf, load_pretrained, save_pretrained)

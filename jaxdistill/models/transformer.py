@@ -1,0 +1,188 @@
+"""Flax Linen modules of the Llama 3 / Qwen2.5 decoder.
+
+Used only through `jaxdistill.models.model` (init/apply over plain dicts).
+The decoder layers are one `nn.scan` over stacked parameters ([L, ...] leaves,
+logical axis 'layers'), so compile time does not grow with depth.
+
+Einsum letters:
+  B batch, T query positions, S key positions (cache slots), D hidden_size,
+  N query heads, K kv heads, G = N // K query heads per kv head, H head_dim,
+  F intermediate_size, V vocab, L layers.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxdistill.models import rope
+from jaxdistill.models.config import ModelConfig
+
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite, so all-pad rows stay finite
+
+_REMAT = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def _normal(stddev=0.02):
+  return nn.initializers.normal(stddev)
+
+
+class _Param(nn.Module):
+  """A module holding one parameter, for HF-like nesting (embed_tokens/...)."""
+  leaf: str
+  shape: Sequence[int]
+  axes: Sequence[str | None]
+  param_dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self):
+    return self.param(self.leaf, nn.with_logical_partitioning(
+        _normal(), tuple(self.axes)), tuple(self.shape), self.param_dtype)
+
+
+class Linear(nn.Module):
+  """y = x . kernel (+ bias), contracting x's trailing len(in_shape) dims."""
+  in_shape: Sequence[int]
+  out_shape: Sequence[int]
+  axes: Sequence[str | None]  # logical names of kernel dims (in + out)
+  use_bias: bool = False
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x):
+    shape = tuple(self.in_shape) + tuple(self.out_shape)
+    kernel = self.param("kernel", nn.with_logical_partitioning(
+        _normal(), tuple(self.axes)), shape, self.param_dtype)
+    y = jnp.tensordot(x, kernel.astype(self.dtype), axes=len(self.in_shape))
+    if self.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), tuple(self.axes[len(self.in_shape):])),
+                        tuple(self.out_shape), self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+class RMSNorm(nn.Module):
+  """HF RMSNorm: statistics in float32, scale applied in the compute dtype."""
+  eps: float
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(
+        nn.initializers.ones_init(), (None,)), (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return scale.astype(self.dtype) * x32.astype(self.dtype)
+
+
+class Attention(nn.Module):
+  """Grouped-query self-attention with RoPE and an optional stacked KV cache."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, mask, cache, index, layer):
+    # x [B, T, D]; positions [B, T]; mask [B, T, S] bool; cache None or
+    # (k, v) each [L, B, S, K, H]; index: cache write slot; layer: scan index.
+    c = self.cfg
+    d, n, k, h = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    kw = dict(dtype=c.dtype, param_dtype=c.param_dtype, use_bias=c.attention_bias)
+    q = Linear((d,), (n, h), ("embed", "heads", "head_dim"), name="q_proj", **kw)(x)
+    kk = Linear((d,), (k, h), ("embed", "kv_heads", "head_dim"), name="k_proj", **kw)(x)
+    vv = Linear((d,), (k, h), ("embed", "kv_heads", "head_dim"), name="v_proj", **kw)(x)
+    inv_freq = rope.inv_frequencies(c)
+    q = rope.apply_rope(q, positions, inv_freq)  # [B, T, N, H]
+    kk = rope.apply_rope(kk, positions, inv_freq)  # [B, T, K, H]
+
+    if cache is not None:
+      kc, vc = cache
+      start = (layer, 0, index, 0, 0)
+      kc = lax.dynamic_update_slice(kc, kk.astype(kc.dtype)[None], start)
+      vc = lax.dynamic_update_slice(vc, vv.astype(vc.dtype)[None], start)
+      cache = (kc, vc)
+      kk = lax.dynamic_index_in_dim(kc, layer, 0, keepdims=False).astype(c.dtype)
+      vv = lax.dynamic_index_in_dim(vc, layer, 0, keepdims=False).astype(c.dtype)
+
+    b, t = x.shape[:2]
+    q = q.reshape(b, t, k, c.num_groups, h)  # [B, T, K, G, H]
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, kk,
+                        preferred_element_type=jnp.float32) * (h ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, vv).reshape(b, t, n, h)
+    out = Linear((n, h), (d,), ("heads", "head_dim", "embed"), name="o_proj",
+                 dtype=c.dtype, param_dtype=c.param_dtype)(out)
+    return out, cache
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    kw = dict(dtype=c.dtype, param_dtype=c.param_dtype)
+    d, f = c.hidden_size, c.intermediate_size
+    gate = Linear((d,), (f,), ("embed", "mlp"), name="gate_proj", **kw)(x)
+    up = Linear((d,), (f,), ("embed", "mlp"), name="up_proj", **kw)(x)
+    return Linear((f,), (d,), ("mlp", "embed"), name="down_proj", **kw)(
+        nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+  """One pre-norm block; signature fits nn.scan (carry, *broadcast, layer)."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, carry, positions, mask, index, layer):
+    c = self.cfg
+    x, cache = carry
+    kw = dict(eps=c.rms_norm_eps, dtype=c.dtype, param_dtype=c.param_dtype)
+    h, cache = Attention(c, name="self_attn")(
+        RMSNorm(name="input_layernorm", **kw)(x), positions, mask, cache,
+        index, layer)
+    x = x + h
+    x = x + MLP(c, name="mlp")(RMSNorm(name="post_attention_layernorm", **kw)(x))
+    return (x, cache), None
+
+
+class Transformer(nn.Module):
+  """tokens -> final-normed hidden states [B, T, D] (+ updated (k, v) cache)."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions, mask, cache=None, index=0):
+    c = self.cfg
+    embedding = _Param("embedding", (c.vocab_size, c.hidden_size),
+                       ("vocab", "embed"), c.param_dtype, name="embed_tokens")()
+    x = jnp.take(embedding, tokens, axis=0).astype(c.dtype)  # [B, T, D]
+
+    layer_cls = DecoderLayer
+    if c.remat != "none":
+      layer_cls = nn.remat(layer_cls, policy=_REMAT[c.remat], prevent_cse=False)
+    stack = nn.scan(
+        layer_cls,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+        length=c.num_hidden_layers,
+        unroll=c.scan_unroll,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )(c, name="layers")
+    layers = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)
+    (x, cache), _ = stack((x, cache), positions, mask, index, layers)
+    x = RMSNorm(c.rms_norm_eps, c.dtype, c.param_dtype, name="norm")(x)
+    if not c.tie_word_embeddings:
+      # Created here so init makes it; apply() multiplies by it outside.
+      _Param("kernel", (c.hidden_size, c.vocab_size), ("embed", "vocab"),
+             c.param_dtype, name="lm_head")()
+    return x, cache
