@@ -1,0 +1,90 @@
+"""Tasks: prompts and verifiers, and the glue from a batch row to its verifier.
+
+A record is a plain dict. Countdown records carry `numbers`, `target` (and
+`solution`); multiple-choice records carry `question`, `options`, `answer`.
+`task_of(record)` tells them apart, and batches from
+jaxdistill.data.pipeline carry the same information as arrays ('task',
+'numbers', 'target', 'gold'), so `score_batch(texts, batch)` needs nothing
+else to score completions.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from jaxdistill.tasks import countdown, mcq
+
+COUNTDOWN, MCQ = 0, 1
+TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq"}
+
+
+def task_of(record: Mapping) -> int:
+  """COUNTDOWN or MCQ from a record's fields; ValueError if neither fits."""
+  if "numbers" in record and "target" in record:
+    return COUNTDOWN
+  if "question" in record and "options" in record and "answer" in record:
+    return MCQ
+  raise ValueError(
+      "record: expected Countdown fields (numbers, target) or multiple-choice "
+      f"fields (question, options, answer), got keys {sorted(record)}")
+
+
+def prompt_text(record: Mapping) -> str:
+  """The user message for a record (before the chat template)."""
+  if task_of(record) == COUNTDOWN:
+    return countdown.build_prompt(record["numbers"], record["target"])
+  return mcq.build_prompt(record["question"], record["options"])
+
+
+def reference_response(record: Mapping) -> str:
+  """Fixed response text for off-policy/SFT data: `record['response']` if
+  present, else the Countdown solution's worked steps, else the MCQ answer line."""
+  if record.get("response") is not None:
+    return str(record["response"])
+  if task_of(record) == COUNTDOWN:
+    if not record.get("solution"):
+      raise ValueError("record: Countdown record has no 'solution' or 'response'")
+    return countdown.reference_completion(
+        record["numbers"], record["target"], record["solution"])
+  return mcq.reference_completion(record["answer"])
+
+
+def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
+  """Rewards for completions of a prompt batch.
+
+  `texts` has B * G entries for a batch of B prompts, prompt-major: text i
+  answers prompt i // G (G samples per prompt, as for GRPO or pass@k).
+  Returns float32 'reward' [B*G], 'format' [B*G] (the task's format score)
+  and bool 'parsed' [B*G] (an answer could be extracted).
+  """
+  task = np.asarray(batch["task"])
+  b = task.shape[0]
+  if b == 0 or len(texts) % b:
+    raise ValueError(f"texts: {len(texts)} completions for {b} prompts; "
+                     "need a positive multiple of the batch size")
+  g = len(texts) // b
+  numbers, target, gold = (np.asarray(batch[k]) for k in ("numbers", "target", "gold"))
+  out = {"reward": np.zeros(len(texts), np.float32),
+         "format": np.zeros(len(texts), np.float32),
+         "parsed": np.zeros(len(texts), bool)}
+  for i, text in enumerate(texts):
+    row = i // g
+    if task[row] == COUNTDOWN:
+      nums = [int(n) for n in numbers[row] if n >= 0]
+      out["reward"][i] = countdown.reward(text, nums, int(target[row]))
+      out["format"][i] = countdown.format_score(text)
+      out["parsed"][i] = out["format"][i] == 1.0
+    elif task[row] == MCQ:
+      letter = mcq.LETTERS[int(gold[row])]
+      out["reward"][i] = mcq.reward(text, letter)
+      out["format"][i] = mcq.format_score(text)
+      out["parsed"][i] = out["format"][i] == 1.0
+    else:
+      raise ValueError(f"batch['task'][{row}] = {task[row]} is not a known task id")
+  return out
+
+
+def reward_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> np.ndarray:
+  """float32 [B*G] rewards; see `score_batch`."""
+  return score_batch(texts, batch)["reward"]
