@@ -1,0 +1,176 @@
+"""tensorflow-datasets builders (array_record files, read back without TensorFlow).
+
+Two builders, both `tfds.core.GeneratorBasedBuilder` writing `array_record`
+shards; records are read back with `tfds.data_source` / `as_data_source`, which
+is random access and TensorFlow-free (grain can consume it directly):
+
+  countdown_tasks   configs n3, n4, n5, n6 (Countdown-N), splits train / test
+                    with disjoint targets; fields numbers, target, solution.
+  mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa; reads
+                    the user's downloaded files from `manual_dir` (split from
+                    each file name, see sources.split_of_file); fields
+                    question, options, answer.
+
+`data_dir` is always explicit: nothing is written to ~/tensorflow_datasets by
+accident. Custom sizes or seeds: pass a config object, e.g.
+`CountdownTasks(config=CountdownConfig(name='n3_small', n_numbers=3,
+train_size=100, test_size=20), data_dir=...)`.
+
+Metadata is built with `tfds.core.DatasetInfo` directly, not
+`dataset_info_from_configs`, because the latter reads package metadata files
+that these in-repo builders do not have.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+from etils import epath
+
+from jaxdistill.data import sources
+from jaxdistill.tasks import countdown
+
+
+class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Base of our builders: the source file is found with `inspect`.
+
+  TFDS's default `code_path` resolves packages through `importlib_resources`,
+  which this environment does not install (and nothing else needs); the
+  `inspect` fallback TFDS itself uses for other modules gives the same path.
+  """
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls):
+    return epath.Path(inspect.getfile(cls))
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class CountdownConfig(tfds.core.BuilderConfig):
+  n_numbers: int = 3
+  train_size: int = 50_000
+  test_size: int = 1_000
+  seed: int = 0
+  max_number: int = 100
+  max_target: int = 1000
+
+
+class CountdownTasks(_Builder):
+  """Countdown-N problems, solvable by construction (jaxdistill.tasks.countdown)."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = [
+      CountdownConfig(name=f"n{n}", n_numbers=n,
+                      description=f"Countdown with {n} numbers")
+      for n in range(3, 7)
+  ]
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="Countdown arithmetic problems with reference solutions.",
+        features=tfds.features.FeaturesDict({
+            "numbers": tfds.features.Tensor(shape=(None,), dtype=np.int64),
+            "target": tfds.features.Scalar(dtype=np.int64),
+            "solution": tfds.features.Text(),
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    c = self.builder_config
+    return {
+        "train": self._generate_examples("train", c.train_size),
+        "test": self._generate_examples("test", c.test_size),
+    }
+
+  def _generate_examples(self, split, size):
+    c = self.builder_config
+    problems = countdown.generate_problems(
+        c.n_numbers, size, c.seed, split=split, max_number=c.max_number,
+        max_target=c.max_target)
+    for i, p in enumerate(problems):
+      yield i, {"numbers": np.asarray(p.numbers, np.int64), "target": p.target,
+                "solution": p.solution}
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class McqConfig(tfds.core.BuilderConfig):
+  source: str = "generic"
+  seed: int = 0               # Option shuffling for SciQ / GPQA.
+  cop_base: int | None = None  # MedMCQA only; None = detect per file.
+
+
+class McqFiles(_Builder):
+  """Multiple-choice questions from user files in `manual_dir`."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = [McqConfig(name=s, source=s) for s in sources.SOURCES]
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      "Download the public files (JSONL, JSON, CSV or Parquet) and put them in "
+      "one directory; name them with train / valid|dev / test so the split is "
+      "known (other files become 'test'). Pass it as "
+      "download_config=tfds.download.DownloadConfig(manual_dir=...).")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="Multiple-choice questions: question, options, gold letter.",
+        features=tfds.features.FeaturesDict({
+            "question": tfds.features.Text(),
+            "options": tfds.features.Sequence(tfds.features.Text()),
+            "answer": tfds.features.Text(),
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    files = sources.find_files(os.fspath(dl_manager.manual_dir))
+    return {split: self._generate_examples(paths) for split, paths in files.items()}
+
+  def _generate_examples(self, paths):
+    c = self.builder_config
+    for path in paths:
+      records = sources.convert_file(path, c.source, seed=c.seed, cop_base=c.cop_base)
+      for i, r in enumerate(records):
+        yield f"{os.path.basename(path)}/{i}", r
+
+
+def prepare(builder_cls, *, data_dir: str, config=None, manual_dir: str | None = None):
+  """Builds (once) and returns a builder; writes array_record files under data_dir."""
+  if not data_dir:
+    raise ValueError("data_dir must be given explicitly")
+  builder = builder_cls(data_dir=data_dir, config=config, file_format="array_record")
+  download_config = None
+  if manual_dir is not None:
+    if not os.path.isdir(manual_dir):
+      raise FileNotFoundError(f"manual_dir not found: {manual_dir}")
+    download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+  builder.download_and_prepare(download_config=download_config)
+  return builder
+
+
+def to_record(example: dict) -> dict:
+  """A decoded data-source example as plain Python (str, int, list)."""
+  out = {}
+  for k, v in example.items():
+    if isinstance(v, bytes):
+      v = v.decode("utf-8")
+    elif isinstance(v, np.ndarray):
+      v = [x.decode("utf-8") if isinstance(x, bytes) else x.item() for x in v]
+    elif isinstance(v, list):
+      v = [x.decode("utf-8") if isinstance(x, bytes) else x for x in v]
+    elif isinstance(v, np.generic):
+      v = v.item()
+    out[k] = v
+  return out
+
+
+def load_records(builder, split: str) -> list[dict]:
+  """All examples of a prepared builder's split as plain dicts, in stored order."""
+  if split not in builder.info.splits:
+    raise ValueError(f"split {split!r} not in {sorted(builder.info.splits)}")
+  source = builder.as_data_source(split=split)
+  return [to_record(source[i]) for i in range(len(source))]

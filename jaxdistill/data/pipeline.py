@@ -1,0 +1,242 @@
+"""Random-access batch pipelines: the iterator position is just the step.
+
+Both pipelines are grain `MapDataset`s: record ids are shuffled with a
+per-epoch seed (`shuffle(seed)` then `repeat`, so epoch e uses seed + e),
+concatenated across epochs and cut into batches. `batches[step]` is a pure
+function of (records, tokenizer, settings, seed, step): resuming after a
+restart needs only the step, and two pipelines built alike agree batch for
+batch. Tokenization happens once, at construction, so that over-long
+examples can be filtered out up front (counted in `num_dropped`) and every
+batch is full.
+
+Prompt batch (`make_prompt_batches`), for rollouts::
+
+  prompt       int32 [B, P]  chat-templated prompt, LEFT-padded: ends at P-1
+  prompt_mask  int32 [B, P]  1 on prompt tokens
+  task         int32 [B]     jaxdistill.tasks.COUNTDOWN / MCQ
+  numbers      int32 [B, 6]  Countdown numbers, padded with -1 (-1 for MCQ)
+  target       int32 [B]     Countdown target (-1 for MCQ)
+  gold         int32 [B]     gold option index, A = 0 (-1 for Countdown)
+  index        int32 [B]     position of the record in `records`
+  valid        int32 [B]     0 on rows that pad a finite pass's last batch
+
+Sequence batch (`make_sequence_batches`), fixed (off-policy) responses::
+
+  tokens          int32 [B, P + R]  [left-padded prompt | response, EOS, pad]
+  attention_mask  int32 [B, P + R]  1 on prompt and response tokens
+  response_mask   int32 [B, P + R]  1 on response tokens (incl. EOS)
+  ... plus task, numbers, target, gold, index, valid as above
+
+The response always starts at column P, the same place a rollout's first
+sampled token goes, so on- and off-policy batches share one layout; models
+must take positions from the mask (cumsum - 1), not from the column.
+
+`batches.score(texts, batch)` maps completions back to their verifiers.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+import grain
+import numpy as np
+
+from jaxdistill import tasks
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.tasks import mcq
+
+MAX_NUMBERS = 6
+
+
+class _Batches:
+  """Shared machinery: record metadata, id shuffling, fixed-size batches."""
+
+  def __init__(self, records, keep, *, batch_size, seed, shuffle, num_epochs,
+               process_index, process_count):
+    if batch_size <= 0:
+      raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if not 0 <= seed < 2**32:
+      raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    if num_epochs is not None and num_epochs <= 0:
+      raise ValueError(f"num_epochs must be positive or None, got {num_epochs}")
+    if process_count <= 0 or not 0 <= process_index < process_count:
+      raise ValueError(f"process_index {process_index} / process_count "
+                       f"{process_count} invalid")
+    if batch_size % process_count:
+      raise ValueError(f"batch_size {batch_size} not divisible by process_count "
+                       f"{process_count}")
+    if not keep:
+      raise ValueError("records: no example left after length filtering "
+                       f"({len(records)} given)")
+    self.records = records
+    self.keep = np.asarray(keep, np.int64)  # Kept position -> record index.
+    self.num_dropped = len(records) - len(keep)
+    self.global_batch_size = batch_size
+    self.batch_size = batch_size // process_count  # Rows this process gets.
+    self._rows = slice(process_index * batch_size // process_count,
+                       (process_index + 1) * batch_size // process_count)
+    self._meta = _metadata([records[i] for i in keep])
+    n = len(keep)
+    self.steps_per_epoch = -(-n // batch_size)
+    ids = grain.MapDataset.range(n)
+    if shuffle:
+      ids = ids.shuffle(seed=seed)
+    ids = ids.repeat(num_epochs).map(lambda i: (i, 1))
+    if num_epochs is not None and len(ids) % batch_size:
+      # Pad the last batch with copies of the first example, marked invalid,
+      # so that shapes never change.
+      pad = grain.MapDataset.range(batch_size - len(ids) % batch_size)
+      ids = grain.MapDataset.concatenate([ids, pad.map(lambda _: (0, 0))])
+    self.dataset = ids.batch(batch_size, drop_remainder=True,
+                             batch_fn=self._collate)
+    if self.num_dropped:
+      logging.info("dropped %d of %d examples that exceed the length limits",
+                   self.num_dropped, len(records))
+
+  def __len__(self) -> int:
+    return len(self.dataset)
+
+  def __getitem__(self, step: int) -> dict:
+    if not 0 <= step < len(self.dataset):
+      raise IndexError(f"step {step} out of range [0, {len(self.dataset)})")
+    return self.dataset[step]
+
+  def _collate(self, pairs) -> dict:
+    pairs = pairs[self._rows]
+    pos = np.asarray([p for p, _ in pairs], np.int64)
+    out = self._features(pos)
+    out.update({k: v[pos] for k, v in self._meta.items()})
+    out["index"] = self.keep[pos].astype(np.int32)
+    out["valid"] = np.asarray([v for _, v in pairs], np.int32)
+    return out
+
+  def _features(self, pos) -> dict:
+    raise NotImplementedError
+
+  def score(self, texts: Sequence[str], batch: Mapping) -> dict:
+    """Rewards of completions (prompt-major, G per row); see tasks.score_batch."""
+    return tasks.score_batch(texts, batch)
+
+
+def _metadata(records) -> dict[str, np.ndarray]:
+  n = len(records)
+  meta = {"task": np.zeros(n, np.int32),
+          "numbers": np.full((n, MAX_NUMBERS), -1, np.int32),
+          "target": np.full(n, -1, np.int32),
+          "gold": np.full(n, -1, np.int32)}
+  for i, r in enumerate(records):
+    t = tasks.task_of(r)
+    meta["task"][i] = t
+    if t == tasks.COUNTDOWN:
+      nums = list(r["numbers"])
+      if len(nums) > MAX_NUMBERS:
+        raise ValueError(f"record {i}: {len(nums)} numbers > {MAX_NUMBERS}")
+      meta["numbers"][i, :len(nums)] = nums
+      meta["target"][i] = int(r["target"])
+    else:
+      meta["gold"][i] = mcq.letter_index(r["answer"])
+  return meta
+
+
+def _prompt_ids(records, tokenizer, system):
+  texts = [tok_lib.chat_prompt(tokenizer, tasks.prompt_text(r), system)
+           for r in records]
+  return tok_lib.encode(tokenizer, texts)
+
+
+class PromptBatches(_Batches):
+  """Left-padded prompt batches with verifier metadata; see module docstring."""
+
+  def __init__(self, records, tokenizer, *, max_prompt_len, bucket=None,
+               system=None, **kw):
+    if max_prompt_len <= 0:
+      raise ValueError(f"max_prompt_len must be positive, got {max_prompt_len}")
+    if bucket is not None and bucket <= 0:
+      raise ValueError(f"bucket must be positive or None, got {bucket}")
+    ids = _prompt_ids(records, tokenizer, system)
+    keep = [i for i, s in enumerate(ids) if len(s) <= max_prompt_len]
+    self._ids = [ids[i] for i in keep]
+    self.max_prompt_len, self._bucket = max_prompt_len, bucket
+    self.pad_id = int(tokenizer.pad_token_id)
+    super().__init__(records, keep, **kw)
+
+  def _features(self, pos):
+    seqs = [self._ids[p] for p in pos]
+    width = self.max_prompt_len
+    if self._bucket:
+      # Shorter batches at the cost of one compilation per bucket.
+      longest = max(len(s) for s in seqs)
+      width = min(width, -(-longest // self._bucket) * self._bucket)
+    prompt, mask = tok_lib.left_pad(seqs, width, self.pad_id)
+    return {"prompt": prompt, "prompt_mask": mask}
+
+
+class SequenceBatches(_Batches):
+  """Prompt + fixed response batches for off-policy training; see module docstring."""
+
+  def __init__(self, records, tokenizer, *, max_prompt_len, max_response_len,
+               response_fn: Callable[[Mapping], str] | None = None, system=None,
+               **kw):
+    if max_prompt_len <= 0 or max_response_len <= 0:
+      raise ValueError("max_prompt_len and max_response_len must be positive, got "
+                       f"{max_prompt_len}, {max_response_len}")
+    response_fn = response_fn or tasks.reference_response
+    prompts = _prompt_ids(records, tokenizer, system)
+    eos = int(tokenizer.eos_token_id)
+    responses = [s + [eos] for s in
+                 tok_lib.encode(tokenizer, [response_fn(r) for r in records])]
+    keep = [i for i in range(len(records))
+            if len(prompts[i]) <= max_prompt_len
+            and len(responses[i]) <= max_response_len]
+    self._prompts = [prompts[i] for i in keep]
+    self._responses = [responses[i] for i in keep]
+    self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len
+    self.pad_id = int(tokenizer.pad_token_id)
+    super().__init__(records, keep, **kw)
+
+  def _features(self, pos):
+    p, r = self.max_prompt_len, self.max_response_len
+    prompt, prompt_mask = tok_lib.left_pad([self._prompts[i] for i in pos], p,
+                                           self.pad_id)
+    resp = np.full((len(pos), r), self.pad_id, np.int32)
+    resp_mask = np.zeros((len(pos), r), np.int32)
+    for row, i in enumerate(pos):
+      s = self._responses[i]
+      resp[row, :len(s)] = s
+      resp_mask[row, :len(s)] = 1
+    zeros = np.zeros_like(prompt_mask)
+    return {"tokens": np.concatenate([prompt, resp], 1),
+            "attention_mask": np.concatenate([prompt_mask, resp_mask], 1),
+            "response_mask": np.concatenate([zeros, resp_mask], 1)}
+
+
+def make_prompt_batches(records: Sequence[Mapping], tokenizer, *, batch_size: int,
+                        max_prompt_len: int, seed: int, shuffle: bool = True,
+                        num_epochs: int | None = None, bucket: int | None = None,
+                        system: str | None = None, process_index: int = 0,
+                        process_count: int = 1) -> PromptBatches:
+  """Prompt batches; `num_epochs=None` repeats forever (training), `shuffle=False,
+  num_epochs=1` is one ordered pass (evaluation). With process_count > 1, each
+  process gets its rows of the same global batch (batch_size is global)."""
+  return PromptBatches(
+      records, tokenizer, max_prompt_len=max_prompt_len, bucket=bucket,
+      system=system, batch_size=batch_size, seed=seed, shuffle=shuffle,
+      num_epochs=num_epochs, process_index=process_index,
+      process_count=process_count)
+
+
+def make_sequence_batches(records: Sequence[Mapping], tokenizer, *,
+                          batch_size: int, max_prompt_len: int,
+                          max_response_len: int, seed: int,
+                          response_fn: Callable[[Mapping], str] | None = None,
+                          shuffle: bool = True, num_epochs: int | None = None,
+                          system: str | None = None, process_index: int = 0,
+                          process_count: int = 1) -> SequenceBatches:
+  """Prompt + response batches. Responses come from `response_fn(record)`,
+  by default `tasks.reference_response` (record['response'], else the
+  Countdown solver solution's worked steps)."""
+  return SequenceBatches(
+      records, tokenizer, max_prompt_len=max_prompt_len,
+      max_response_len=max_response_len, response_fn=response_fn, system=system,
+      batch_size=batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+      process_index=process_index, process_count=process_count)

@@ -1,0 +1,369 @@
+"""Readers and converters for user-downloaded multiple-choice files.
+
+Nothing here touches the network: the user downloads the public files and
+points us at them. Every format is converted into one schema::
+
+  {"question": str, "options": list[str] (2..26), "answer": "A".."Z"}
+
+File formats (by extension): .jsonl (one object per line), .json (an array of
+objects, an object of objects as in PubMedQA's ori_pqal.json, or one object
+per line as in MedMCQA's original train.json), .csv (with a
+header row) and .parquet (via pyarrow). A row that cannot be converted raises
+`DataError` naming the file and line (row for Parquet, item or key for JSON).
+
+Sources (`SOURCES`) and the fields they read:
+
+  generic   question, options (a list, or a JSON list in CSV, or columns A, B,
+            C...), answer (a letter)
+  sciq      question, correct_answer, distractor1..3            [shuffled]
+  gpqa      Question, Correct Answer, Incorrect Answer 1..3     [shuffled]
+  medmcqa   question, opa..opd, cop (0-based as on the HF hub, 1-based in the
+            original release; detected per file, or pass cop_base)
+  medqa     question, options ({"A": ..} or [{"key", "value"}]), answer_idx
+  pubmedqa  QUESTION/CONTEXTS/final_decision (ori_pqal.json) or
+            question/context.contexts/final_decision (HF parquet); options are
+            yes/no/maybe and the abstract is prepended to the question
+
+Sources whose correct option sits in a fixed place (SciQ's and GPQA's
+correct_answer column) have their options shuffled with a permutation seeded
+by (seed, question text), so it does not depend on file order. Unlabelled rows
+(MedMCQA's test split has cop = -1) are skipped, and counted in the log.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import os
+import random
+import string
+from collections.abc import Callable, Iterator, Mapping
+
+LETTERS = string.ascii_uppercase
+FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+
+
+class DataError(ValueError):
+  """A malformed row in a user file; the message starts with `file:location`."""
+
+
+# ------------------------------------------------------------------ readers
+
+
+def read_rows(path: str) -> Iterator[tuple[str, dict]]:
+  """Yields (location, row) pairs; location is e.g. 'train.jsonl:17'."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"data file not found: {path}")
+  ext = _ext(path)
+  if ext == ".jsonl":
+    yield from _read_jsonl(path)
+  elif ext == ".json":
+    yield from _read_json(path)
+  elif ext == ".csv":
+    yield from _read_csv(path)
+  elif ext == ".parquet":
+    yield from _read_parquet(path)
+  else:
+    raise ValueError(f"{path}: unknown file format; use one of {FORMATS}")
+
+
+def _ext(path: str) -> str:
+  return os.path.splitext(path)[1].lower()
+
+
+def _read_jsonl(path):
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+      if not isinstance(row, dict):
+        raise DataError(f"{path}:{lineno}: expected a JSON object, got "
+                        f"{type(row).__name__}")
+      yield f"{path}:{lineno}", row
+
+
+def _read_json(path):
+  with open(path, encoding="utf-8") as f:
+    try:
+      data = json.load(f)
+    except json.JSONDecodeError as e:
+      if e.msg == "Extra data":
+        # One object per line under a .json name (MedMCQA's original release).
+        yield from _read_jsonl(path)
+        return
+      raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+  if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+    items = ((f"key {k!r}", v) for k, v in data.items())
+  elif isinstance(data, dict):
+    items = [("item 0", data)]  # A single record (a one-line JSONL file).
+  elif isinstance(data, list):
+    items = ((f"item {i}", v) for i, v in enumerate(data))
+  else:
+    raise DataError(f"{path}: expected a JSON array or object at top level")
+  for where, row in items:
+    if not isinstance(row, dict):
+      raise DataError(f"{path}: {where}: expected an object")
+    yield f"{path}: {where}", row
+
+
+def _read_csv(path):
+  with open(path, encoding="utf-8", newline="") as f:
+    reader = csv.reader(f)
+    try:
+      header = next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:
+      raise DataError(f"{path}:1: {e}") from None
+    start = reader.line_num + 1
+    while True:
+      try:
+        values = next(reader)
+      except StopIteration:
+        return
+      except csv.Error as e:
+        raise DataError(f"{path}:{start}: {e}") from None
+      if values and len(values) != len(header):
+        raise DataError(f"{path}:{start}: {len(values)} fields, header has "
+                        f"{len(header)}")
+      if values:
+        yield f"{path}:{start}", dict(zip(header, values))
+      start = reader.line_num + 1
+
+
+def _read_parquet(path):
+  import pyarrow.parquet as pq  # Only Parquet users need pyarrow.
+  table = pq.read_table(path)
+  for i, row in enumerate(table.to_pylist()):
+    yield f"{path}: row {i}", row
+
+
+# --------------------------------------------------------------- converters
+
+
+def _text(row, key) -> str:
+  if key not in row or row[key] is None:
+    raise ValueError(f"missing field {key!r}")
+  value = row[key]
+  if not isinstance(value, (str, int, float)):
+    raise ValueError(f"field {key!r} must be text, got {type(value).__name__}")
+  value = str(value).strip()
+  if not value:
+    raise ValueError(f"field {key!r} is empty")
+  return value
+
+
+def _shuffled(question, correct, wrong, seed):
+  """Options with the correct one at a position fixed by (seed, question)."""
+  options = [correct] + list(wrong)
+  digest = hashlib.sha256(f"{seed}\0{question}".encode()).hexdigest()
+  random.Random(digest).shuffle(options)
+  return options, LETTERS[options.index(correct)]
+
+
+def _generic(row, seed, opts):
+  del seed, opts
+  question = _text(row, "question")
+  if "options" in row:
+    options = row["options"]
+    if isinstance(options, str):
+      try:
+        options = json.loads(options)
+      except json.JSONDecodeError:
+        raise ValueError("field 'options' must be a list (JSON list in CSV)") from None
+  else:
+    options = []
+    for letter in LETTERS:
+      if letter not in row or row[letter] in (None, ""):
+        break
+      options.append(row[letter])
+    if not options:
+      raise ValueError("missing field 'options' (or option columns A, B, ...)")
+  return question, options, _text(row, "answer").upper()
+
+
+def _sciq(row, seed, opts):
+  del opts
+  question = _text(row, "question")
+  wrong = [_text(row, f"distractor{i}") for i in (1, 2, 3)]
+  options, answer = _shuffled(question, _text(row, "correct_answer"), wrong, seed)
+  return question, options, answer
+
+
+def _gpqa(row, seed, opts):
+  del opts
+  question = _text(row, "Question")
+  wrong = [_text(row, f"Incorrect Answer {i}") for i in (1, 2, 3)]
+  options, answer = _shuffled(question, _text(row, "Correct Answer"), wrong, seed)
+  return question, options, answer
+
+
+def _medmcqa(row, seed, opts):
+  del seed
+  question = _text(row, "question")
+  options = [_text(row, k) for k in ("opa", "opb", "opc", "opd")]
+  cop = _medmcqa_cop(row)
+  if cop is None:
+    return None
+  index = cop - opts["cop_base"]
+  if not 0 <= index < 4:
+    raise ValueError(f"field 'cop' = {cop} out of range for cop_base "
+                     f"{opts['cop_base']}")
+  return question, options, LETTERS[index]
+
+
+def _medmcqa_cop(row):
+  cop = row.get("cop")
+  if cop is None or cop == "" or str(cop).strip() == "-1":
+    return None  # Unlabelled (the public test split).
+  try:
+    return int(cop)
+  except (TypeError, ValueError):
+    raise ValueError(f"field 'cop' must be an integer, got {cop!r}") from None
+
+
+def _medqa(row, seed, opts):
+  del seed, opts
+  question = _text(row, "question")
+  raw = row.get("options")
+  if isinstance(raw, Mapping):
+    keys = sorted(raw)
+    if keys != list(LETTERS[:len(keys)]):
+      raise ValueError(f"field 'options' keys must be A, B, ..., got {keys}")
+    options = [raw[k] for k in keys]
+  elif isinstance(raw, list) and all(isinstance(o, Mapping) for o in raw):
+    pairs = sorted((str(o.get("key")), o.get("value")) for o in raw)
+    if [k for k, _ in pairs] != list(LETTERS[:len(pairs)]):
+      raise ValueError("field 'options' entries need keys A, B, ...")
+    options = [v for _, v in pairs]
+  else:
+    raise ValueError("field 'options' must map letters to option texts")
+  key = "answer_idx" if "answer_idx" in row else "answer"
+  return question, options, _text(row, key).upper()
+
+
+def _pubmedqa(row, seed, opts):
+  del seed, opts
+  if "QUESTION" in row:
+    question, contexts, decision = row["QUESTION"], row.get("CONTEXTS"), row.get(
+        "final_decision")
+  else:
+    question, decision = row.get("question"), row.get("final_decision")
+    context = row.get("context")
+    contexts = context.get("contexts") if isinstance(context, Mapping) else context
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError("missing field 'QUESTION'/'question'")
+  if contexts is None:
+    contexts = []
+  if isinstance(contexts, str):
+    contexts = [contexts]
+  options = ["yes", "no", "maybe"]
+  if decision not in options:
+    raise ValueError(f"field 'final_decision' must be yes/no/maybe, got {decision!r}")
+  body = "\n".join(str(c).strip() for c in contexts)
+  text = f"Context: {body}\n\nQuestion: {question.strip()}" if body else question
+  return text, options, LETTERS[options.index(decision)]
+
+
+SOURCES: dict[str, Callable] = {
+    "generic": _generic, "sciq": _sciq, "gpqa": _gpqa, "medmcqa": _medmcqa,
+    "medqa": _medqa, "pubmedqa": _pubmedqa,
+}
+
+
+def validate_record(question, options, answer) -> dict:
+  """The schema checks every converter's output passes; ValueError otherwise."""
+  if not isinstance(options, list) or not 2 <= len(options) <= len(LETTERS):
+    raise ValueError(f"'options' must be a list of 2..{len(LETTERS)} texts")
+  options = [str(o).strip() for o in options]
+  if any(not o for o in options):
+    raise ValueError("'options' contains an empty option")
+  if answer not in LETTERS[:len(options)]:
+    raise ValueError(f"'answer' {answer!r} is not one of "
+                     f"{LETTERS[0]}..{LETTERS[len(options) - 1]}")
+  return {"question": question, "options": options, "answer": answer}
+
+
+def convert_file(path: str, source: str = "generic", *, seed: int = 0,
+                 cop_base: int | None = None) -> list[dict]:
+  """All records of one user file, in file order; DataError names file:line."""
+  if source not in SOURCES:
+    raise ValueError(f"source must be one of {sorted(SOURCES)}, got {source!r}")
+  rows = list(read_rows(path))
+  opts = {}
+  if source == "medmcqa":
+    opts["cop_base"] = _detect_cop_base(path, rows) if cop_base is None else cop_base
+  convert, out, skipped = SOURCES[source], [], 0
+  for where, row in rows:
+    try:
+      parts = convert(row, seed, opts)
+      if parts is None:
+        skipped += 1
+        continue
+      out.append(validate_record(*parts))
+    except DataError:
+      raise
+    except (ValueError, TypeError, KeyError) as e:
+      raise DataError(f"{where}: {e}") from None
+  if skipped:
+    logging.info("%s: skipped %d unlabelled rows", path, skipped)
+  return out
+
+
+def _detect_cop_base(path, rows) -> int:
+  seen = set()
+  for where, row in rows:
+    try:
+      cop = _medmcqa_cop(row)
+    except ValueError as e:
+      raise DataError(f"{where}: {e}") from None
+    if cop is not None:
+      seen.add(cop)
+  if 0 in seen and 4 in seen:
+    raise DataError(f"{path}: field 'cop' has both 0 and 4; pass cop_base")
+  if 0 in seen:
+    return 0
+  if 4 in seen:
+    return 1
+  if not seen:
+    return 0
+  raise DataError(f"{path}: cannot tell whether 'cop' is 0- or 1-based "
+                  "(no 0 or 4 present); pass cop_base")
+
+
+def split_of_file(path: str) -> str:
+  """'train', 'validation' or 'test' from a file name; unmarked files are test
+  sets (e.g. gpqa_diamond.csv, ori_pqal.json)."""
+  name = os.path.basename(path).lower()
+  if "train" in name:
+    return "train"
+  if "valid" in name or "dev" in name:
+    return "validation"
+  return "test"
+
+
+def find_files(directory: str) -> dict[str, list[str]]:
+  """Data files directly under `directory`, grouped by split."""
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"data directory not found: {directory}")
+  splits: dict[str, list[str]] = {}
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if os.path.isfile(path) and _ext(path) in FORMATS:
+      splits.setdefault(split_of_file(path), []).append(path)
+  if not splits:
+    raise FileNotFoundError(f"{directory}: no {'/'.join(FORMATS)} files found")
+  return splits
+
+
+def write_jsonl(records, path: str) -> None:
+  """Writes records in the documented schema, one JSON object per line."""
+  with open(path, "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps({k: r[k] for k in ("question", "options", "answer")},
+                         ensure_ascii=False) + "\n")

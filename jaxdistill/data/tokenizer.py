@@ -1,0 +1,109 @@
+"""Tokenizers: load a checkpoint's own, or train a tiny byte-level BPE for tests.
+
+`load_tokenizer(path)` only reads a LOCAL directory (local_files_only=True):
+runs never download anything. `train_bpe_tokenizer` builds a small byte-level
+BPE (any text round-trips, since every byte is in the base alphabet) with the
+special tokens below and a chat template, saved so that
+`transformers.AutoTokenizer.from_pretrained(out_dir)` loads it and
+`apply_chat_template` works exactly as for a real checkpoint.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+SPECIAL_TOKENS = (PAD, BOS, EOS) + ROLE_TOKENS
+
+# Each turn is <|role|>content<|end|>; the assistant turn ends with <|eos|>
+# instead, so the generation stop token is the tokenizer's eos_token, as in
+# Qwen2.5 (<|im_end|>) and Llama 3.1 Instruct (<|eot_id|>).
+DEFAULT_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}<|end|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def load_tokenizer(path: str):
+  """A transformers tokenizer from a local checkpoint directory."""
+  import transformers  # Heavy; only callers that tokenize pay for it.
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"tokenizer directory not found: {path}")
+  tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  if tok.pad_token_id is None:
+    # Llama 3 ships without a pad token; padding is masked out anyway, so
+    # reuse EOS rather than growing the vocabulary.
+    tok.pad_token = tok.eos_token
+  if not getattr(tok, "chat_template", None):
+    raise ValueError(f"{path}: tokenizer has no chat_template; prompts are built "
+                     "with the model's own template")
+  return tok
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
+                        chat_template: str = DEFAULT_CHAT_TEMPLATE,
+                        model_max_length: int = 4096):
+  """Trains a byte-level BPE on `texts`, saves it to `out_dir`, returns it loaded.
+
+  The vocabulary holds the 256 byte symbols and SPECIAL_TOKENS, so
+  `vocab_size` must exceed 256 + len(SPECIAL_TOKENS); the rest are merges.
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  import transformers
+  floor = 256 + len(SPECIAL_TOKENS)
+  if vocab_size <= floor:
+    raise ValueError(f"vocab_size must be > {floor} (bytes + special tokens), "
+                     f"got {vocab_size}")
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tok.train_from_iterator(texts, trainer)
+  fast = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+      additional_special_tokens=list(ROLE_TOKENS),
+      model_max_length=model_max_length, padding_side="left")
+  fast.chat_template = chat_template
+  os.makedirs(out_dir, exist_ok=True)
+  fast.save_pretrained(out_dir)
+  return load_tokenizer(out_dir)
+
+
+def chat_prompt(tokenizer, user: str, system: str | None = None) -> str:
+  """The prompt text for one user turn, ending where the assistant starts."""
+  messages = ([{"role": "system", "content": system}] if system else []) + [
+      {"role": "user", "content": user}]
+  return tokenizer.apply_chat_template(
+      messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+  """Token ids without extra special tokens: chat templates already add BOS."""
+  if not texts:
+    return []
+  return list(tokenizer(list(texts), add_special_tokens=False)["input_ids"])
+
+
+def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int):
+  """int32 tokens [N, length] right-aligned, and int32 mask [N, length]."""
+  tokens = np.full((len(seqs), length), pad_id, np.int32)
+  mask = np.zeros((len(seqs), length), np.int32)
+  for i, s in enumerate(seqs):
+    if len(s) > length:
+      raise ValueError(f"sequence {i} has {len(s)} tokens > length {length}")
+    if len(s):
+      tokens[i, length - len(s):] = s
+      mask[i, length - len(s):] = 1
+  return tokens, mask
+
+
+def special_ids(tokenizer) -> Mapping[str, int]:
+  return {"pad": int(tokenizer.pad_token_id), "eos": int(tokenizer.eos_token_id)}

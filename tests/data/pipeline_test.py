@@ -1,0 +1,176 @@
+"""Prompt / sequence batches: deterministic, random-access, correctly laid out."""
+import numpy as np
+import pytest
+
+from jaxdistill import tasks
+from jaxdistill.data import pipeline
+from jaxdistill.tasks import countdown
+
+P = 160
+
+
+def records():
+  cd = [p.to_record() for p in countdown.generate_problems(3, 18, seed=2)]
+  cd += [p.to_record() for p in countdown.generate_problems(5, 4, seed=2)]
+  mc = [{"question": f"Question {i}: which?", "options": ["x", "y", "z"],
+         "answer": "ABC"[i % 3]} for i in range(6)]
+  long = [{"question": "very long " * 200, "options": ["a", "b"], "answer": "A"}]
+  return cd + mc + long  # 28 usable + 1 too long.
+
+
+def expected_prompt_ids(tok, rec):
+  text = tok.apply_chat_template([{"role": "user", "content": tasks.prompt_text(rec)}],
+                                 tokenize=False, add_generation_prompt=True)
+  return tok.encode(text, add_special_tokens=False)
+
+
+def test_prompt_batches_deterministic_random_access_and_epochs(tiny_tokenizer):
+  recs = records()
+  make = lambda seed: pipeline.make_prompt_batches(
+      recs, tiny_tokenizer, batch_size=4, max_prompt_len=P, seed=seed)
+  a, b, c = make(0), make(0), make(1)
+  assert a.num_dropped == 1 and a.steps_per_epoch == 7
+  # Random access in any order equals a fresh pipeline's batch.
+  for step in (9, 0, 6, 7, 3):
+    x, y = a[step], b[step]
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=f"{k} at step {step}")
+  # One epoch = each kept record exactly once; the next epoch is reshuffled.
+  epoch0 = np.concatenate([a[s]["index"] for s in range(7)])
+  epoch1 = np.concatenate([a[s]["index"] for s in range(7, 14)])
+  assert sorted(epoch0) == sorted(epoch1) == list(range(28))
+  assert not np.array_equal(epoch0, epoch1)
+  other = np.concatenate([c[s]["index"] for s in range(7)])
+  assert not np.array_equal(epoch0, other)
+
+
+def test_prompt_batch_contents(tiny_tokenizer):
+  recs = records()
+  batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=4,
+                                         max_prompt_len=P, seed=0)
+  pad = tiny_tokenizer.pad_token_id
+  for step in range(7):
+    x = batches[step]
+    assert x["prompt"].shape == (4, P) and x["prompt"].dtype == np.int32
+    for row, i in enumerate(x["index"]):
+      rec = recs[i]
+      ids = expected_prompt_ids(tiny_tokenizer, rec)
+      n = len(ids)
+      np.testing.assert_array_equal(x["prompt"][row, P - n:], ids)   # Left-padded.
+      assert (x["prompt"][row, :P - n] == pad).all()
+      np.testing.assert_array_equal(x["prompt_mask"][row],
+                                    [0] * (P - n) + [1] * n)
+      if "numbers" in rec:
+        assert x["task"][row] == tasks.COUNTDOWN and x["target"][row] == rec["target"]
+        nums = list(rec["numbers"]) + [-1] * (6 - len(rec["numbers"]))
+        np.testing.assert_array_equal(x["numbers"][row], nums)
+        assert x["gold"][row] == -1
+      else:
+        assert x["task"][row] == tasks.MCQ
+        assert "ABC"[x["gold"][row]] == rec["answer"]
+        assert x["target"][row] == -1 and (x["numbers"][row] == -1).all()
+    assert (x["valid"] == 1).all()
+
+
+def test_length_filter_matches_independent_count(tiny_tokenizer):
+  recs = records()
+  lengths = [len(expected_prompt_ids(tiny_tokenizer, r)) for r in recs]
+  limit = sorted(lengths)[len(lengths) // 2]
+  batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
+                                         max_prompt_len=limit, seed=0)
+  assert batches.num_dropped == sum(n > limit for n in lengths)
+  with pytest.raises(ValueError, match="no example left"):
+    pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
+                                 max_prompt_len=3, seed=0)
+
+
+def test_finite_ordered_pass_pads_last_batch(tiny_tokenizer):
+  recs = records()
+  batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=5,
+                                         max_prompt_len=P, seed=0, shuffle=False,
+                                         num_epochs=1)
+  assert len(batches) == 6  # 28 examples -> 5 full batches + 3 real rows.
+  idx = np.concatenate([batches[s]["index"] for s in range(6)])
+  valid = np.concatenate([batches[s]["valid"] for s in range(6)])
+  np.testing.assert_array_equal(idx[valid == 1], np.arange(28))
+  assert valid.sum() == 28 and (valid[-2:] == 0).all()
+  with pytest.raises(IndexError):
+    batches[6]
+
+
+def test_process_shards_split_the_global_batch(tiny_tokenizer):
+  recs = records()
+  kw = dict(batch_size=4, max_prompt_len=P, seed=3)
+  full = pipeline.make_prompt_batches(recs, tiny_tokenizer, **kw)
+  parts = [pipeline.make_prompt_batches(recs, tiny_tokenizer, process_index=i,
+                                        process_count=2, **kw) for i in range(2)]
+  for step in (0, 5, 11):
+    for k, v in full[step].items():
+      np.testing.assert_array_equal(
+          v, np.concatenate([p[step][k] for p in parts]), err_msg=k)
+
+
+def test_sequence_batches_layout(tiny_tokenizer):
+  recs = records()[:22]  # Countdown only: responses are solver solutions.
+  r_len = 120
+  seq = pipeline.make_sequence_batches(recs, tiny_tokenizer, batch_size=3,
+                                       max_prompt_len=P, max_response_len=r_len,
+                                       seed=4)
+  again = pipeline.make_sequence_batches(recs, tiny_tokenizer, batch_size=3,
+                                         max_prompt_len=P, max_response_len=r_len,
+                                         seed=4)
+  eos = tiny_tokenizer.eos_token_id
+  for step in (4, 0, 8):
+    x = seq[step]
+    for k in x:
+      np.testing.assert_array_equal(x[k], again[step][k])
+    assert x["tokens"].shape == (3, P + r_len)
+    for row, i in enumerate(x["index"]):
+      rec = recs[i]
+      prompt = expected_prompt_ids(tiny_tokenizer, rec)
+      resp = tiny_tokenizer.encode(countdown.reference_completion(
+          rec["numbers"], rec["target"], rec["solution"]), add_special_tokens=False)
+      resp = resp + [eos]
+      np.testing.assert_array_equal(x["tokens"][row, P - len(prompt):P], prompt)
+      np.testing.assert_array_equal(x["tokens"][row, P:P + len(resp)], resp)
+      want_attn = np.zeros(P + r_len, np.int32)
+      want_attn[P - len(prompt):P + len(resp)] = 1
+      np.testing.assert_array_equal(x["attention_mask"][row], want_attn)
+      want_resp = np.zeros(P + r_len, np.int32)
+      want_resp[P:P + len(resp)] = 1
+      np.testing.assert_array_equal(x["response_mask"][row], want_resp)
+      # The fixed responses verify with reward 1.
+      text = tiny_tokenizer.decode(x["tokens"][row][x["response_mask"][row] == 1],
+                                   skip_special_tokens=True)
+      assert countdown.reward(text, rec["numbers"], rec["target"]) == 1.0
+  # Responses longer than the limit are dropped, not truncated.
+  short = pipeline.make_sequence_batches(recs, tiny_tokenizer, batch_size=2,
+                                         max_prompt_len=P, max_response_len=10, seed=0,
+                                         response_fn=lambda r: "<answer>1</answer>"
+                                         if r["target"] % 2 else "x " * 40)
+  assert short.num_dropped == sum(r["target"] % 2 == 0 for r in recs)
+
+
+def test_score_maps_completions_back(tiny_tokenizer):
+  recs = records()[:22]
+  batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=4,
+                                         max_prompt_len=P, seed=0)
+  x = batches[2]
+  texts = []
+  for i in x["index"]:  # G = 2: one right, one wrong answer per prompt.
+    texts += [f"<answer>{recs[i]['solution']}</answer>", "<answer>1+1</answer>"]
+  np.testing.assert_array_equal(batches.score(texts, x)["reward"], [1, 0] * 4)
+
+
+def test_argument_errors(tiny_tokenizer):
+  recs = records()
+  with pytest.raises(ValueError, match="batch_size"):
+    pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=0,
+                                 max_prompt_len=P, seed=0)
+  with pytest.raises(ValueError, match="seed"):
+    pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
+                                 max_prompt_len=P, seed=-1)
+  with pytest.raises(ValueError, match="process_count"):
+    pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=3,
+                                 max_prompt_len=P, seed=0, process_count=2)
