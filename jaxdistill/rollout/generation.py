@@ -1,0 +1,331 @@
+"""`generate`: KV-cache rollouts from the student, the teacher, or their mixture.
+
+Layout of a `Rollout` (P = prompt width as passed, N = max_new_tokens):
+
+  tokens        [B, P+N] int32: the left-padded prompt, then the N response
+                slots; slots after a row's end hold pad_token_id.
+  prompt_mask   [B, P]   int32: 1 on real prompt tokens (as passed).
+  response_mask [B, N]   int32: 1 on generated tokens up to and including the
+                row's EOS, 0 after it (and on slots never generated).
+  logprobs      [B, N]   float32: log-prob of each generated token under the
+                distribution it was drawn from (that of the model that
+                sampled it, after temperature / top-k / top-p; for greedy the
+                raw model log_softmax). 0 where response_mask is 0.
+  from_student  [B, N]   bool: the student sampled this token.
+  lengths       [B]      int32: generated tokens per row (incl. EOS).
+  ended         [B]      bool: the row emitted an EOS (else it hit N).
+  student_fraction []    float32: realised share of student tokens among all
+                generated tokens of the batch.
+
+`attention_mask` = [prompt_mask, response_mask] ([B, P+N]) is what both
+models should see in training; `loss_mask` marks the response tokens. With
+causal LM logits, the token in column c is predicted by the logits of column
+c - 1.
+
+Models are (config, params) pairs of `jaxdistill.models`. When both a student
+and a teacher are passed, sampling is restricted to their common vocabulary
+(Qwen2.5 sizes pad their embeddings differently) and the default EOS set is the
+union of both configs' eos_token_id, whatever the policy, so that lam = 1 and
+lam = 0 reproduce the pure policies exactly.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from jaxdistill import models
+from jaxdistill import sharding
+from jaxdistill.rollout import loop
+from jaxdistill.rollout import prompts as prompts_lib
+from jaxdistill.rollout import sampling
+
+POLICIES = ("student", "teacher", "mixture")
+
+# Incremented each time the compiled rollout is traced (tests check that
+# calls within one bucket do not recompile).
+_TRACE_COUNT = 0
+
+
+@flax.struct.dataclass
+class Rollout:
+  tokens: jax.Array
+  prompt_mask: jax.Array
+  response_mask: jax.Array
+  logprobs: jax.Array
+  from_student: jax.Array
+  lengths: jax.Array
+  ended: jax.Array
+  student_fraction: jax.Array
+
+  @property
+  def prompt_len(self) -> int:
+    return self.prompt_mask.shape[1]
+
+  @property
+  def attention_mask(self):
+    """[B, P+N] int32: real prompt and generated tokens."""
+    return jnp.concatenate([self.prompt_mask, self.response_mask], axis=1)
+
+  @property
+  def loss_mask(self):
+    """[B, P+N] int32: the generated tokens only."""
+    return jnp.concatenate(
+        [jnp.zeros_like(self.prompt_mask), self.response_mask], axis=1)
+
+
+def _constrainer(mesh, rules, cfgs):
+  """Sharding constraints for the loop state (batch over the data axes)."""
+  if mesh is None:
+    return lambda s: s
+
+  def batch(x):
+    spec = sharding.logical_to_spec(("batch",) + (None,) * (x.ndim - 1),
+                                    x.shape, mesh, rules)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  def constrain(s: loop.LoopState) -> loop.LoopState:
+    caches = tuple(
+        jax.lax.with_sharding_constraint(
+            c, sharding.tree_shardings(models.cache_logical_axes(cfg), mesh,
+                                       rules, c))
+        for cfg, c in zip(cfgs, s.caches))
+    return s.replace(
+        tokens=batch(s.tokens), logprobs=batch(s.logprobs),
+        from_student=batch(s.from_student), mask=batch(s.mask),
+        done=batch(s.done), logits=tuple(batch(l) for l in s.logits),
+        caches=caches)
+  return constrain
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("cfgs", "student_index", "max_new_tokens", "sampler",
+                     "eos_ids", "pad_id", "vocab", "cache_len", "mesh",
+                     "rules"))
+def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
+             top_p, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
+             pad_id, vocab, cache_len, mesh, rules):
+  global _TRACE_COUNT
+  _TRACE_COUNT += 1
+  b = prompts.shape[0]
+  constrain = _constrainer(mesh, rules, cfgs)
+
+  logits, caches = [], []
+  for cfg, p in zip(cfgs, params):
+    cache = models.init_cache(cfg, b, cache_len)
+    hidden, cache = models.apply(cfg, p, prompts, prompt_mask, cache=cache,
+                                 return_hidden=True)  # [B, P, D]
+    # Left padding puts every row's last prompt token in the last column, and
+    # only its logits are needed: skip the [B, P, V] head of the prefill.
+    head = models.output_head(cfg, p)[:, :vocab].astype(cfg.dtype)  # [D, V]
+    logits.append(jnp.einsum("BD,DV->BV", hidden[:, -1], head,
+                             preferred_element_type=jnp.float32))
+    caches.append(cache)
+
+  def step_fn(cfg, p):
+    def step(cache, tok):
+      out, cache = models.apply(cfg, p, tok[:, None], cache=cache)
+      return out[:, 0, :vocab].astype(jnp.float32), cache
+    return step
+
+  s = loop.decode(
+      [step_fn(c, p) for c, p in zip(cfgs, params)], logits, caches,
+      rng=rng, row_ids=row_ids, max_new_tokens=max_new_tokens,
+      sampler=sampler, temperature=temperature, top_p=top_p, lam=lam,
+      student_index=student_index, eos_ids=eos_ids, pad_id=pad_id,
+      constrain=constrain)
+  mask = s.mask.astype(jnp.int32)
+  n_gen = jnp.sum(mask)
+  return Rollout(
+      tokens=jnp.concatenate([prompts.astype(jnp.int32), s.tokens], axis=1),
+      prompt_mask=prompt_mask.astype(jnp.int32),
+      response_mask=mask,
+      logprobs=s.logprobs,
+      from_student=s.from_student,
+      lengths=jnp.sum(mask, axis=1),
+      ended=s.done,
+      student_fraction=(jnp.sum(s.from_student & s.mask) /
+                        jnp.maximum(n_gen, 1)).astype(jnp.float32))
+
+
+def _check_model(name, m):
+  if not (isinstance(m, (tuple, list)) and len(m) == 2):
+    raise ValueError(f"{name}: expected a (config, params) pair, got {type(m).__name__}")
+  return m
+
+
+def _host(x):
+  """NumPy copy of x, or None when it lives on devices of other hosts."""
+  try:
+    return np.asarray(x)
+  except RuntimeError:
+    return None
+
+
+def _eos_of(cfg) -> tuple[int, ...]:
+  e = getattr(cfg, "eos_token_id", None)
+  if e is None:
+    return ()
+  return tuple(int(x) for x in (e if isinstance(e, (tuple, list)) else (e,)))
+
+
+def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
+             policy: str = "student", lam: float | None = None,
+             max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None,
+             eos_token_ids: Sequence[int] | None = None,
+             pad_token_id: int = 0, return_logprobs: bool = True,
+             bucket: str | int | None = None, cache_len: int | None = None,
+             row_ids=None, mesh: Mesh | None = None,
+             rules=sharding.DEFAULT_RULES) -> Rollout:
+  """Samples responses to a left-padded prompt batch.
+
+  Args:
+    student: (config, params) of the student; may be None for 'teacher'.
+    teacher: (config, params) of the teacher; needed for 'teacher'/'mixture'.
+    prompts: [B, P] int token ids, left-padded (see `pad_prompts`).
+    prompt_mask: [B, P], 1 on real tokens, a non-empty suffix of each row.
+    rng: PRNG key. Same rng -> same rollout.
+    policy: 'student', 'teacher' or 'mixture'.
+    lam: mixture only: probability in [0, 1] that a step's token is the
+      student's. Traced: changing it does not recompile.
+    max_new_tokens: N >= 1.
+    temperature: >= 0; 0 is greedy (top_k / top_p then ignored). Traced.
+    top_k: keep the k most likely tokens (static).
+    top_p: nucleus mass in (0, 1] (traced; whether it is used is static).
+    eos_token_ids: ids that end a row; default the union of the configs'.
+    pad_token_id: written after a row's end.
+    return_logprobs: if False, `logprobs` is None in the result.
+    bucket: if set ('pow2' or an int), first left-pad the prompts to
+      bucket_length(P) so that nearby widths share a compilation.
+    cache_len: KV-cache length; default P + N - 1 (all that is needed).
+    row_ids: [B] ints keying each row's RNG stream (default 0..B-1); pass
+      stable example ids to make a row's draws independent of its batch.
+    mesh: optional device mesh; the batch is split over its data axes,
+      params follow models.logical_axes, caches models.cache_logical_axes.
+    rules: logical-axis rules for the mesh.
+
+  Returns:
+    A Rollout (layout in the module docstring).
+  """
+  if policy not in POLICIES:
+    raise ValueError(f"policy: expected one of {POLICIES}, got {policy!r}")
+  if policy in ("student", "mixture") and student is None:
+    raise ValueError(f"student: required for policy={policy!r}")
+  if policy in ("teacher", "mixture") and teacher is None:
+    raise ValueError(f"teacher: required for policy={policy!r}")
+  given = [("student", student), ("teacher", teacher)]
+  given = [(n, _check_model(n, m)) for n, m in given if m is not None]
+  if policy == "mixture":
+    if lam is None or not 0.0 <= float(lam) <= 1.0 or math.isnan(float(lam)):
+      raise ValueError(f"lam: mixture needs lam in [0, 1], got {lam}")
+  elif lam is not None:
+    raise ValueError(f"lam: only used with policy='mixture' (got policy={policy!r})")
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens: must be an int >= 1, got {max_new_tokens!r}")
+  max_new_tokens = int(max_new_tokens)
+  temperature = float(temperature)
+  if not temperature >= 0.0 or math.isinf(temperature):
+    raise ValueError(f"temperature: must be finite and >= 0, got {temperature}")
+  vocab = min(int(m[0].vocab_size) for _, m in given)
+  if top_k is not None and not (isinstance(top_k, (int, np.integer))
+                                and 1 <= top_k <= vocab):
+    raise ValueError(f"top_k: must be an int in [1, {vocab}], got {top_k!r}")
+  if top_p is not None and not 0.0 < float(top_p) <= 1.0:
+    raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+
+  if prompts is None or prompt_mask is None:
+    raise ValueError("prompts, prompt_mask: both are required")
+  if jnp.ndim(prompts) != 2 or jnp.shape(prompts) != jnp.shape(prompt_mask):
+    raise ValueError(
+        f"prompts, prompt_mask: expected equal [B, P] shapes, got "
+        f"{jnp.shape(prompts)} and {jnp.shape(prompt_mask)}")
+  b, p = jnp.shape(prompts)
+  if b == 0 or p == 0:
+    raise ValueError(f"prompts: empty batch or empty prompt (shape {(b, p)})")
+  host_mask = _host(prompt_mask)
+  if host_mask is not None:
+    m = host_mask != 0
+    empty = np.flatnonzero(~m.any(axis=1))
+    if empty.size:
+      raise ValueError(f"prompt_mask: row {empty[0]} is an empty prompt")
+    unsorted = np.flatnonzero((np.diff(m.astype(np.int8), axis=1) < 0).any(axis=1))
+    if unsorted.size:
+      raise ValueError(f"prompt_mask: row {unsorted[0]} is not left-padded")
+    host_prompts = _host(prompts)
+    if host_prompts is not None:
+      real = host_prompts[m]
+      if real.min() < 0 or real.max() >= vocab:
+        raise ValueError(
+            f"prompts: token ids must be in [0, {vocab}), got "
+            f"[{real.min()}, {real.max()}]")
+
+  if bucket is not None:
+    width = prompts_lib.bucket_length(p, bucket)
+    if width != p:
+      pad = ((0, 0), (width - p, 0))
+      prompts = jnp.pad(jnp.asarray(prompts), pad, constant_values=pad_token_id)
+      prompt_mask = jnp.pad(jnp.asarray(prompt_mask), pad)
+      p = width
+  for n, (cfg, _) in given:
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and p + max_new_tokens > limit:
+      raise ValueError(
+          f"max_new_tokens: prompt width {p} + max_new_tokens {max_new_tokens} "
+          f"exceeds the {n}'s max_position_embeddings {limit}")
+  if cache_len is None:
+    cache_len = p + max_new_tokens - 1
+  elif p + max_new_tokens - 1 > cache_len:
+    raise ValueError(
+        f"cache_len: {cache_len} is too short for prompt width {p} + "
+        f"{max_new_tokens} new tokens (needs {p + max_new_tokens - 1})")
+
+  if row_ids is None:
+    row_ids = jnp.arange(b, dtype=jnp.int32)
+  elif jnp.shape(row_ids) != (b,):
+    raise ValueError(f"row_ids: expected shape ({b},), got {jnp.shape(row_ids)}")
+  if eos_token_ids is None:
+    eos = sorted({e for _, (cfg, _) in given for e in _eos_of(cfg)})
+  else:
+    eos = [int(e) for e in eos_token_ids]
+
+  names = {"student": ("student",), "teacher": ("teacher",),
+           "mixture": ("student", "teacher")}[policy]
+  chosen = [dict(given)[n] for n in names]
+  cfgs = tuple(c for c, _ in chosen)
+  params = tuple(pr for _, pr in chosen)
+  prompts = jnp.asarray(prompts, jnp.int32)
+  prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
+  if mesh is not None:
+    params = tuple(
+        jax.device_put(pr, sharding.tree_shardings(
+            models.logical_axes(cfg), mesh, rules, pr))
+        for cfg, pr in zip(cfgs, params))
+    rows = lambda nd, shape: NamedSharding(mesh, sharding.logical_to_spec(
+        ("batch",) + (None,) * (nd - 1), shape, mesh, rules))
+    prompts, prompt_mask = jax.device_put((prompts, prompt_mask), rows(2, (b, p)))
+    row_ids = jax.device_put(jnp.asarray(row_ids, jnp.int32), rows(1, (b,)))
+
+  greedy = temperature == 0.0
+  sampler = sampling.Sampler(
+      greedy=greedy, top_k=None if greedy else top_k,
+      use_top_p=(not greedy) and top_p is not None and float(top_p) < 1.0)
+  out = _rollout(
+      params, prompts, prompt_mask, rng, jnp.asarray(row_ids, jnp.int32),
+      jnp.float32(1.0 if lam is None else lam),
+      jnp.float32(1.0 if greedy else temperature),
+      jnp.float32(1.0 if top_p is None else top_p),
+      cfgs=cfgs, student_index=0 if names[0] == "student" else None,
+      max_new_tokens=max_new_tokens, sampler=sampler, eos_ids=tuple(eos),
+      pad_id=int(pad_token_id), vocab=vocab, cache_len=int(cache_len),
+      mesh=mesh, rules=tuple(tuple(r) for r in rules))
+  if not return_logprobs:
+    out = out.replace(logprobs=None)
+  return out
