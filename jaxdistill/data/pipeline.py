@@ -1,7 +1,7 @@
 """Random-access batch pipelines: the iterator position is just the step.
 
 Both pipelines are grain `MapDataset`s: record ids are shuffled with a
-per-epoch seed (`shuffle(seed)` then `repeat`, so epoch e uses seed + e),
+per-epoch seed (`shuffle` then `repeat`: epoch e uses hash(seed) + e),
 concatenated across epochs and cut into batches. `batches[step]` is a pure
 function of (records, tokenizer, settings, seed, step): resuming after a
 restart needs only the step, and two pipelines built alike agree batch for
@@ -35,6 +35,7 @@ must take positions from the mask (cumsum - 1), not from the column.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -80,7 +81,10 @@ class _Batches:
     self.steps_per_epoch = -(-n // batch_size)
     ids = grain.MapDataset.range(n)
     if shuffle:
-      ids = ids.shuffle(seed=seed)
+      # grain seeds epoch e with seed + e, so runs with seeds s and s + 1 would
+      # share all but one epoch order; hashing the seed first decorrelates them.
+      digest = hashlib.sha256(f"jaxdistill-batches/{seed}".encode()).digest()
+      ids = ids.shuffle(seed=int.from_bytes(digest[:4], "big") >> 1)
     ids = ids.repeat(num_epochs).map(lambda i: (i, 1))
     if num_epochs is not None and len(ids) % batch_size:
       # Pad the last batch with copies of the first example, marked invalid,
