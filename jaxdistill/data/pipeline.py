@@ -32,6 +32,8 @@ sampled token goes, so on- and off-policy batches share one layout; models
 must take positions from the mask (cumsum - 1), not from the column.
 
 `batches.score(texts, batch)` maps completions back to their verifiers.
+`batches_from_config(config, tokenizer)` builds either kind from a run
+config's `data` / `rollout` blocks (see `records_from_config`).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ import numpy as np
 
 from jaxdistill import tasks
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.tasks import countdown as countdown_lib
 from jaxdistill.tasks import mcq
 
 MAX_NUMBERS = 6
@@ -244,3 +247,63 @@ def make_sequence_batches(records: Sequence[Mapping], tokenizer, *,
       max_response_len=max_response_len, response_fn=response_fn, system=system,
       batch_size=batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
       process_index=process_index, process_count=process_count)
+
+
+def records_from_config(data) -> list[dict]:
+  """The records named by a run config's `data` block.
+
+  data.task 'countdown': Countdown-`n_numbers` problems of `split` (default
+    'train'). With `data_dir`, they are prepared as (and read from) the TFDS
+    builder `countdown_tasks`; without it they are generated in memory, the
+    same problems either way. Optional: num_problems (train split size,
+    default 50,000; the test split gets a tenth), data_seed (default 0).
+  data.task 'mcq': the `mcq_files` builder with config `source` (default
+    'generic') over the user's files in `manual_dir`, prepared under the
+    required `data_dir`.
+  """
+  task, split = data.get("task"), data.get("split") or "train"
+  if task == "countdown":
+    from jaxdistill.data import builders  # pylint: disable=g-import-not-at-top
+    n = int(data.get("n_numbers") or 3)
+    size = data.get("num_problems")
+    seed = int(data.get("data_seed") or 0)
+    if size is None:
+      size = builders.CountdownConfig.train_size
+    sizes = {"train": int(size), "test": max(1, int(size) // 10)}
+    if split not in sizes:
+      raise ValueError(f"data.split: Countdown has 'train' and 'test', got {split!r}")
+    if not data.get("data_dir"):
+      problems = countdown_lib.generate_problems(n, sizes[split], seed, split=split)
+      return [p.to_record() for p in problems]
+    config = builders.CountdownConfig(
+        name=f"n{n}_train{sizes['train']}_seed{seed}", n_numbers=n,
+        train_size=sizes["train"], test_size=sizes["test"], seed=seed)
+    builder = builders.prepare(builders.CountdownTasks, data_dir=data.data_dir,
+                               config=config)
+    return builders.load_records(builder, split)
+  if task == "mcq":
+    from jaxdistill.data import builders  # pylint: disable=g-import-not-at-top
+    if not data.get("data_dir") or not data.get("manual_dir"):
+      raise ValueError("data.data_dir and data.manual_dir are required for task 'mcq'")
+    builder = builders.prepare(builders.McqFiles, data_dir=data.data_dir,
+                               config=data.get("source") or "generic",
+                               manual_dir=data.manual_dir)
+    return builders.load_records(builder, split)
+  raise ValueError(f"data.task: expected 'countdown' or 'mcq', got {task!r}")
+
+
+def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
+  """The training loop's batches: prompt batches for rollouts, or, with
+  rollout.policy == 'dataset', sequence batches of reference responses no
+  longer than rollout.max_new_tokens. Every host builds the full global batch
+  (the loop keeps its own rows)."""
+  data = config.data
+  recs = records_from_config(data)
+  common = dict(batch_size=int(data.batch_size),
+                max_prompt_len=int(data.max_prompt_len), seed=int(config.seed),
+                system=data.get("system"))
+  if config.rollout.policy == "dataset":
+    return make_sequence_batches(
+        recs, tokenizer, max_response_len=int(config.rollout.max_new_tokens),
+        **common)
+  return make_prompt_batches(recs, tokenizer, **common)

@@ -174,3 +174,24 @@ def test_argument_errors(tiny_tokenizer):
   with pytest.raises(ValueError, match="process_count"):
     pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=3,
                                  max_prompt_len=P, seed=0, process_count=2)
+
+
+def test_batches_from_config(tiny_tokenizer, tmp_path):
+  import ml_collections
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 128},
+      "data": {"task": "countdown", "n_numbers": 3, "batch_size": 4,
+               "max_prompt_len": P, "num_problems": 40,
+               "data_dir": str(tmp_path / "tfds")}})
+  from_tfds = pipeline.batches_from_config(config, tiny_tokenizer)
+  config.data.data_dir = None
+  in_memory = pipeline.batches_from_config(config, tiny_tokenizer)
+  key = lambda r: (tuple(r["numbers"]), r["target"])
+  assert sorted(map(key, from_tfds.records)) == sorted(map(key, in_memory.records))
+  assert len(in_memory.records) == 40 and from_tfds[3]["prompt"].shape == (4, P)
+  config.rollout.policy = "dataset"
+  seq = pipeline.batches_from_config(config, tiny_tokenizer)
+  assert seq[0]["tokens"].shape == (4, P + 128)
+  config.data.task = "gsm8k"
+  with pytest.raises(ValueError, match="data.task"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
