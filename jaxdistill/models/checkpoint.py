@@ -297,6 +297,13 @@ def _plan(cfg, infos, chunk_rows):
   return plan
 
 
+def _piece(w, kind, pshape, rows):
+  """One HF tensor (or block of its rows) -> our layout, shaped `pshape`."""
+  if rows is None:  # a whole tensor; a leading layer axis of 1 reshapes in
+    return _to_ours(w, kind, pshape)
+  return w if kind == "same" else w.T  # a block of rows of a 2-D matrix
+
+
 def _donated_writer(out_sharding):
   def write(buf, piece, *start):
     return lax.dynamic_update_slice(buf, piece, start)
@@ -347,12 +354,18 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
       if mesh is not None:
         sh = jax.sharding.NamedSharding(
             mesh, sharding_lib.logical_to_spec(leaf_axes, shape, mesh, rules))
-      if len(pieces) == 1 and pieces[0][1] == shape:
-        (name, _, _, _), = pieces
-        info = infos[name]
-        f = files.setdefault(info.file, open(info.file, "rb"))
-        x = _to_ours(st.read_rows(info, f=f).astype(np_dtype), kind, shape)
+      nbytes = math.prod(shape) * np_dtype.itemsize
+      if nbytes <= chunk_bytes:
+        # Small leaf: assemble on the host, one transfer (no compiles).
+        x = np.empty(shape, np_dtype)
+        for name, pshape, start, rows in pieces:
+          info = infos[name]
+          f = files.setdefault(info.file, open(info.file, "rb"))
+          w = _piece(st.read_rows(info, *(rows or (0, None)), f=f).astype(
+              np_dtype), kind, pshape, rows)
+          x[tuple(slice(s, s + n) for s, n in zip(start, pshape))] = w
         buf = jax.device_put(x, sh) if sh is not None else jnp.asarray(x)
+        del x, w
       else:
         if sh is None:
           buf = jnp.zeros(shape, np_dtype)
@@ -363,17 +376,14 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
         for name, pshape, start, rows in pieces:
           info = infos[name]
           f = files.setdefault(info.file, open(info.file, "rb"))
-          w = st.read_rows(info, *(rows or (0, None)), f=f).astype(np_dtype)
-          if rows is None:  # one layer
-            x = _to_ours(w, kind, pshape[1:]).reshape(pshape)
-          else:  # a block of HF rows of a 2-D matrix
-            x = w if kind == "same" else w.T
+          x = _piece(st.read_rows(info, *(rows or (0, None)), f=f).astype(
+              np_dtype), kind, pshape, rows)
           if sh is not None:
-            psh = jax.sharding.NamedSharding(mesh, sharding_lib.logical_to_spec(
-                leaf_axes, pshape, mesh, rules))
-            x = jax.device_put(x, psh)
+            x = jax.device_put(x, jax.sharding.NamedSharding(
+                mesh, sharding_lib.logical_to_spec(leaf_axes, pshape, mesh,
+                                                   rules)))
           buf = write(buf, x, *(np.int32(s) for s in start))
-          del w, x
+          del x
       node = params
       keys = leaf_path.split("/")
       for k in keys[:-1]:
@@ -386,6 +396,11 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
 
 
 # -- saving --------------------------------------------------------------------
+
+# A traced index compiles once per leaf shape (x[i] with a Python int would
+# compile once per layer).
+_take_layer = jax.jit(lambda x, i: lax.dynamic_index_in_dim(x, i, 0, False))
+
 
 def save_pretrained(cfg: ModelConfig, params, path, *,
                     max_shard_size: int = 5 * 10**9) -> None:
@@ -425,7 +440,7 @@ def save_pretrained(cfg: ModelConfig, params, path, *,
 
   def produce(name):
     _, _, _, leaf, kind, shape, layer = by_name[name]
-    x = leaf if layer is None else leaf[layer]
+    x = leaf if layer is None else _take_layer(leaf, np.int32(layer))
     return _to_hf(np.asarray(jax.device_get(x)), kind, shape)
 
   for stale in path.glob("model*.safetensors*"):

@@ -44,6 +44,11 @@ def init(cfg: ModelConfig, rng: jax.Array) -> dict:
   """Random parameters (normal(0.02) kernels, unit norms, zero biases)."""
   if not isinstance(cfg, ModelConfig):
     raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+  return _init(cfg, rng)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init(cfg, rng):
   variables = Transformer(cfg).init(rng, *_dummy_inputs(cfg))
   return nn.meta.unbox(variables["params"])
 
@@ -136,9 +141,10 @@ def _exclusive_cumsum(m):
   return jnp.cumsum(m, axis=1) - m
 
 
+@functools.partial(jax.jit, static_argnums=0, static_argnames="return_hidden")
 def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
           positions=None, cache=None, return_hidden=False):
-  """Forward pass.
+  """Forward pass (jitted; cfg and return_hidden are static).
 
   Args:
     cfg: the model config (static under jit).
