@@ -24,6 +24,7 @@ setuptools.setup(
         "tqdm>=4.66",
         "matplotlib>=3.8",
         "tensorboardX>=2.6",
+        "importlib_resources>=6",  # tensorflow-datasets needs it to prepare builders
     ],
     extras_require={
         # torch is only a reference for parity tests and benchmarks. The pinned

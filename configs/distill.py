@@ -1,0 +1,76 @@
+r"""Distil a teacher into a student: one cell of the study's grid.
+
+Sweepable args (after the colon): kl (forward | reverse | jsd | sampled),
+policy (student | teacher | mixture | dataset), lam, lr, task, seed, runlocal.
+
+  # A real run (paths come from the command line, never from this file):
+  python -m jaxdistill.train \
+    --config configs/distill.py:kl=reverse,policy=student,lr=1e-5 \
+    --config.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
+    --config.teacher.path=/ckpt/Qwen2.5-7B-Instruct --workdir /runs/qwen_rkl_on
+
+  # The same path, shrunk to tiny random models on synthetic prompts (CPU):
+  python -m jaxdistill.train --config configs/distill.py:runlocal --workdir /tmp/jd
+"""
+import ml_collections
+from ml_collections import config_dict
+
+from jaxdistill import config_lib
+
+# Tiny random models for runlocal: a bigger "teacher" and a smaller student
+# sharing one vocabulary.
+TINY_TEACHER = dict(family="llama", vocab_size=256, hidden_size=64,
+                    intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    eos_token_id=(2,), max_position_embeddings=512)
+TINY_STUDENT = dict(TINY_TEACHER, hidden_size=32, intermediate_size=64,
+                    num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1)
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, kl="forward", policy="student", lam=0.5,
+                             lr=1e-5, task="countdown", seed=0, runlocal=False)
+  c = ml_collections.ConfigDict()
+  c.seed = arg.seed
+  c.total_steps = 200
+  c.log_every = 1
+  c.eval_every = 50
+  c.ckpt_every = 50
+  c.keep_ckpts = 3
+  c.progress = True
+  c.export_hf = True
+  c.track_sparsity = True
+
+  # Hugging Face checkpoint directories (set on the command line).
+  c.student = dict(path=config_dict.placeholder(str), preset=None, init=None,
+                   dtype="bfloat16", param_dtype="float32", overrides={})
+  c.teacher = dict(path=config_dict.placeholder(str), preset=None, init=None,
+                   dtype="bfloat16", param_dtype="bfloat16", overrides={})
+  c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
+
+  c.data = dict(task=arg.task, n_numbers=3, batch_size=64, max_prompt_len=256,
+                pad_token_id=0, fixed_batch=False)
+  c.rollout = dict(policy=arg.policy, lam=arg.lam, max_new_tokens=512,
+                   temperature=1.0, top_k=config_dict.placeholder(int),
+                   top_p=config_dict.placeholder(float),
+                   eos_token_ids=None)
+  c.loss = dict(kind=arg.kl, beta=0.5, temperature=1.0,
+                reduction="token_mean", estimator="rkl_surrogate",
+                iw_clip=config_dict.placeholder(float), fused=True,
+                chunk_size=1024, vocab_size=config_dict.placeholder(int))
+  c.optim = dict(lr=arg.lr, schedule="constant", warmup_steps=10,
+                 final_lr_frac=0.0, weight_decay=0.0, b1=0.9, b2=0.999,
+                 eps=1e-8, clip_norm=1.0, grad_accum=1)
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)
+
+  if arg.runlocal:
+    c.total_steps = 6
+    c.eval_every = c.ckpt_every = 3
+    c.student.update(init=TINY_STUDENT, dtype="float32")
+    c.teacher.update(init=TINY_TEACHER, dtype="float32", param_dtype="float32")
+    c.data.update(task="synthetic", batch_size=4, max_prompt_len=8)
+    c.rollout.update(max_new_tokens=8)
+    c.loss.update(chunk_size=16)
+    c.optim.update(lr=max(arg.lr, 1e-3), warmup_steps=1)
+  return c

@@ -1,0 +1,141 @@
+"""Data for the training loop: prompt/sequence batches and rollouts.
+
+`make_batches(config, tokenizer, vocab)` returns a random-access sequence:
+`batches[step]` is the host batch of that step (a dict of numpy arrays), so
+the data position of a run is just its step and resuming needs no iterator
+state. Prompt batches hold {'prompt', 'prompt_mask', ...task metadata};
+sequence batches (policy='dataset', fixed teacher/reference text) hold
+{'tokens', 'attention_mask', 'response_mask'}.
+
+`SequenceMaker` turns a host batch into the [B, L] training sequences of
+jaxdistill.step: by sampling rollouts from the configured policy, or, for a
+fixed dataset, by placing the stored sequences on the mesh.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
+
+
+class SyntheticPrompts:
+  """Random left-padded prompts (and sequences) from a seed: for tests/benchmarks."""
+
+  def __init__(self, *, batch_size, prompt_len, vocab, seed, fixed=False,
+               response_len=0, min_token=3):
+    self.b, self.p, self.v, self.seed = batch_size, prompt_len, vocab, seed
+    self.fixed, self.n, self.lo = fixed, response_len, min_token
+
+  def __len__(self):
+    return 1 << 30
+
+  def __getitem__(self, step):
+    rs = np.random.default_rng([self.seed, 0 if self.fixed else int(step)])
+    lens = rs.integers(max(1, self.p // 2), self.p + 1, size=self.b)
+    mask = (np.arange(self.p)[None] >= (self.p - lens)[:, None]).astype(np.int32)
+    prompt = rs.integers(self.lo, self.v, size=(self.b, self.p)) * mask
+    out = {"prompt": prompt.astype(np.int32), "prompt_mask": mask}
+    if self.n:  # a fixed "reference response" per row, for policy='dataset'
+      resp = rs.integers(self.lo, self.v, size=(self.b, self.n)).astype(np.int32)
+      rmask = np.ones((self.b, self.n), np.int32)
+      out = {"tokens": np.concatenate([out["prompt"], resp], 1),
+             "attention_mask": np.concatenate([mask, rmask], 1),
+             "response_mask": np.concatenate([np.zeros_like(mask), rmask], 1)}
+    return out
+
+
+def load_tokenizer(config):
+  """The run's tokenizer (a local Hugging Face dir), or None for synthetic data."""
+  path = config.get("tokenizer") or config.student.get("path")
+  if config.data.task == "synthetic" and not config.get("tokenizer"):
+    return None
+  if not path:
+    raise ValueError("config.tokenizer: a tokenizer directory is needed for "
+                     f"data.task={config.data.task!r}")
+  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  return tok_lib.load_tokenizer(os.path.expanduser(path))
+
+
+def save_tokenizer(tokenizer, out_dir):
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)
+
+
+def make_batches(config, tokenizer, vocab):
+  d = config.data
+  if d.task == "synthetic":
+    return SyntheticPrompts(
+        batch_size=d.batch_size, prompt_len=d.max_prompt_len, vocab=vocab,
+        seed=config.seed, fixed=bool(d.get("fixed_batch", False)),
+        response_len=(config.rollout.max_new_tokens
+                      if config.rollout.policy == "dataset" else 0))
+  from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.batches_from_config(config, tokenizer)
+
+
+class SequenceMaker:
+  """Host batch + current params -> device batch of sequences, rollout metrics."""
+
+  def __init__(self, config, student_cfg, teacher_cfg, mesh, rules):
+    self.ro = config.rollout
+    self.scfg, self.tcfg = student_cfg, teacher_cfg
+    self.mesh, self.rules = mesh, rules
+    self.pad = int(config.data.get("pad_token_id", 0) or 0)
+
+  def _put(self, x):
+    x = np.asarray(x)
+    shard = sharding.batch_sharding(self.mesh, x.ndim, self.rules)
+    if jax.process_count() == 1:
+      return jax.device_put(x, shard)
+    # Each host holds its rows of the global batch.
+    n = x.shape[0] // jax.process_count()
+    local = x[jax.process_index() * n:(jax.process_index() + 1) * n]
+    return jax.make_array_from_process_local_data(shard, local, x.shape)
+
+  def __call__(self, host_batch, params, teacher_params, rng):
+    ro = self.ro
+    if ro.policy == "dataset":
+      batch = {"tokens": self._put(host_batch["tokens"]),
+               "attention_mask": self._put(host_batch["attention_mask"]),
+               "loss_mask": self._put(host_batch["response_mask"])}
+      n_resp = float(np.sum(host_batch["response_mask"]))
+      n_tok = float(np.sum(host_batch["attention_mask"]))
+      return batch, {"rollout/tokens": n_tok,
+                     "rollout/len": n_resp / len(host_batch["tokens"])}
+    prompts = self._put(host_batch["prompt"])
+    pmask = self._put(host_batch["prompt_mask"])
+    r = rollout_lib.generate(
+        (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
+        rng=rng, policy=ro.policy,
+        lam=float(ro.lam) if ro.policy == "mixture" else None,
+        max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
+        top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
+        eos_token_ids=ro.get("eos_token_ids"), mesh=self.mesh, rules=self.rules,
+        return_logprobs=False)
+    batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
+             "loss_mask": r.loss_mask}
+    stats = jax.device_get({"len": r.lengths.mean(), "frac": r.student_fraction,
+                            "ended": r.ended.mean(),
+                            "tokens": batch["attention_mask"].sum()})
+    return batch, {"rollout/len": float(stats["len"]),
+                   "rollout/student_fraction": float(stats["frac"]),
+                   "rollout/ended_frac": float(stats["ended"]),
+                   "rollout/tokens": float(stats["tokens"])}
+
+
+def sparsity_metrics(params0, params1, cfg) -> dict:
+  """Update sparsity against the initial student (METHOD.md definition),
+  compared in the student's parameter dtype."""
+  from jaxdistill import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  res = metrics_lib.update_sparsity(params0, params1, atol=1e-5,
+                                    dtype=jnp.dtype(cfg.param_dtype))
+  out = {"sparsity/whole": res["sparsity"],
+         "sparsity/whole_exact": res["exact_sparsity"]}
+  for i, v in res["per_layer"].items():
+    out[f"sparsity/layer_{int(i):02d}"] = v["sparsity"]
+  return out
