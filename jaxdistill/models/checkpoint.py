@@ -9,6 +9,7 @@ when a mesh is given.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import logging
@@ -304,6 +305,23 @@ def _piece(w, kind, pshape, rows):
   return w if kind == "same" else w.T  # a block of rows of a 2-D matrix
 
 
+def _release_free_memory():
+  """Returns freed heap pages to the OS (glibc keeps them by default).
+
+  Pieces of varying sizes otherwise leave ~15% of the checkpoint size
+  allocated-but-free in malloc arenas, which counts as resident memory.
+  """
+  if _LIBC is not None:
+    _LIBC.malloc_trim(0)
+
+
+try:
+  _LIBC = ctypes.CDLL("libc.so.6")
+  _LIBC.malloc_trim  # pylint: disable=pointless-statement
+except (OSError, AttributeError):
+  _LIBC = None
+
+
 def _donated_writer(out_sharding):
   def write(buf, piece, *start):
     return lax.dynamic_update_slice(buf, piece, start)
@@ -313,7 +331,7 @@ def _donated_writer(out_sharding):
 
 
 def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
-                    rules=None, chunk_bytes: int = 64 << 20):
+                    rules=None, chunk_bytes: int = 16 << 20):
   """Reads a local HF directory; returns (ModelConfig, params). No network.
 
   Args:
@@ -347,6 +365,13 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
   axes = logical_axes(cfg)
   params = {}
   files = {}
+
+  def read(name, kind, pshape, rows):
+    info = infos[name]
+    f = files.setdefault(info.file, open(info.file, "rb"))
+    w = st.read_rows(info, *(rows or (0, None)), f=f)
+    return _piece(w.astype(np_dtype, copy=False), kind, pshape, rows)
+
   try:
     for leaf_path, kind, shape, pieces in plan:
       leaf_axes = _get(axes, leaf_path)
@@ -359,10 +384,7 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
         # Small leaf: assemble on the host, one transfer (no compiles).
         x = np.empty(shape, np_dtype)
         for name, pshape, start, rows in pieces:
-          info = infos[name]
-          f = files.setdefault(info.file, open(info.file, "rb"))
-          w = _piece(st.read_rows(info, *(rows or (0, None)), f=f).astype(
-              np_dtype), kind, pshape, rows)
+          w = read(name, kind, pshape, rows)
           x[tuple(slice(s, s + n) for s, n in zip(start, pshape))] = w
         buf = jax.device_put(x, sh) if sh is not None else jnp.asarray(x)
         del x, w
@@ -374,16 +396,17 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
                         out_shardings=sh)()
         write = _donated_writer(sh)
         for name, pshape, start, rows in pieces:
-          info = infos[name]
-          f = files.setdefault(info.file, open(info.file, "rb"))
-          x = _piece(st.read_rows(info, *(rows or (0, None)), f=f).astype(
-              np_dtype), kind, pshape, rows)
+          x = read(name, kind, pshape, rows)
           if sh is not None:
             x = jax.device_put(x, jax.sharding.NamedSharding(
                 mesh, sharding_lib.logical_to_spec(leaf_axes, pshape, mesh,
                                                    rules)))
           buf = write(buf, x, *(np.int32(s) for s in start))
+          # Bounds host memory: without it, reading runs ahead of the async
+          # writes and pending pieces pile up.
+          buf.block_until_ready()
           del x
+          _release_free_memory()
       node = params
       keys = leaf_path.split("/")
       for k in keys[:-1]:
