@@ -201,7 +201,8 @@ def train(config, workdir: str, *, overwrite: bool = False,
       in_shardings=(state_shard, None, None),
       out_shardings=(state_shard, None),
       donate_argnums=0)
-  make_sequences = train_data.SequenceMaker(config, scfg, tcfg, mesh, rules)
+  make_sequences = train_data.SequenceMaker(config, scfg, tcfg, mesh, rules,
+                                            tokenizer)
 
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),

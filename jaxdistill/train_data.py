@@ -81,11 +81,18 @@ def make_batches(config, tokenizer, vocab):
 class SequenceMaker:
   """Host batch + current params -> device batch of sequences, rollout metrics."""
 
-  def __init__(self, config, student_cfg, teacher_cfg, mesh, rules):
+  def __init__(self, config, student_cfg, teacher_cfg, mesh, rules,
+               tokenizer=None):
     self.ro = config.rollout
     self.scfg, self.tcfg = student_cfg, teacher_cfg
     self.mesh, self.rules = mesh, rules
-    self.pad = int(config.data.get("pad_token_id", 0) or 0)
+    # Pad with what the data pipeline pads with; stop on the models' EOS ids
+    # and the tokenizer's (chat templates end turns with their own token).
+    self.pad = getattr(tokenizer, "pad_token_id", None) or 0
+    eos = set(student_cfg.eos_token_id) | set(teacher_cfg.eos_token_id)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+      eos.add(int(tokenizer.eos_token_id))
+    self.eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
 
   def _put(self, x):
     x = np.asarray(x)
@@ -115,7 +122,7 @@ class SequenceMaker:
         lam=float(ro.lam) if ro.policy == "mixture" else None,
         max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
-        eos_token_ids=ro.get("eos_token_ids"), mesh=self.mesh, rules=self.rules,
+        eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
         return_logprobs=False)
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}

@@ -205,3 +205,39 @@ def test_config_arg_parsing():
       "reverse", 5e-5, "mixture", 0.25)
   with pytest.raises(ValueError, match="unknown key 'kll'"):
     config_lib.parse_arg("kll=reverse", kl="forward")
+
+
+@pytest.mark.slow
+def test_countdown_from_hf_checkpoints_with_padded_vocabularies(tmp_path):
+  """The user path: HF dirs (vocab 300 vs 320, a 290-token tokenizer), Countdown
+  prompts through the chat template, a lambda-mixture rollout, export."""
+  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
+  from tests import tiny_hf  # pylint: disable=g-import-not-at-top
+  probs = countdown.generate_problems(3, 100, 0)
+  tok_lib.train_bpe_tokenizer(
+      [countdown.build_prompt(p.numbers, p.target) for p in probs], 290,
+      str(tmp_path / "tok"))
+  tiny_hf.make_tiny_checkpoint("qwen2", tmp_path / "teacher", vocab_size=320)
+  tiny_hf.make_tiny_checkpoint("qwen2", tmp_path / "student", vocab_size=300,
+                               seed=1, hidden_size=32)
+  c = _config("policy=mixture,lam=0.5", **{
+      "student.path": str(tmp_path / "student"),
+      "teacher.path": str(tmp_path / "teacher"),
+      "tokenizer": str(tmp_path / "tok"), "student.dtype": "float32",
+      "teacher.dtype": "float32", "teacher.param_dtype": "float32",
+      "data.batch_size": 4, "data.max_prompt_len": 320,
+      "data.num_problems": 100, "rollout.max_new_tokens": 8,
+      "total_steps": 2, "ckpt_every": 2, "eval_every": 2})
+  m = train.train(c, str(tmp_path / "work"), devices=ONE_DEVICE)
+  assert 0.0 < m["rollout/student_fraction"] < 1.0
+  assert np.isfinite(m["train/loss"]) and m["distill/tokens"] > 0
+  # The export loads in transformers with the tokenizer beside it.
+  import transformers  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "work" / "hf_student"
+  model = transformers.AutoModelForCausalLM.from_pretrained(out)
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  ref = tok_lib.load_tokenizer(str(tmp_path / "tok"))
+  text = countdown.build_prompt(probs[0].numbers, probs[0].target)
+  assert model.config.vocab_size == 300
+  assert tok(text)["input_ids"] == ref(text)["input_ids"]
