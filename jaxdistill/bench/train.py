@@ -1,0 +1,216 @@
+r"""Distillation-step throughput: jaxdistill vs the same step in PyTorch.
+
+  python -m jaxdistill.bench.train            # the default small config
+  python -m jaxdistill.bench.train --quick    # a smaller one, for a smoke run
+
+One step = teacher forward (no gradient) + student forward/backward + exact
+token-level forward KL over the vocabulary + AdamW update, on a fixed batch
+of sequences (the rollout is benchmarked separately: bench.rollout). The
+PyTorch reference is transformers' LlamaForCausalLM for both models with the
+same shapes, the same loss written in torch (as TRL's GKD computes it:
+log-softmax of both, sum p (log p - log q) over the vocabulary, mean over
+response tokens) and torch.optim.AdamW; both run on the same CPU in this
+process, one after the other.
+
+Model FLOPs per step: 6 N_s T (student forward + backward) + 2 N_t T (teacher
+forward), N = matmul parameters (all but the embedding lookup, lm_head
+included), plus the attention score/value matmuls (12 L T^2 d per sequence for
+the student's forward+backward, 4 L T^2 d for the teacher; causal masking
+not discounted, as is customary). MFU = achieved model FLOP/s / the FLOP/s of
+a plain float32 jnp.dot measured in the same run. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from jaxdistill import models
+from jaxdistill import step as step_lib
+
+
+def _log(*a):
+  print(*a, file=sys.stderr, flush=True)
+
+
+def _configs(quick: bool):
+  if quick:
+    s = models.ModelConfig(family="llama", vocab_size=4096, hidden_size=128,
+                           intermediate_size=384, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=32, max_position_embeddings=1024)
+    t = dataclasses.replace(s, hidden_size=256, intermediate_size=768,
+                            num_attention_heads=8, num_key_value_heads=4)
+    return s, t, 4, 128
+  s = models.ModelConfig(family="llama", vocab_size=32000, hidden_size=256,
+                         intermediate_size=768, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4,
+                         head_dim=32, max_position_embeddings=1024)
+  t = dataclasses.replace(s, hidden_size=512, intermediate_size=1536,
+                          num_attention_heads=8, num_key_value_heads=4,
+                          head_dim=64)
+  return s, t, 8, 256
+
+
+def matmul_params(cfg) -> int:
+  d, h, k, f = (cfg.hidden_size, cfg.num_attention_heads,
+                cfg.num_key_value_heads, cfg.intermediate_size)
+  per_layer = d * h * cfg.head_dim * 2 + d * k * cfg.head_dim * 2 + 3 * d * f
+  return cfg.num_hidden_layers * per_layer + d * cfg.vocab_size
+
+
+def step_flops(s, t, b, l) -> float:
+  def attn(cfg):  # QK^T and AV: 2 * 2 * T^2 * (heads * head_dim) per layer
+    return 4 * cfg.num_hidden_layers * l * l * cfg.num_attention_heads * cfg.head_dim
+  return b * (6 * matmul_params(s) * l + 3 * attn(s) +
+              2 * matmul_params(t) * l + attn(t))
+
+
+def _time(fn, warmup=1, iters=5):
+  for _ in range(warmup):
+    fn()
+  ts = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    fn()
+    ts.append(time.perf_counter() - t0)
+  return float(np.median(ts)), ts
+
+
+def matmul_rate(n=2048) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  sec, _ = _time(lambda: f(a).block_until_ready(), iters=10)
+  return 2 * n ** 3 / sec
+
+
+def _batch(b, l, v, seed=0):
+  rs = np.random.default_rng(seed)
+  tokens = rs.integers(3, v, size=(b, l)).astype(np.int32)
+  attn = np.ones((b, l), np.int32)
+  loss_mask = np.zeros((b, l), np.int32)
+  loss_mask[:, l // 4:] = 1  # first quarter is "prompt"
+  return tokens, attn, loss_mask
+
+
+def bench_jax(s, t, b, l, iters, fused):
+  sp = models.init(s, jax.random.key(0))
+  tp = models.init(t, jax.random.key(1))
+  tokens, attn, lm = _batch(b, l, s.vocab_size)
+  batch = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray(attn),
+           "loss_mask": jnp.asarray(lm)}
+  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+  loss_cfg = ml_collections.ConfigDict(dict(
+      kind="forward", beta=0.5, temperature=1.0, fused=fused, chunk_size=512))
+  loss_fn = functools.partial(step_lib.distill_loss, student_cfg=s,
+                              teacher_cfg=t, loss_cfg=loss_cfg,
+                              vocab_size=s.vocab_size)
+  opt = optax.adamw(1e-4)
+  state = {"params": sp, "opt_state": opt.init(sp), "step": jnp.int32(0)}
+  update = jax.jit(functools.partial(
+      step_lib.train_step, optimizer=opt, schedule=lambda _: 1e-4,
+      loss_fn=loss_fn), donate_argnums=0)
+  t0 = time.perf_counter()
+  compiled = update.lower(state, tp, batch).compile()
+  compile_s = time.perf_counter() - t0
+  box = [state]
+
+  def run():
+    box[0], m = compiled(box[0], tp, batch)
+    jax.block_until_ready(m["train/loss"])
+  sec, ts = _time(run, warmup=1, iters=iters)
+  return sec, ts, compile_s
+
+
+def bench_torch(s, t, b, l, iters):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  def hf(cfg):
+    c = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=False)
+    c._attn_implementation = "sdpa"  # pylint: disable=protected-access
+    return transformers.LlamaForCausalLM(c).float()
+  torch.manual_seed(0)
+  student, teacher = hf(s), hf(t).eval()
+  opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
+  tokens, attn, lm = _batch(b, l, s.vocab_size)
+  tok = torch.from_numpy(tokens).long()
+  am = torch.from_numpy(attn).long()
+  w = torch.from_numpy(lm[:, 1:]).float()
+
+  def run():
+    with torch.no_grad():
+      tl = teacher(input_ids=tok, attention_mask=am).logits[:, :-1]
+    sl = student(input_ids=tok, attention_mask=am).logits[:, :-1]
+    logp = torch.log_softmax(tl.float(), -1)
+    logq = torch.log_softmax(sl.float(), -1)
+    fkl = (logp.exp() * (logp - logq)).sum(-1)
+    loss = (fkl * w).sum() / w.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+  sec, ts = _time(run, warmup=1, iters=iters)
+  return sec, ts, torch.get_num_threads()
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--quick", action="store_true")
+  ap.add_argument("--iters", type=int, default=5)
+  ap.add_argument("--fused", action="store_true",
+                  help="use the fused hidden-state loss path")
+  ap.add_argument("--no-torch", action="store_true")
+  args = ap.parse_args(argv)
+  s, t, b, l = _configs(args.quick)
+  flops = step_flops(s, t, b, l)
+  _log("measuring matmul rate ...")
+  mm = matmul_rate()
+  _log("jaxdistill step ...")
+  jsec, jts, compile_s = bench_jax(s, t, b, l, args.iters, args.fused)
+  tokens = b * l
+  out = {
+      "config": {"student": dataclasses.asdict(s), "teacher": dataclasses.asdict(t),
+                 "batch": b, "seq_len": l, "fused_loss": args.fused,
+                 "backend": jax.default_backend(),
+                 "device": str(jax.devices()[0].device_kind)},
+      "matmul_flops_per_s": mm,
+      "model_flops_per_step": flops,
+      "jax": {"step_s": jsec, "step_times_s": jts, "compile_s": compile_s,
+              "tokens_per_s": tokens / jsec, "mfu": flops / jsec / mm},
+  }
+  headline_value, goal = None, ">= 2.0x PyTorch and MFU >= 0.35"
+  if not args.no_torch:
+    _log("PyTorch step ...")
+    tsec, tts, threads = bench_torch(s, t, b, l, args.iters)
+    out["torch"] = {"step_s": tsec, "step_times_s": tts, "threads": threads,
+                    "tokens_per_s": tokens / tsec, "mfu": flops / tsec / mm}
+    headline_value = tsec / jsec
+  mfu = out["jax"]["mfu"]
+  out["headline"] = {
+      "name": "distill step speedup vs PyTorch (same CPU, same run)",
+      "value": None if headline_value is None else round(headline_value, 3),
+      "unit": "x", "goal": goal, "mfu": round(mfu, 3),
+      "meets_goal": bool(headline_value is not None and headline_value >= 2.0
+                         and mfu >= 0.35)}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()
