@@ -11,7 +11,7 @@ import json
 
 import ml_collections
 
-LOSS_KINDS = ("forward", "reverse", "jsd", "sampled")
+LOSS_KINDS = ("forward", "reverse", "jsd", "sampled", "ce")
 ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 POLICIES = ("student", "teacher", "mixture", "dataset")
 REDUCTIONS = ("token_mean", "sequence_mean", "sum")
@@ -71,6 +71,9 @@ def validate(config) -> None:
   ro = config.rollout
   if ro.policy not in POLICIES:
     _err("rollout.policy", f"unknown policy {ro.policy!r}; choose from {POLICIES}")
+  if loss.kind == "ce" and ro.policy != "dataset":
+    _err("rollout.policy", "loss.kind='ce' (supervised fine-tuning) trains on "
+         f"fixed sequences: use policy='dataset', got {ro.policy!r}")
   if ro.policy == "mixture":
     if ro.lam is None or not 0.0 <= float(ro.lam) <= 1.0:
       _err("rollout.lam", f"must be in [0, 1] for policy='mixture', got {ro.lam}")

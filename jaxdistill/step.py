@@ -73,6 +73,16 @@ def _sampled_loss(s_logits, t_logits, batch, w, loss_cfg, policy, lam, vocab):
       importance_weight=iw, reduction="sum")
 
 
+def _ce_loss(logits, targets, w, vocab):
+  """Next-token cross-entropy (SFT), weighted like the divergences."""
+  logp = jax.nn.log_softmax(logits[..., :vocab].astype(jnp.float32), axis=-1)
+  nll = -_gather(logp, targets)  # [B, L-1]
+  loss = (nll * w).sum()
+  n = jnp.maximum((w > 0).sum(), 1)
+  return loss, {"sft/nll": jnp.where(w > 0, nll, 0.0).sum() / n,
+                "sft/tokens": (w > 0).sum().astype(jnp.float32)}
+
+
 def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
                  loss_cfg, vocab_size, policy="student", lam=None):
   """Weighted divergence over the batch's response positions -> (loss, metrics).
@@ -82,6 +92,9 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   tokens, attn = batch["tokens"], batch["attention_mask"]
   w = batch["weights"][:, 1:]  # [B, L-1]: weight of predicting token t+1 at t
   kind = loss_cfg.kind
+  if kind == "ce":  # supervised fine-tuning on the batch's own tokens
+    return _ce_loss(models.apply(student_cfg, params, tokens, attn)[:, :-1],
+                    tokens[:, 1:], w, vocab_size)
   fused = bool(loss_cfg.get("fused", False)) and kind != "sampled"
   t_out = models.apply(teacher_cfg, teacher_params, tokens, attn,
                        return_hidden=fused)

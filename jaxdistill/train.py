@@ -147,8 +147,10 @@ def train(config, workdir: str, *, overwrite: bool = False,
   rules = tuple((k, tuple(v) if isinstance(v, list) else v)
                 for k, v in config.get("rules", sharding.DEFAULT_RULES))
   # Everything that can be checked without weights is checked first.
-  tcfg = model_config(config.teacher, "teacher")
   scfg = model_config(config.student, "student")
+  # Supervised fine-tuning ('ce') needs no teacher.
+  sft = config.loss.kind == "ce"
+  tcfg = scfg if sft else model_config(config.teacher, "teacher")
   tokenizer = train_data.load_tokenizer(config)
   vocab = shared_vocab(config, scfg, tcfg, tokenizer)
   batches = train_data.make_batches(config, tokenizer, vocab)
@@ -157,7 +159,8 @@ def train(config, workdir: str, *, overwrite: bool = False,
 
   seed_key = jax.random.key(config.seed)
   s_key, t_key = jax.random.split(jax.random.fold_in(seed_key, 1 << 20))
-  tparams = load_params(tcfg, config.teacher, mesh, rules, t_key)
+  tparams = None if sft else load_params(tcfg, config.teacher, mesh, rules,
+                                          t_key)
   params0 = load_params(scfg, config.student, mesh, rules, s_key)
 
   # Shardings, from shapes alone.

@@ -113,3 +113,17 @@ def test_mixture_importance_weight_is_q_over_behaviour():
   py = np.take_along_axis(p, y[..., None], -1)[..., 0]
   np.testing.assert_allclose(captured["importance_weight"],
                              qy / (0.3 * qy + 0.7 * py), rtol=1e-5)
+
+
+def test_sft_cross_entropy_matches_numpy():
+  rs = np.random.default_rng(1)
+  logits = rs.normal(size=(2, 5, 11)) * 3
+  targets = rs.integers(0, 9, size=(2, 5))
+  w = (rs.random((2, 5)) > 0.3) / 7.0
+  loss, m = step_lib._ce_loss(jnp.asarray(logits, jnp.float32),  # pylint: disable=protected-access
+                              jnp.asarray(targets), jnp.asarray(w), 9)
+  z = logits[..., :9]
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(loss, (nll * w).sum(), rtol=1e-5)
+  np.testing.assert_allclose(m["sft/nll"], nll[w > 0].mean(), rtol=1e-5)
