@@ -1,0 +1,19 @@
+"""Distillation losses: exact token-level divergences, sampled estimators and a
+memory-bounded fused path from hidden states. Definitions: METHOD.md."""
+from jaxdistill.losses.divergence import divergence
+from jaxdistill.losses.divergence import forward_kl
+from jaxdistill.losses.divergence import jsd
+from jaxdistill.losses.divergence import reverse_kl
+from jaxdistill.losses.divergence import token_divergence
+from jaxdistill.losses.fused import DEFAULT_CHUNK_SIZE
+from jaxdistill.losses.fused import fused_divergence
+from jaxdistill.losses.sampled import ESTIMATORS
+from jaxdistill.losses.sampled import sampled_kl
+from jaxdistill.losses._common import KINDS
+from jaxdistill.losses._common import REDUCTIONS
+
+__all__ = [
+    "divergence", "forward_kl", "reverse_kl", "jsd", "token_divergence",
+    "fused_divergence", "sampled_kl", "KINDS", "REDUCTIONS", "ESTIMATORS",
+    "DEFAULT_CHUNK_SIZE",
+]

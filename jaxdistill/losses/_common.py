@@ -1,0 +1,226 @@
+"""Argument checks, reduction weights and the safe per-token divergence core.
+
+Shared by the plain-logits losses (divergence.py), the sampled estimators
+(sampled.py) and the fused hidden-state path (fused.py), so that every path
+computes exactly the same per-token numbers.
+
+Notation: p = softmax(u / tau) is the teacher, q = softmax(z / tau) the
+student, d = log p - log q per vocabulary entry.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+KINDS = ("forward", "reverse", "jsd")
+REDUCTIONS = ("token_mean", "sequence_mean", "sum")
+
+
+# --------------------------------------------------------------------------
+# Argument checks. They run at trace time on static values and shapes, so a
+# bad configuration fails before any compute.
+# --------------------------------------------------------------------------
+
+
+def static_number(value, name: str) -> float:
+  """Returns `value` as a Python float; ValueError naming `name` otherwise."""
+  if isinstance(value, (bool, str, bytes)):
+    raise ValueError(f"{name} must be a number, got {value!r}")
+  try:
+    out = float(value)
+  except (TypeError, ValueError, jax.errors.ConcretizationTypeError) as e:
+    raise ValueError(
+        f"{name} must be a static (Python or concrete) number, got {value!r}"
+    ) from e
+  if not math.isfinite(out):
+    raise ValueError(f"{name} must be finite, got {value!r}")
+  return out
+
+
+def check_kind(kind) -> str:
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  return kind
+
+
+def check_beta(beta) -> float:
+  beta = static_number(beta, "beta")
+  if not 0.0 <= beta <= 1.0:
+    raise ValueError(f"beta must lie in [0, 1], got {beta}")
+  return beta
+
+
+def check_temperature(temperature) -> float:
+  temperature = static_number(temperature, "temperature")
+  if temperature <= 0.0:
+    raise ValueError(f"temperature must be > 0, got {temperature}")
+  return temperature
+
+
+def check_reduction(reduction) -> str:
+  if reduction not in REDUCTIONS:
+    raise ValueError(
+        f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+  return reduction
+
+
+def check_float(x, name: str, ndim: int):
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise ValueError(f"{name} must be an array, got {type(x).__name__}")
+  if x.ndim != ndim:
+    raise ValueError(f"{name} must have {ndim} dims, got shape {x.shape}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
+
+
+def check_mask(mask, shape) -> None:
+  if not hasattr(mask, "shape"):
+    raise ValueError(f"mask must be an array, got {type(mask).__name__}")
+  if tuple(mask.shape) != tuple(shape):
+    raise ValueError(
+        f"mask must have shape {tuple(shape)} ([B, T]), got {tuple(mask.shape)}")
+
+
+def shared_vocab(student_width: int, teacher_width: int, vocab_size,
+                 student_name: str, teacher_name: str) -> int:
+  """The vocabulary both distributions are compared over.
+
+  Equal widths need no vocab_size. Unequal widths are only ever embedding
+  padding of one shared tokenizer, so the caller must name the real size:
+  guessing min(widths) would silently hide a tokenizer mismatch.
+  """
+  if vocab_size is None:
+    if student_width != teacher_width:
+      raise ValueError(
+          f"vocab_size is required: {student_name} has width {student_width} "
+          f"but {teacher_name} has width {teacher_width}; pass the shared real "
+          "vocabulary size (padding columns are then dropped)")
+    return int(student_width)
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
+    raise ValueError(f"vocab_size must be an int, got {vocab_size!r}")
+  vocab_size = int(vocab_size)
+  if vocab_size <= 0:
+    raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+  if vocab_size > min(student_width, teacher_width):
+    raise ValueError(
+        f"vocab_size={vocab_size} exceeds the vocabulary width of "
+        f"{student_name} ({student_width}) or {teacher_name} ({teacher_width})")
+  return vocab_size
+
+
+# --------------------------------------------------------------------------
+# Reductions. Every reduction is a weighted sum over tokens, so the plain and
+# the fused (chunked) paths share it: loss = sum_bt weights[b, t] * value[b, t].
+# --------------------------------------------------------------------------
+
+
+def _safe_div(num, den):
+  ok = den > 0
+  return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
+
+
+def reduction_weights(mask, reduction: str):
+  """Per-token weights [B, T] (float32) that implement `reduction`.
+
+  token_mean:    mask / sum(mask)                 (0 if the mask is empty)
+  sequence_mean: mask / n_tokens[b] / n_sequences (sequences without response
+                 tokens are left out of the mean over sequences)
+  sum:           mask
+  Float masks act as token weights; bool/int masks as 0/1.
+  """
+  w = mask.astype(jnp.float32)  # [B, T]
+  if reduction == "token_mean":
+    return _safe_div(w, jnp.sum(w))
+  if reduction == "sequence_mean":
+    per_seq = jnp.sum(w, axis=-1, keepdims=True)  # [B, 1]
+    n_seq = jnp.sum((per_seq > 0).astype(jnp.float32))
+    return _safe_div(_safe_div(w, per_seq), n_seq)
+  return w
+
+
+def token_mean(values, mask):
+  """Mean of [B, T] values over tokens with mask != 0 (0 for an empty mask)."""
+  w = mask.astype(jnp.float32)
+  return _safe_div(jnp.sum(w * values), jnp.sum(w))
+
+
+# --------------------------------------------------------------------------
+# The per-token core.
+# --------------------------------------------------------------------------
+
+
+def safe_log_softmax(x):
+  """log_softmax over the last axis that tolerates -inf entries and rows.
+
+  A row of only -inf (a padded position) yields -inf everywhere instead of
+  NaN, and its gradient is 0, so where-masking it later is NaN-free also in
+  the backward pass (0 * NaN would survive a plain multiply by the mask).
+  """
+  m = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  s = x - m
+  se = jnp.sum(jnp.exp(s), axis=-1, keepdims=True)
+  return s - jnp.log(jnp.where(se > 0, se, 1.0))
+
+
+def token_terms(z, u, kind: str, beta: float):
+  """Per-position divergences from float32 logits already divided by tau.
+
+  Args:
+    z: student logits / tau, [..., V]; carries the gradient.
+    u: teacher logits / tau, [..., V]; treated as a constant.
+    kind: which divergence `loss` holds ('forward', 'reverse' or 'jsd').
+    beta: JSD mixing weight (used only for kind='jsd').
+
+  Returns:
+    dict of [...] arrays: 'loss' (the chosen divergence), and 'fkl', 'rkl'
+    (and 'jsd' for kind='jsd') for monitoring; the monitoring values carry no
+    gradient.
+
+  Terms with p = 0 (resp. q = 0) are dropped by where-guards on both the value
+  and its argument, so masked vocabulary entries (-inf logits) cost no NaN in
+  either pass. FKL is +inf only where the teacher has mass the student lacks
+  (and RKL vice versa): that is the true value, not a numerical accident. JSD
+  is always finite.
+  """
+  logq = safe_log_softmax(z)
+  logp = lax.stop_gradient(safe_log_softmax(u))
+  q, p = jnp.exp(logq), jnp.exp(logp)
+  d = logp - logq  # NaN where both are -inf; never used there
+  on_p, on_q = p > 0, q > 0
+  d_p = jnp.where(on_p, d, 0.0)  # finite or +inf
+  d_q = jnp.where(on_q, d, 0.0)  # finite or -inf
+  fkl = jnp.sum(p * d_p, axis=-1)
+  rkl = -jnp.sum(q * d_q, axis=-1)
+  out = {"fkl": lax.stop_gradient(fkl), "rkl": lax.stop_gradient(rkl)}
+  if kind == "forward" or (kind == "jsd" and beta == 0.0):
+    out["loss"] = fkl
+  elif kind == "reverse" or (kind == "jsd" and beta == 1.0):
+    out["loss"] = rkl
+  else:
+    out["loss"] = _scaled_jsd(p, q, d_p, d_q, beta)
+  if kind == "jsd":
+    out["jsd"] = lax.stop_gradient(out["loss"])
+  return out
+
+
+def _scaled_jsd(p, q, d_p, d_q, beta: float):
+  """[beta KL(p||m) + (1-beta) KL(q||m)] / (beta (1-beta)), m = beta p + (1-beta) q.
+
+  The GKD generalised JSD divided by beta (1 - beta): that division turns its
+  two vanishing ends into FKL (beta -> 0) and RKL (beta -> 1), so the family
+  is continuous on [0, 1] with the end points computed exactly elsewhere.
+  Written through d = log p - log q so each KL/beta keeps full relative
+  precision near the ends:
+    log(m / q) = log((1 - beta) + beta e^d),  log(m / p) = log(beta + (1 - beta) e^-d).
+  """
+  log_b, log_1mb = math.log(beta), math.log1p(-beta)
+  log_m_over_q = jnp.logaddexp(log_1mb, log_b + d_q)
+  log_m_over_p = jnp.logaddexp(log_b, log_1mb - d_p)
+  kl_p_m = -jnp.sum(p * log_m_over_p, axis=-1)
+  kl_q_m = -jnp.sum(q * log_m_over_q, axis=-1)
+  return kl_p_m / (1.0 - beta) + kl_q_m / beta

@@ -1,0 +1,142 @@
+"""Exact token-level divergences between teacher and student logits.
+
+All functions take student logits z and teacher logits u of shape [B, T, V]
+and a response mask [B, T] (prompt and padding positions 0). With
+p = softmax(u / tau) (teacher, no gradient) and q = softmax(z / tau):
+
+  forward  FKL_t = sum_v p_v (log p_v - log q_v)    grad_z = (q - p) / tau
+  reverse  RKL_t = sum_v q_v (log q_v - log p_v)    grad_z = q (log q - log p - RKL_t) / tau
+  jsd      JSD_t(beta) = [beta KL(p||m) + (1-beta) KL(q||m)] / (beta (1-beta)),
+           m = beta p + (1-beta) q; JSD(0) = FKL and JSD(1) = RKL exactly.
+
+The JSD convention is GKD's generalised JSD divided by beta (1 - beta). GKD's
+own form tends to 0 at both ends; the division makes the family continuous on
+[0, 1] with the forward and reverse KL as its end points (at beta = 1/2 it is
+4x the usual Jensen-Shannon divergence). The gradient scale includes the 1/tau
+of the chain rule; nothing multiplies the loss by tau^2.
+
+Per-token values are reduced with weights from `reduction`:
+  token_mean (default): sum of values / number of response tokens,
+  sequence_mean: mean over sequences (with >= 1 response token) of each
+    sequence's token mean,
+  sum: sum over all response tokens of the batch.
+An all-zero mask gives loss 0 (not NaN) and zero gradients.
+
+Logits are cast to float32. Widths may differ by embedding padding (Qwen2.5:
+151936 vs 152064 rows) only if `vocab_size`, the shared real vocabulary, is
+given; both are then sliced to it.
+
+Sharding: these functions add no sharding constraints. They are elementwise
+plus reductions over V and over [B, T], so under jax.jit whatever sharding the
+logits arrive with (batch over ('data', 'fsdp'), vocab over 'tensor', ...) is
+propagated by XLA, which inserts the cross-device sums over V itself. Forcing a
+layout here would only add resharding when callers shard differently.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxdistill.losses import _common as c
+
+
+def _prepare(student_logits, teacher_logits, mask, kind, beta, temperature,
+             vocab_size):
+  """Validates everything and returns float32 (z / tau, u / tau) over the shared vocab."""
+  kind = c.check_kind(kind)
+  beta = c.check_beta(beta)
+  temperature = c.check_temperature(temperature)
+  c.check_float(student_logits, "student_logits", 3)
+  c.check_float(teacher_logits, "teacher_logits", 3)
+  if student_logits.shape[:2] != teacher_logits.shape[:2]:
+    raise ValueError(
+        "teacher_logits must match student_logits in [B, T]: got "
+        f"{teacher_logits.shape} vs {student_logits.shape}")
+  c.check_mask(mask, student_logits.shape[:2])
+  v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
+                     vocab_size, "student_logits", "teacher_logits")
+  z = student_logits[..., :v].astype(jnp.float32) / temperature
+  u = lax.stop_gradient(teacher_logits[..., :v].astype(jnp.float32)) / temperature
+  return z, u, kind, beta
+
+
+def _masked_terms(z, u, mask, kind, beta):
+  # where, not multiply, on the inputs and the outputs: padded positions may
+  # hold -inf rows or garbage whose NaNs a 0 * would carry into the gradient.
+  active = mask != 0
+  z = jnp.where(active[..., None], z, 0.0)
+  u = jnp.where(active[..., None], u, 0.0)
+  terms = c.token_terms(z, u, kind, beta)
+  return {k: jnp.where(active, v, 0.0) for k, v in terms.items()}
+
+
+def token_divergence(student_logits, teacher_logits, mask, *, kind="forward",
+                     beta=0.5, temperature=1.0, vocab_size=None):
+  """Per-token divergence [B, T] (float32) of `kind`; masked positions are 0."""
+  z, u, kind, beta = _prepare(student_logits, teacher_logits, mask, kind, beta,
+                              temperature, vocab_size)
+  return _masked_terms(z, u, mask, kind, beta)["loss"]
+
+
+def divergence(student_logits, teacher_logits, mask, *, kind="forward",
+               beta=0.5, temperature=1.0, reduction="token_mean",
+               vocab_size=None):
+  """Reduced divergence of `kind` ('forward' | 'reverse' | 'jsd').
+
+  Args:
+    student_logits: [B, T, V_s] student logits (any float dtype).
+    teacher_logits: [B, T, V_t] teacher logits; no gradient flows into them.
+    mask: [B, T] response mask (bool, int or float token weights).
+    kind: 'forward' = KL(p||q), 'reverse' = KL(q||p), 'jsd' = JSD(beta).
+    beta: JSD weight in [0, 1] (0 -> forward, 1 -> reverse); static.
+    temperature: tau > 0 applied to both models; static.
+    reduction: 'token_mean' | 'sequence_mean' | 'sum'.
+    vocab_size: shared real vocabulary; required if V_s != V_t.
+
+  Returns:
+    (loss, metrics): scalar float32 loss and a dict with 'distill/loss',
+    'distill/fkl', 'distill/rkl' (token means, also when the loss is another
+    kind or reduction), 'distill/jsd' (kind='jsd' only) and 'distill/tokens'.
+    Metrics carry no gradient.
+
+  Raises:
+    ValueError naming the offending argument, before any compute.
+  """
+  c.check_reduction(reduction)
+  z, u, kind, beta = _prepare(student_logits, teacher_logits, mask, kind, beta,
+                              temperature, vocab_size)
+  terms = _masked_terms(z, u, mask, kind, beta)
+  loss = jnp.sum(c.reduction_weights(mask, reduction) * terms["loss"])
+  metrics = {
+      "distill/loss": loss,
+      "distill/fkl": c.token_mean(terms["fkl"], mask),
+      "distill/rkl": c.token_mean(terms["rkl"], mask),
+      "distill/tokens": jnp.sum((mask != 0).astype(jnp.float32)),
+  }
+  if kind == "jsd":
+    metrics["distill/jsd"] = c.token_mean(terms["jsd"], mask)
+  return loss, {k: lax.stop_gradient(v) for k, v in metrics.items()}
+
+
+def forward_kl(student_logits, teacher_logits, mask, *, temperature=1.0,
+               reduction="token_mean", vocab_size=None):
+  """KL(p_teacher || q_student); see `divergence`."""
+  return divergence(student_logits, teacher_logits, mask, kind="forward",
+                    temperature=temperature, reduction=reduction,
+                    vocab_size=vocab_size)
+
+
+def reverse_kl(student_logits, teacher_logits, mask, *, temperature=1.0,
+               reduction="token_mean", vocab_size=None):
+  """KL(q_student || p_teacher); see `divergence`."""
+  return divergence(student_logits, teacher_logits, mask, kind="reverse",
+                    temperature=temperature, reduction=reduction,
+                    vocab_size=vocab_size)
+
+
+def jsd(student_logits, teacher_logits, mask, *, beta=0.5, temperature=1.0,
+        reduction="token_mean", vocab_size=None):
+  """Scaled generalised JSD(beta): 0 -> forward KL, 1 -> reverse KL; see `divergence`."""
+  return divergence(student_logits, teacher_logits, mask, kind="jsd",
+                    beta=beta, temperature=temperature, reduction=reduction,
+                    vocab_size=vocab_size)

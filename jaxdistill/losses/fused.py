@@ -1,0 +1,242 @@
+"""Memory-bounded divergence from final hidden states and output heads.
+
+The plain path materialises logits [B, T, V] for both models (about 2.5 GB
+each in float32 at T=4096, V=151,936), plus as many again for their
+log-softmaxes and the gradient. Here the tokens are cut into chunks of
+`chunk_size` positions and a lax.scan computes, per chunk, both models'
+logits [B, C, V], the per-token divergence (the same code as the plain path)
+and, in the same pass, its gradient w.r.t. the chunk's student hidden states
+and the student head. A custom VJP hands these back scaled by the incoming
+cotangent, so nothing is recomputed in the backward pass (a jax.checkpoint
+scan would redo both head matmuls: 6 instead of 4 matmuls of [T, D] x [D, V]).
+
+Einsum legend: B batch, C chunk positions, D hidden (S student / E teacher),
+V vocabulary.
+
+Sharding: no constraints are added. The chunk axis is cut out of T, so the
+batch axis keeps whatever sharding it arrives with; with a head's vocab axis
+on 'tensor', XLA inserts the sums over V (and over B, C for the head
+gradient) itself.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxdistill.losses import _common as c
+
+DEFAULT_CHUNK_SIZE = 256
+
+
+class _Static(NamedTuple):
+  kind: str
+  beta: float
+  temperature: float
+  vocab_size: int
+
+
+def _chunk_logits(cfg: _Static, hs, ws, ht, wt):
+  """Both models' logits of one chunk over the shared vocab, float32 / tau."""
+  f32 = jnp.float32
+  v = cfg.vocab_size
+  # Full-width matmuls, then a chunk-sized slice: slicing the head instead
+  # would copy a whole [D, V] head (XLA hoists it out of the loop).
+  z = jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32)  # [B, C, Vs]
+  u = jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32)  # [B, C, Vt]
+  z = z[..., :v] / cfg.temperature
+  u = lax.stop_gradient(u[..., :v]) / cfg.temperature
+  return z, u
+
+
+def _chunk_loss(cfg: _Static, z, u, w, m):
+  """Weighted divergence of one chunk and its mask-weighted monitoring sums."""
+  active = m != 0  # as in divergence.py: where on inputs and outputs
+  z = jnp.where(active[..., None], z, 0.0)
+  u = jnp.where(active[..., None], u, 0.0)
+  terms = c.token_terms(z, u, cfg.kind, cfg.beta)
+  terms = {k: jnp.where(active, x, 0.0) for k, x in terms.items()}  # [B, C]
+  loss = jnp.sum(w * terms["loss"])
+  sums = {k: jnp.sum(m * x) for k, x in terms.items() if k != "loss"}
+  return loss, sums
+
+
+def _zero_sums(kind):
+  keys = ("fkl", "rkl", "jsd") if kind == "jsd" else ("fkl", "rkl")
+  return {k: jnp.zeros((), jnp.float32) for k in keys}
+
+
+def _add(a, b):
+  return jax.tree.map(jnp.add, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(cfg, hs, ws, ht, wt, w, m):
+  """Value only (no gradient requested). Chunked inputs: [N, B, C, ...]."""
+
+  def step(carry, xs):
+    z, u = _chunk_logits(cfg, xs[0], ws, xs[1], wt)
+    loss, sums = _chunk_loss(cfg, z, u, xs[2], xs[3])
+    return (carry[0] + loss, _add(carry[1], sums)), None
+
+  init = (jnp.zeros((), jnp.float32), _zero_sums(cfg.kind))
+  out, _ = lax.scan(step, init, (hs, ht, w, m))
+  return out
+
+
+# The head gradient hs^T @ dz is a full [D, V] product per chunk. XLA does
+# not fuse the '+=' into the matmul, so done in one piece it costs a second
+# [D, V] float32 buffer as large as the head itself. Instead the vocabulary
+# is viewed as [G, S, W] (G groups x S slabs x W columns) and a fori_loop adds
+# one slab of every group per iteration: the temporary shrinks S-fold. The
+# loop index runs over S, never over G, so with the head's vocab axis sharded
+# (in contiguous blocks, any shard count dividing G) every update stays local.
+_GROUPS = 16
+
+
+def _head_slabs(d_model, width, tokens):
+  """Number of vocab slabs S: temporary [D, V/S] about one chunk's logits."""
+  if width % _GROUPS:
+    return 1
+  target = max(1, -(-d_model // max(tokens, 1)))
+  per_group = width // _GROUPS
+  return max(s for s in range(1, target + 1) if per_group % s == 0)
+
+
+def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
+  f32 = jnp.float32
+  _, b, size, d_model = hs.shape
+  width = ws.shape[1]
+  n_slabs = _head_slabs(d_model, width, b * size)
+  slab_shape = (_GROUPS, n_slabs, width // (_GROUPS * n_slabs))
+  # The gradient is taken per chunk w.r.t. the chunk's logits; the two
+  # matmuls back to hs and ws are written out for the slab-wise ws update.
+  loss_and_dz = jax.value_and_grad(
+      lambda z, u, w, m: _chunk_loss(cfg, z, u, w, m), has_aux=True)
+
+  def step(carry, xs):
+    loss, sums, dws = carry  # dws: [D, G, S, W] (or [D, V] when S == 1)
+    hs_c, ht_c, w_c, m_c = xs
+    z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt)
+    (l, s), dz = loss_and_dz(z, u, w_c, m_c)  # [B, C, V]: d loss / d (z / tau)
+    dz = dz / cfg.temperature
+    dz = jnp.pad(dz, [(0, 0), (0, 0), (0, width - cfg.vocab_size)])  # [B, C, Vs]
+    dz = dz.astype(ws.dtype)
+    dhs = jnp.einsum("bcv,sv->bcs", dz, ws,
+                     preferred_element_type=f32).astype(hs.dtype)
+    if n_slabs == 1:
+      dws = dws + jnp.einsum("bcs,bcv->sv", hs_c, dz, preferred_element_type=f32)
+    else:
+      dz = dz.reshape(dz.shape[:2] + slab_shape)  # [B, C, G, S, W]
+
+      def add_slab(j, acc):
+        dz_j = lax.dynamic_index_in_dim(dz, j, axis=3, keepdims=False)
+        upd = jnp.einsum("bcs,bcgw->sgw", hs_c, dz_j, preferred_element_type=f32)
+        cur = lax.dynamic_index_in_dim(acc, j, axis=2, keepdims=False)
+        return lax.dynamic_update_index_in_dim(acc, cur + upd, j, axis=2)
+
+      dws = lax.fori_loop(0, n_slabs, add_slab, dws)
+    return (loss + l, _add(sums, s), dws), dhs
+
+  acc_shape = ws.shape if n_slabs == 1 else (d_model,) + slab_shape
+  init = (jnp.zeros((), f32), _zero_sums(cfg.kind), jnp.zeros(acc_shape, f32))
+  (loss, sums, dws), dhs = lax.scan(step, init, (hs, ht, w, m))
+  return (loss, sums), (dhs, dws.reshape(ws.shape).astype(ws.dtype))
+
+
+def _fused_bwd(cfg, res, g):
+  del cfg
+  dhs, dws = res
+  g_loss = g[0]  # the monitoring sums are not differentiated
+  return (g_loss.astype(dhs.dtype) * dhs, g_loss.astype(dws.dtype) * dws,
+          None, None, None, None)
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _to_chunks(x, n, size):
+  """[B, T, ...] -> [N, B, C, ...], zero-padding T up to N * C."""
+  pad = n * size - x.shape[1]
+  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  x = x.reshape((x.shape[0], n, size) + x.shape[2:])
+  return jnp.moveaxis(x, 1, 0)
+
+
+def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
+                     mask, *, kind="forward", beta=0.5, temperature=1.0,
+                     reduction="token_mean", vocab_size=None,
+                     chunk_size=DEFAULT_CHUNK_SIZE):
+  """`divergence(hs @ ws, ht @ wt, mask, ...)` without the [B, T, V] logits.
+
+  Args:
+    student_hidden: [B, T, D_s] final (normed) student hidden states.
+    student_head: [D_s, V_s] student output head (a tied embedding [V, D]
+      passed as its transpose).
+    teacher_hidden: [B, T, D_t]; teacher_head: [D_t, V_t]. No gradient flows
+      into either.
+    mask, kind, beta, temperature, reduction, vocab_size: as in `divergence`.
+    chunk_size: token positions per scan step; peak extra memory is a few
+      [B, chunk_size, V] float32 arrays.
+
+  Returns:
+    (loss, metrics) as `divergence`. Differentiable w.r.t. student_hidden and
+    student_head (reverse mode only, via a custom VJP). Head matmuls take the
+    inputs' dtype with float32 accumulation.
+  """
+  kind = c.check_kind(kind)
+  beta = c.check_beta(beta)
+  temperature = c.check_temperature(temperature)
+  c.check_reduction(reduction)
+  c.check_float(student_hidden, "student_hidden", 3)
+  c.check_float(teacher_hidden, "teacher_hidden", 3)
+  c.check_float(student_head, "student_head", 2)
+  c.check_float(teacher_head, "teacher_head", 2)
+  if teacher_hidden.shape[:2] != student_hidden.shape[:2]:
+    raise ValueError(
+        "teacher_hidden must match student_hidden in [B, T]: got "
+        f"{teacher_hidden.shape} vs {student_hidden.shape}")
+  if student_head.shape[0] != student_hidden.shape[-1]:
+    raise ValueError(
+        f"student_head must be [D_s={student_hidden.shape[-1]}, V], "
+        f"got {student_head.shape}")
+  if teacher_head.shape[0] != teacher_hidden.shape[-1]:
+    raise ValueError(
+        f"teacher_head must be [D_t={teacher_hidden.shape[-1]}, V], "
+        f"got {teacher_head.shape}")
+  c.check_mask(mask, student_hidden.shape[:2])
+  vocab = c.shared_vocab(student_head.shape[1], teacher_head.shape[1],
+                         vocab_size, "student_head", "teacher_head")
+  if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+      or chunk_size <= 0):
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+
+  t = student_hidden.shape[1]
+  size = min(chunk_size, max(t, 1))
+  n = -(-t // size)
+  weights = c.reduction_weights(mask, reduction)  # [B, T]
+  m = mask.astype(jnp.float32)
+  cfg = _Static(kind, beta, temperature, vocab)
+  loss, sums = _fused(
+      cfg, _to_chunks(student_hidden, n, size), student_head,
+      _to_chunks(lax.stop_gradient(teacher_hidden), n, size),
+      lax.stop_gradient(teacher_head), _to_chunks(weights, n, size),
+      _to_chunks(m, n, size))
+
+  m_sum = jnp.sum(m)
+
+  def mean(s):  # as c.token_mean: mask-weighted, 0 for an empty mask
+    return jnp.where(m_sum > 0, s / jnp.where(m_sum > 0, m_sum, 1.0), 0.0)
+
+  metrics = {
+      "distill/loss": loss,
+      "distill/fkl": mean(sums["fkl"]),
+      "distill/rkl": mean(sums["rkl"]),
+      "distill/tokens": jnp.sum((mask != 0).astype(jnp.float32)),
+  }
+  if kind == "jsd":
+    metrics["distill/jsd"] = mean(sums["jsd"])
+  return loss, {k: lax.stop_gradient(v) for k, v in metrics.items()}

@@ -1,0 +1,116 @@
+"""Single-sample KL estimators on the tokens of a rollout.
+
+Inputs are per-token log-probabilities of the sampled tokens y_t:
+log q(y_t) from the student (carries the gradient) and log p(y_t) from the
+teacher (constant). With log r = log p(y_t) - log q(y_t):
+
+  k1 = -log r                 k2 = (log r)^2 / 2
+  k3 = (r - 1) - log r        rkl_surrogate = -stopgrad(log r) * log q(y_t)
+
+What matters for training is the EXPECTED GRADIENT of each, not its value.
+Using grad k1 = grad log q, grad k2 = grad rkl_surrogate = -log r grad log q,
+grad k3 = (1 - r) grad log q, and E_q[grad log q] = 0:
+
+  estimator       y ~ q (student samples)       y ~ p with importance_weight = q/p
+  k1              0  (value is unbiased RKL)     0
+  k2              grad RKL (value is biased)     grad RKL
+  k3              grad FKL  <- the trap: back-   grad FKL
+                  propagating the unbiased, low-
+                  variance RKL value estimator
+                  trains the FORWARD KL
+  rkl_surrogate   grad RKL                       grad RKL
+
+(FKL = KL(p||q), RKL = KL(q||p), gradients w.r.t. the student parameters.)
+So the reverse-KL objective on student rollouts is 'rkl_surrogate' (or 'k2');
+on teacher-sampled tokens it needs the importance weight q/p. Nothing here
+differentiates through the sampling itself.
+
+`importance_weight` [B, T] is treated as a constant (stop-gradient) and
+multiplies each token's estimate; the reduction still normalises by the mask
+(unbiased, not self-normalised). Tokens with weight exactly 0 contribute
+exactly 0, even where their log-ratio is infinite.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxdistill.losses import _common as c
+
+ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
+
+
+def _estimates(lq, log_r):
+  """All four per-token estimates from log q(y) and the constant log r."""
+  return {
+      "k1": -log_r,
+      "k2": 0.5 * jnp.square(log_r),
+      # expm1 keeps k3 accurate when r ~ 1, where (r - 1) - log r cancels.
+      "k3": jnp.expm1(log_r) - log_r,
+      "rkl_surrogate": -lax.stop_gradient(log_r) * lq,
+  }
+
+
+def sampled_kl(student_logprobs, teacher_logprobs, mask, *,
+               estimator="rkl_surrogate", importance_weight=None,
+               reduction="token_mean"):
+  """Sampled KL estimator on rollout tokens, reduced over the response mask.
+
+  Args:
+    student_logprobs: [B, T] log q(y_t) of the sampled tokens (gradient).
+    teacher_logprobs: [B, T] log p(y_t); no gradient flows into it.
+    mask: [B, T] response mask.
+    estimator: 'k1' | 'k2' | 'k3' | 'rkl_surrogate'; see the module table for
+      which divergence's gradient each follows.
+    importance_weight: optional [B, T] per-token constant weight, e.g.
+      q(y)/p(y) for teacher-sampled tokens.
+    reduction: 'token_mean' | 'sequence_mean' | 'sum'.
+
+  Returns:
+    (loss, metrics) with 'distill/loss', 'distill/k1', 'distill/k2',
+    'distill/k3' (weighted token means: k1 and k3 are reverse-KL value
+    estimates when the weighted samples follow q), 'distill/tokens' and, if
+    given, 'distill/importance_weight' (token mean). Metrics carry no gradient.
+  """
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+  c.check_reduction(reduction)
+  c.check_float(student_logprobs, "student_logprobs", 2)
+  c.check_float(teacher_logprobs, "teacher_logprobs", 2)
+  shape = student_logprobs.shape
+  if teacher_logprobs.shape != shape:
+    raise ValueError(
+        f"teacher_logprobs must have shape {shape}, got {teacher_logprobs.shape}")
+  c.check_mask(mask, shape)
+  if importance_weight is not None:
+    c.check_float(importance_weight, "importance_weight", 2)
+    if importance_weight.shape != shape:
+      raise ValueError(f"importance_weight must have shape {shape}, "
+                       f"got {importance_weight.shape}")
+
+  active = mask != 0
+  if importance_weight is None:
+    iw = jnp.ones(shape, jnp.float32)
+  else:
+    iw = lax.stop_gradient(importance_weight.astype(jnp.float32))
+  keep = active & (iw != 0)
+  iw = jnp.where(keep, iw, 0.0)
+  # Sanitise the inputs of dropped tokens too (double where): a -inf log-prob
+  # at a padded position would otherwise put 0 * inf = NaN into the gradient.
+  lq = jnp.where(keep, student_logprobs.astype(jnp.float32), 0.0)
+  lp = jnp.where(keep, lax.stop_gradient(teacher_logprobs.astype(jnp.float32)),
+                 0.0)
+  log_r = lp - lq
+  est = {k: jnp.where(keep, iw * v, 0.0) for k, v in _estimates(lq, log_r).items()}
+
+  loss = jnp.sum(c.reduction_weights(mask, reduction) * est[estimator])
+  metrics = {
+      "distill/loss": loss,
+      "distill/k1": c.token_mean(est["k1"], mask),
+      "distill/k2": c.token_mean(est["k2"], mask),
+      "distill/k3": c.token_mean(est["k3"], mask),
+      "distill/tokens": jnp.sum(active.astype(jnp.float32)),
+  }
+  if importance_weight is not None:
+    metrics["distill/importance_weight"] = c.token_mean(iw, mask)
+  return loss, {k: lax.stop_gradient(v) for k, v in metrics.items()}
