@@ -4,6 +4,9 @@ forgetting and update sparsity. Definitions follow shared/METHOD.md.
 from __future__ import annotations
 
 import functools
+import json
+import os
+import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 
@@ -155,6 +158,44 @@ def _summary(total, close, exact) -> dict:
           "exact_sparsity": exact / total if total else 0.0}
 
 
+class _Tally:
+  """Accumulates (entries, close, exact) counts whole-model, per layer, per group."""
+
+  def __init__(self):
+    self.whole = [0, 0, 0]
+    self.per_layer: dict[int, list[int]] = {}
+    self.per_group: dict[str, list[int]] = {}
+    self.dtypes: set[str] = set()
+
+  @staticmethod
+  def _add(acc, n, c, e):
+    acc[0], acc[1], acc[2] = acc[0] + n, acc[1] + c, acc[2] + e
+
+  def add(self, n, c, e, *, group, layer=None):
+    self._add(self.whole, n, c, e)
+    self._add(self.per_group.setdefault(group, [0, 0, 0]), n, c, e)
+    if layer is not None:
+      self._add(self.per_layer.setdefault(layer, [0, 0, 0]), n, c, e)
+
+  def result(self, atol) -> dict:
+    out = {"atol": float(atol),
+           "dtype": (next(iter(self.dtypes)) if len(self.dtypes) == 1
+                     else ",".join(sorted(self.dtypes))),
+           **_summary(*self.whole)}
+    out["per_layer"] = {i: _summary(*self.per_layer[i])
+                        for i in sorted(self.per_layer)}
+    out["per_group"] = {k: _summary(*self.per_group[k])
+                        for k in sorted(self.per_group)}
+    return out
+
+
+def _counts(a, b, dtype, atol, axis=0):
+  """int64 NumPy (close, exact) counts per index of `axis`; see _row_counts."""
+  c_rows, e_rows = jax.device_get(
+      _row_counts(a, b, dtype=dtype, atol=float(atol), axis=axis))
+  return c_rows.astype(np.int64), e_rows.astype(np.int64)
+
+
 def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
                     tied: bool = False, layer_key: str = "layers",
                     layer_axis: int = 0) -> dict:
@@ -184,10 +225,7 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
     raise ValueError("params0 has no leaves")
   if not atol >= 0:
     raise ValueError(f"atol must be >= 0, got {atol}")
-  total = close = exact = 0
-  per_layer: dict[int, list[int]] = {}
-  per_group: dict[str, list[int]] = {}
-  dtypes = set()
+  tally = _Tally()
   for (path, a), (_, b) in zip(flat0, flat1):
     names = tuple(_key_str(k) for k in path)
     if tied and "lm_head" in names:
@@ -195,29 +233,126 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
     if a.shape != b.shape:
       raise ValueError(f"{'/'.join(names)}: shape {a.shape} vs {b.shape}")
     leaf_dtype = jnp.dtype(dtype if dtype is not None else a.dtype)
-    dtypes.add(leaf_dtype.name)
+    tally.dtypes.add(leaf_dtype.name)
     stacked, layer, group = _layer_info(names, layer_key)
     axis = layer_axis if stacked else 0
     if stacked and not -a.ndim <= layer_axis < a.ndim:
       raise ValueError(f"{'/'.join(names)}: no layer axis {layer_axis} in {a.shape}")
-    c_rows, e_rows = jax.device_get(
-        _row_counts(a, b, dtype=leaf_dtype, atol=float(atol), axis=axis))
-    c_rows, e_rows = c_rows.astype(np.int64), e_rows.astype(np.int64)
-    per_row = int(np.prod(a.shape)) // max(len(c_rows), 1)
-    n, c, e = int(np.prod(a.shape)), int(c_rows.sum()), int(e_rows.sum())
-    total, close, exact = total + n, close + c, exact + e
-    g = per_group.setdefault(group, [0, 0, 0])
-    g[0], g[1], g[2] = g[0] + n, g[1] + c, g[2] + e
+    c_rows, e_rows = _counts(a, b, leaf_dtype, atol, axis)
     if stacked:
+      per_row = int(np.prod(a.shape)) // max(len(c_rows), 1)
       for i in range(len(c_rows)):
-        l = per_layer.setdefault(i, [0, 0, 0])
-        l[0], l[1], l[2] = l[0] + per_row, l[1] + int(c_rows[i]), l[2] + int(e_rows[i])
-    elif layer is not None:
-      l = per_layer.setdefault(layer, [0, 0, 0])
-      l[0], l[1], l[2] = l[0] + n, l[1] + c, l[2] + e
-  out = {"atol": float(atol),
-         "dtype": dtypes.pop() if len(dtypes) == 1 else ",".join(sorted(dtypes)),
-         **_summary(total, close, exact)}
-  out["per_layer"] = {i: _summary(*per_layer[i]) for i in sorted(per_layer)}
-  out["per_group"] = {k: _summary(*per_group[k]) for k in sorted(per_group)}
+        tally.add(per_row, int(c_rows[i]), int(e_rows[i]), group=group, layer=i)
+    else:
+      tally.add(int(np.prod(a.shape)), int(c_rows.sum()), int(e_rows.sum()),
+                group=group, layer=layer)
+  return tally.result(atol)
+
+
+# ------------------------------------------------------ sparsity of checkpoints
+
+_HF_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+_NEVER_COMPARED = ("rotary_emb.inv_freq",)
+
+
+def _hf_tensors(path: str) -> tuple[dict, bool]:
+  """Tensor name -> TensorInfo of a HF directory, and its tie_word_embeddings."""
+  # Imported here: metrics is also used where the model code is not needed.
+  from jaxdistill.models import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"checkpoint directory not found: {path}")
+  cfg_file = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_file):
+    raise FileNotFoundError(f"config.json not found in {path}")
+  with open(cfg_file) as f:
+    tied = bool(json.load(f).get("tie_word_embeddings", False))
+  infos = ckpt_lib._index_tensors(pathlib.Path(path))  # pylint: disable=protected-access
+  return {k: v for k, v in infos.items()
+          if not k.endswith(_NEVER_COMPARED)}, tied
+
+
+def _host_counts(a: np.ndarray, b: np.ndarray, dtype, atol) -> tuple[int, int]:
+  """(close, exact) counts of host arrays rounded to `dtype`, like _row_counts.
+
+  Blocks read from files are already on the host, where NumPy needs no
+  compilation per tensor shape; the difference is taken in float64, exact
+  for every storage dtype we read.
+  """
+  a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+  exact = int(np.count_nonzero(a == b))
+  if not jnp.issubdtype(dtype, jnp.floating):  # (NumPy's misses bfloat16.)
+    return exact, exact
+  diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+  return int(np.count_nonzero(diff <= atol)), exact
+
+
+def update_sparsity_from_checkpoints(path0: str, path1: str, *,
+                                     atol: float = 1e-5, dtype=None,
+                                     chunk_bytes: int = 64 << 20) -> dict:
+  """`update_sparsity` between two Hugging Face directories (before, after).
+
+  Tensors are read straight from the safetensors files in the dtype they are
+  stored in, a block of rows at a time, so host memory holds a few times
+  chunk_bytes (the blocks and their float64 difference) whatever the model
+  size. Both are rounded to
+  `dtype` before comparing; by default that is the stored dtype of each
+  tensor of `path1` (the trained model): an fp32 export of a bf16 base is
+  then compared in fp32, which the bf16 base converts to exactly, rather than
+  hiding updates smaller than a bf16 step. Pass dtype='bfloat16' to compare
+  on the bf16 grid instead.
+
+  Per-layer figures use the HF layer index ('model.layers.3.' -> 3); groups
+  are tensor names without it ('model.layers.self_attn.q_proj.weight').
+  Tied embeddings count once: lm_head.weight is skipped when either config
+  ties it. Returns update_sparsity's dict plus 'stored_dtype' {'before',
+  'after'} (a comma-joined list if a checkpoint mixes dtypes).
+  """
+  if not atol >= 0:
+    raise ValueError(f"atol must be >= 0, got {atol}")
+  if chunk_bytes <= 0:
+    raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+  from jaxdistill.models import safetensors_io as st  # pylint: disable=g-import-not-at-top
+  infos0, tied0 = _hf_tensors(path0)
+  infos1, tied1 = _hf_tensors(path1)
+  if tied0 or tied1:
+    infos0.pop("lm_head.weight", None)
+    infos1.pop("lm_head.weight", None)
+  if set(infos0) != set(infos1):
+    only0, only1 = sorted(set(infos0) - set(infos1)), sorted(set(infos1) - set(infos0))
+    raise ValueError(f"checkpoints hold different tensors: only in {path0}: "
+                     f"{only0[:3]}, only in {path1}: {only1[:3]}")
+  if not infos0:
+    raise ValueError(f"{path0}: no tensors")
+  tally, stored0, stored1 = _Tally(), set(), set()
+  files = {}
+  try:
+    for name in sorted(infos0):
+      i0, i1 = infos0[name], infos1[name]
+      if i0.shape != i1.shape:
+        raise ValueError(f"tensor {name!r}: shape {i0.shape} in {path0} vs "
+                         f"{i1.shape} in {path1}")
+      stored0.add(np.dtype(i0.dtype).name)
+      stored1.add(np.dtype(i1.dtype).name)
+      cmp_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else i1.dtype))
+      tally.dtypes.add(cmp_dtype.name)
+      m = _HF_LAYER.search(name)
+      layer = int(m.group(2)) if m else None
+      group = _HF_LAYER.sub(r"\1layers.", name, count=1) if m else name
+      rows = i0.shape[0] if i0.shape else 1
+      row_bytes = max(i0.nbytes, i1.nbytes) // max(rows, 1)
+      step = max(1, chunk_bytes // max(row_bytes, 1))
+      n = c = e = 0
+      for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        a = st.read_rows(i0, r0, r1, f=files.setdefault(i0.file, open(i0.file, "rb")))
+        b = st.read_rows(i1, r0, r1, f=files.setdefault(i1.file, open(i1.file, "rb")))
+        dc, de = _host_counts(a, b, cmp_dtype, atol)
+        n, c, e = n + a.size, c + dc, e + de
+      tally.add(n, c, e, group=group, layer=layer)
+  finally:
+    for f in files.values():
+      f.close()
+  out = tally.result(atol)
+  out["stored_dtype"] = {"before": ",".join(sorted(stored0)),
+                         "after": ",".join(sorted(stored1))}
   return out

@@ -191,3 +191,109 @@ def test_update_sparsity_unstacked_layers_and_sharded_leaves():
   with pytest.raises(ValueError, match="shape"):
     bad = dict(p1, embed=np.zeros((3, 15), np.float32))
     metrics.update_sparsity(p0, bad)
+
+
+def _write_hf(path, tensors, *, tied, shards=1):
+  """A HF-style directory written by safetensors itself (optionally sharded)."""
+  import json
+  from safetensors.numpy import save_file
+  path.mkdir()
+  (path / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
+  names = sorted(tensors)
+  if shards == 1:
+    save_file(tensors, str(path / "model.safetensors"))
+    return str(path)
+  weight_map = {}
+  for s in range(shards):
+    fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+    part = {n: tensors[n] for n in names[s::shards]}
+    save_file(part, str(path / fname))
+    weight_map.update({n: fname for n in part})
+  (path / "model.safetensors.index.json").write_text(
+      json.dumps({"metadata": {}, "weight_map": weight_map}))
+  return str(path)
+
+
+def _hf_pair(rng, before_dtype, after_dtype):
+  shapes = {"model.embed_tokens.weight": (50, 8), "model.norm.weight": (8,)}
+  for i in range(3):
+    shapes[f"model.layers.{i}.mlp.up_proj.weight"] = (16, 8)
+    shapes[f"model.layers.{i}.self_attn.q_proj.bias"] = (8,)
+  before = {k: rng.normal(0, 0.5, s).astype(before_dtype) for k, s in shapes.items()}
+  after = {}
+  for k, v in before.items():
+    # Per entry: unchanged, moved by 3e-6 (within atol) or by 1e-2 (changed).
+    kind = rng.integers(0, 3, v.shape)
+    delta = np.choose(kind, [0.0, 3e-6, 1e-2])
+    after[k] = (v.astype(np.float64) + delta).astype(after_dtype)
+  # A duplicated tied head that must not be counted.
+  before["lm_head.weight"] = before["model.embed_tokens.weight"].copy()
+  after["lm_head.weight"] = rng.normal(0, 1, (50, 8)).astype(after_dtype)
+  return before, after
+
+
+def _ref_counts(before, after, names, dtype):
+  """float64 NumPy fractions (close, exact) after rounding both to `dtype`."""
+  n = close = exact = 0
+  for k in names:
+    a = before[k].astype(dtype).astype(np.float64)
+    b = after[k].astype(dtype).astype(np.float64)
+    n += a.size
+    close += int((np.abs(a - b) <= 1e-5).sum())
+    exact += int((a == b).sum())
+  return close / n, exact / n, n
+
+
+@pytest.mark.parametrize("before_dtype, after_dtype, cmp", [
+    ("float32", "float32", None),
+    ("bfloat16", "float32", None),        # compared in the trained fp32
+    ("bfloat16", "float32", "bfloat16"),  # forced onto the bf16 grid
+    ("bfloat16", "bfloat16", None),
+])
+def test_update_sparsity_from_checkpoints_equals_numpy(tmp_path, before_dtype,
+                                                        after_dtype, cmp):
+  dt = lambda s: np.dtype(ml_dtypes.bfloat16 if s == "bfloat16" else s)
+  rng = np.random.default_rng(0)
+  before, after = _hf_pair(rng, dt(before_dtype), dt(after_dtype))
+  p0 = _write_hf(tmp_path / "before", before, tied=True, shards=3)
+  p1 = _write_hf(tmp_path / "after", after, tied=True)
+  # Tiny chunks: blocks of rows must add up like whole tensors.
+  got = metrics.update_sparsity_from_checkpoints(p0, p1, chunk_bytes=100,
+                                                 dtype=cmp)
+  want_dtype = dt(cmp or after_dtype)
+  names = [k for k in before if k != "lm_head.weight"]
+  close, exact, n = _ref_counts(before, after, names, want_dtype)
+  assert got["num_params"] == n
+  assert got["sparsity"] == pytest.approx(close, abs=1e-12)
+  assert got["exact_sparsity"] == pytest.approx(exact, abs=1e-12)
+  assert got["dtype"] == want_dtype.name
+  assert got["stored_dtype"] == {"before": before_dtype, "after": after_dtype}
+  for i in range(3):
+    layer = [k for k in names if f".layers.{i}." in k]
+    c, e, m = _ref_counts(before, after, layer, want_dtype)
+    assert got["per_layer"][i] == {"num_params": m, "sparsity": pytest.approx(c),
+                                   "exact_sparsity": pytest.approx(e)}
+  g = got["per_group"]["model.layers.mlp.up_proj.weight"]
+  assert g["num_params"] == 3 * 16 * 8
+  # 3e-6 moves survive in fp32 but round away on the bf16 grid.
+  if want_dtype == np.float32:
+    assert 0 < exact < close < 1
+  else:
+    assert 0 < exact == close < 1
+
+
+def test_update_sparsity_from_checkpoints_errors(tmp_path):
+  rng = np.random.default_rng(1)
+  before, after = _hf_pair(rng, np.dtype("float32"), np.dtype("float32"))
+  p0 = _write_hf(tmp_path / "a", before, tied=False)
+  del after["model.norm.weight"]
+  p1 = _write_hf(tmp_path / "b", after, tied=False)
+  with pytest.raises(ValueError, match=r"only in .*a: \['model.norm.weight'\]"):
+    metrics.update_sparsity_from_checkpoints(p0, p1)
+  with pytest.raises(FileNotFoundError, match="nowhere"):
+    metrics.update_sparsity_from_checkpoints(p0, str(tmp_path / "nowhere"))
+  # Untied: the head is a real parameter and is compared.
+  after["model.norm.weight"] = before["model.norm.weight"]
+  p2 = _write_hf(tmp_path / "c", after, tied=False)
+  got = metrics.update_sparsity_from_checkpoints(p0, p2)
+  assert got["num_params"] == sum(v.size for v in before.values())

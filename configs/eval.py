@@ -1,0 +1,111 @@
+r"""Evaluate a distilled student: accuracy, coverage, forgetting, sparsity.
+
+Sweepable args (after the colon): task (what the model was trained on:
+countdown | science | medical; it decides which suites are in-distribution,
+harder and OOD), suites / ood (suite names joined by '+', overriding the task's
+defaults; 'ood=' for none), samples (n for pass@k), seed, runlocal.
+
+  # After a Countdown run; science/medical are the OOD suites for forgetting
+  # (data paths come from the command line, never from this file):
+  python -m jaxdistill.evaluate --config configs/eval.py:task=countdown \
+    --config.suites.science.path=/data/sciq/test.json \
+    --config.suites.science.source=sciq \
+    --config.suites.medical.path=/data/medmcqa/dev.json \
+    --config.suites.medical.source=medmcqa \
+    --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
+    --out /runs/qwen_rkl_on/eval.json
+
+  # Countdown only (no forgetting figures), 500 problems per suite:
+  python -m jaxdistill.evaluate \
+    --config configs/eval.py:suites=countdown3+countdown4+countdown5+countdown6,ood= \
+    --checkpoint /runs/qwen_rkl_on
+
+  # The same path on the tiny model of `train ... distill.py:runlocal` (CPU).
+  # runlocal scores countdown5 as if it were OOD, so that forgetting is
+  # exercised without data files:
+  python -m jaxdistill.evaluate --config configs/eval.py:runlocal \
+    --checkpoint /tmp/jd --baseline /tmp/jd_base
+"""
+import ml_collections
+from ml_collections import config_dict
+
+from jaxdistill import config_lib
+
+# task -> (suites, in-distribution, harder variants, OOD). The study trains on
+# Countdown-3/4 and tests generalisation on 5/6; forgetting is measured on
+# the other task families.
+TASKS = {
+    "countdown": ("countdown3+countdown4+countdown5+countdown6+science+medical",
+                  "countdown3+countdown4", "countdown5+countdown6",
+                  "science+medical"),
+    "science": ("science+medical+countdown3", "science", "", "medical+countdown3"),
+    "medical": ("medical+science+countdown3", "medical", "", "science+countdown3"),
+}
+
+
+def _names(s):
+  return tuple(n for n in str(s or "").split("+") if n)
+
+
+def _mcq(source):
+  return dict(kind="mcq", path=config_dict.placeholder(str), source=source,
+              manual_dir=config_dict.placeholder(str),
+              data_dir=config_dict.placeholder(str), split="test",
+              num_problems=500, data_seed=0)
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, task="countdown", suites="", ood="<task>",
+                             samples=16, seed=0, runlocal=False)
+  if arg.task not in TASKS:
+    raise ValueError(f"config arg task: expected one of {sorted(TASKS)}, "
+                     f"got {arg.task!r}")
+  suites, in_dist, harder, ood = TASKS[arg.task]
+  c = ml_collections.ConfigDict()
+  c.seed = arg.seed
+  c.progress = True
+  c.dtype = "bfloat16"  # compute and parameter dtype; None: as stored
+  c.tokenizer = config_dict.placeholder(str)  # default: the checkpoint's own
+  c.system = config_dict.placeholder(str)     # optional system prompt
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)    # None: one device
+
+  c.suites = {f"countdown{n}": dict(kind="countdown", n_numbers=n,
+                                    num_problems=500, data_seed=0)
+              for n in range(3, 7)}
+  c.suites.science = _mcq("sciq")
+  c.suites.medical = _mcq("medmcqa")
+  c.eval_suites = _names(arg.suites or suites)
+  c.in_distribution = tuple(n for n in _names(in_dist) if n in c.eval_suites)
+  c.harder = tuple(n for n in _names(harder) if n in c.eval_suites)
+  # The task's OOD suites that are evaluated, or exactly the ones asked for.
+  c.ood = (tuple(n for n in _names(ood) if n in c.eval_suites)
+           if arg.ood == "<task>" else _names(arg.ood))
+
+  c.sampler = dict(greedy=True, num_samples=arg.samples, temperature=1.0,
+                   top_k=config_dict.placeholder(int),
+                   top_p=config_dict.placeholder(float),
+                   ks=tuple(k for k in (1, 4, 16) if k <= arg.samples),
+                   max_new_tokens=1024, max_prompt_len=1024, prompt_bucket=64,
+                   batch_size=64,
+                   eos_token_ids=config_dict.placeholder(tuple))
+  # The baseline is scored on the OOD suites only, greedily, unless asked.
+  c.forgetting = dict(metric="greedy_acc", baseline_suites="ood",
+                      baseline_samples=False)
+  # dtype None: the evaluated checkpoint's stored dtype (see metrics.py).
+  c.sparsity = dict(atol=1e-5, dtype=config_dict.placeholder(str))
+
+  if arg.runlocal:
+    c.dtype = "float32"
+    c.mesh = None
+    c.eval_suites = _names(arg.suites or "countdown3+countdown5")
+    c.in_distribution = tuple(n for n in ("countdown3",) if n in c.eval_suites)
+    c.harder = ()
+    c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
+    for n in range(3, 7):
+      c.suites[f"countdown{n}"].num_problems = 4
+    c.suites.science.num_problems = c.suites.medical.num_problems = 4
+    samples = 4 if arg.samples == 16 else arg.samples
+    c.sampler.update(num_samples=samples, ks=tuple(k for k in (1, 2, 4)
+                                                   if k <= samples),
+                     max_new_tokens=8, max_prompt_len=256, batch_size=8)
+  return c
