@@ -1,0 +1,34 @@
+r"""Harder Countdown: train on Countdown-3 or -4, evaluate on 3, 4, 5 and 6.
+
+Does on-policy data help on harder, unseen variants (more numbers)? Axes:
+training N x KL direction x rollout policy; evaluation on all four Countdown
+suites (the figure: accuracy on Countdown-5/6 per policy).
+
+  python -m jaxdistill.sweep --config configs/grid_countdown_harder.py:seeds=3 \
+    --config.base.student.path=/ckpt/Qwen2.5-1.5B-Instruct \
+    --config.base.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
+    --workdir /runs/harder          # add --print_commands for a cluster
+
+  python -m jaxdistill.sweep --config configs/grid_countdown_harder.py:runlocal --workdir /tmp/hard
+"""
+import ml_collections
+
+from jaxdistill import config_lib
+from jaxdistill.study import grid as grid_lib
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, lr=1e-5, seeds=1, runlocal=False)
+  c = ml_collections.ConfigDict()
+  c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
+  c.base = grid_lib.load_config(c.base_spec)
+  c.axes = (("train_n", "data.n_numbers", (3, 4)),
+            ("kl", "loss.kind", ("forward", "reverse")),
+            ("policy", "rollout.policy", ("student", "teacher")))
+  c.seeds = tuple(range(int(arg.seeds)))
+  c.eval = dict(spec="configs/eval.py:suites=countdown3+countdown4+countdown5"
+                "+countdown6,ood=", baseline=True, updates={})
+  if arg.runlocal:
+    grid_lib.make_runlocal(c, eval_spec="configs/eval.py:runlocal,samples=2,"
+                           "suites=countdown3+countdown5+countdown6")
+  return c

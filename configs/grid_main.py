@@ -1,0 +1,72 @@
+r"""The study's main factorial grid: family x KL x rollout policy x lr x task.
+
+Llama 3 (3.1-8B-Instruct -> 3.2-1B-Instruct) and Qwen2.5 (7B-Instruct ->
+0.5B / 1.5B-Instruct) x forward / reverse KL x student / teacher rollouts x
+lr 1e-5 / 5e-5 x science (SciQ) / medical (MedMCQA) / Countdown-3. Every arm
+shares data, seeds and sampler settings (the runner checks it). Checkpoint and
+data paths come from the command line:
+
+  python -m jaxdistill.sweep --config configs/grid_main.py:seeds=3 \
+    --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
+    --config.presets.family.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
+    --config.presets.family.qwen05b.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
+    --config.presets.family.qwen05b.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
+    --config.presets.family.qwen15b.student.path=/ckpt/Qwen2.5-1.5B-Instruct \
+    --config.presets.family.qwen15b.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
+    --config.presets.task.science.data.manual_dir=/data/sciq \
+    --config.presets.task.medical.data.manual_dir=/data/medmcqa \
+    --config.base.data.data_dir=/data/tfds \
+    --config.eval.updates.suites.science.path=/data/sciq/test.json \
+    --config.eval.updates.suites.medical.path=/data/medmcqa/dev.json \
+    --workdir /runs/main            # add --print_commands for a cluster
+
+Args: families / tasks (names joined by '+'), seeds (how many), runlocal
+(tiny CPU models; axes kl x policy unless `axes` names others, e.g.
+`runlocal,axes=policy+lr`).
+"""
+import ml_collections
+from ml_collections import config_dict
+
+from jaxdistill import config_lib
+from jaxdistill.study import grid as grid_lib
+
+FAMILIES = ("llama", "qwen05b", "qwen15b")
+TASKS = ("science", "medical", "countdown")
+
+
+def _ckpt():
+  return dict(path=config_dict.placeholder(str))
+
+
+def _mcq(source):
+  return dict(data=dict(task="mcq", source=source,
+                        manual_dir=config_dict.placeholder(str)))
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, families="+".join(FAMILIES),
+                             tasks="+".join(TASKS), seeds=1, axes="kl+policy",
+                             runlocal=False)
+  c = ml_collections.ConfigDict()
+  c.base_spec = "configs/distill.py"
+  c.base = grid_lib.load_config(c.base_spec)
+  c.presets = dict(
+      family={f: dict(student=_ckpt(), teacher=_ckpt()) for f in FAMILIES},
+      task=dict(science=_mcq("sciq"), medical=_mcq("medmcqa"),
+                countdown=dict(data=dict(task="countdown", n_numbers=3))))
+  c.axes = (("family", None, tuple(arg.families.split("+"))),
+            ("task", None, tuple(arg.tasks.split("+"))),
+            ("kl", "loss.kind", ("forward", "reverse")),
+            ("policy", "rollout.policy", ("student", "teacher")),
+            ("lr", "optim.lr", (1e-5, 5e-5)))
+  c.seeds = tuple(range(int(arg.seeds)))
+  # In-distribution accuracy and coverage on the trained task, forgetting on
+  # the other two families of tasks, sparsity against the student checkpoint.
+  c.eval = dict(spec="configs/eval.py:task={task}", baseline=True,
+                updates=dict(suites=dict(science=dict(path=config_dict.placeholder(str)),
+                                         medical=dict(path=config_dict.placeholder(str)))))
+  if arg.runlocal:
+    keep = arg.axes.split("+")
+    c.axes = tuple(a for a in c.axes if a[0] in keep)
+    grid_lib.make_runlocal(c)
+  return c

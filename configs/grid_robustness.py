@@ -1,0 +1,58 @@
+r"""Robustness of the main comparison (student vs teacher rollouts).
+
+Variants, each against both rollout policies:
+  fkl, rkl                  the exact token-level KL with clipping (reference)
+  fkl_noclip, rkl_noclip    no gradient clipping
+  rkl_sampled               single-sample reverse-KL surrogate on the sampled
+                            tokens (importance-weighted off-policy)
+  rkl_k3                    the k3 estimator back-propagated: its expected
+                            gradient on student samples is the FORWARD KL's
+                            (METHOD.md), kept as the known trap
+  fkl_long, rkl_long        longer reasoning chains: Countdown-4 and 4x the
+                            generation budget (train and eval)
+
+  python -m jaxdistill.sweep --config configs/grid_robustness.py:lr=5e-5 \
+    --config.base.student.path=/ckpt/Llama-3.2-1B-Instruct \
+    --config.base.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
+    --workdir /runs/robustness      # add --print_commands for a cluster
+
+  python -m jaxdistill.sweep --config configs/grid_robustness.py:runlocal --workdir /tmp/rob
+"""
+import ml_collections
+
+from jaxdistill import config_lib
+from jaxdistill.study import grid as grid_lib
+
+LONG = 4  # x the base generation budget
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, lr=1e-5, seeds=1, runlocal=False)
+  c = ml_collections.ConfigDict()
+  c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
+  c.base = grid_lib.load_config(c.base_spec)
+  n_new = int(c.base.rollout.max_new_tokens)
+  long = dict(rollout=dict(max_new_tokens=LONG * n_new),
+              data=dict(n_numbers=4))
+  c.presets = dict(variant=dict(
+      fkl=dict(loss=dict(kind="forward")),
+      rkl=dict(loss=dict(kind="reverse")),
+      fkl_noclip=dict(loss=dict(kind="forward"), optim=dict(clip_norm=None)),
+      rkl_noclip=dict(loss=dict(kind="reverse"), optim=dict(clip_norm=None)),
+      rkl_sampled=dict(loss=dict(kind="sampled", estimator="rkl_surrogate")),
+      rkl_k3=dict(loss=dict(kind="sampled", estimator="k3")),
+      fkl_long=dict(loss=dict(kind="forward"), **long),
+      rkl_long=dict(loss=dict(kind="reverse"), **long)))
+  c.axes = (("variant", None, ("fkl", "rkl", "fkl_noclip", "rkl_noclip",
+                               "rkl_sampled", "rkl_k3", "fkl_long", "rkl_long")),
+            ("policy", "rollout.policy", ("student", "teacher")))
+  c.seeds = tuple(range(int(arg.seeds)))
+  # One generous evaluation budget for every arm, so the long arms are not
+  # the only ones allowed to think longer.
+  c.eval = dict(spec="configs/eval.py:task=countdown", baseline=True,
+                updates=dict(sampler=dict(max_new_tokens=LONG * 1024)))
+  if arg.runlocal:
+    grid_lib.make_runlocal(c)
+    c.presets.variant.fkl_long.rollout.max_new_tokens = LONG * 8
+    c.presets.variant.rkl_long.rollout.max_new_tokens = LONG * 8
+  return c

@@ -1,0 +1,37 @@
+r"""The rollout spectrum: lambda in {0, .25, .5, .75, 1} x forward / reverse KL.
+
+Rollouts are a token-level mixture (policy='mixture'): each token comes from
+the student with probability lambda, else from the teacher; lambda = 1 is
+on-policy, 0 teacher-generated. One family and task (Countdown-3 by default);
+paths from the command line:
+
+  python -m jaxdistill.sweep --config configs/grid_spectrum.py:lr=1e-5,seeds=3 \
+    --config.base.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
+    --config.base.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
+    --workdir /runs/spectrum        # add --print_commands for a cluster
+
+  python -m jaxdistill.sweep --config configs/grid_spectrum.py:runlocal --workdir /tmp/spec
+"""
+import ml_collections
+
+from jaxdistill import config_lib
+from jaxdistill.study import grid as grid_lib
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, lr=1e-5, task="countdown", seeds=1,
+                             runlocal=False)
+  c = ml_collections.ConfigDict()
+  c.base_spec = f"configs/distill.py:policy=mixture,lr={arg.lr!r},task={arg.task}"
+  c.base = grid_lib.load_config(c.base_spec)
+  c.axes = (("kl", "loss.kind", ("forward", "reverse")),
+            ("lam", "rollout.lam", (0.0, 0.25, 0.5, 0.75, 1.0)))
+  c.seeds = tuple(range(int(arg.seeds)))
+  c.eval = dict(spec=f"configs/eval.py:task={arg.task}", baseline=True,
+                updates={})
+  if arg.runlocal:
+    c.axes = (("kl", "loss.kind", ("forward", "reverse")),
+              ("lam", "rollout.lam", (0.0, 0.5, 1.0)))
+    grid_lib.make_runlocal(c)
+    c.base.rollout.policy = "mixture"
+  return c

@@ -1,0 +1,290 @@
+r"""KL-gradient analysis: what forward and reverse KL ask of the student logits.
+
+For rollouts (tokens + masks) from some policy and a (student, teacher) pair,
+at every response position, with q = softmax(z / tau) (student), p =
+softmax(u / tau) (teacher) over the shared vocabulary (METHOD.md):
+
+  g_F = dFKL/dz = (q - p) / tau
+  g_R = dRKL/dz = q (log q - log p - RKL) / tau
+
+and per token: ||g_F||, ||g_R|| (L2), cos(g_F, g_R), and the share of each
+gradient's L1 mass on entries where the student under-estimates the teacher
+(q < p) and over-estimates it (q > p); equal entries (q == p) are in neither.
+Summaries are means over response tokens. Along the rollout spectrum
+(lambda = share of student-sampled tokens) this gives one row per lambda:
+
+  python -m jaxdistill.analysis --config configs/distill.py:runlocal \
+      --lams 0,0.25,0.5,0.75,1 --batches 2 --out /tmp/kl_grads
+  python -m jaxdistill.analysis --config configs/distill.py:kl=reverse \
+      --config.student.path=/runs/x/hf_student --config.teacher.path=/ckpt/T \
+      --out /runs/x/kl_grads
+
+Writes kl_gradients.csv, kl_gradients.md and kl_gradients.png to --out and
+prints the rows as one JSON list. Memory: the per-token gradients are
+[T, V] per sequence (the batch is mapped row by row), so keep T x V modest.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+STATS = ("fkl", "rkl", "fkl_norm", "rkl_norm", "cos", "fkl_under", "fkl_over",
+         "rkl_under", "rkl_over")
+
+
+def _check(student_logits, teacher_logits, vocab_size, temperature):
+  zs, us = student_logits.shape, teacher_logits.shape
+  if zs[:-1] != us[:-1]:
+    raise ValueError(f"student_logits {zs} and teacher_logits {us}: leading "
+                     "shapes differ")
+  v = vocab_size or min(zs[-1], us[-1])
+  if zs[-1] != us[-1] and not vocab_size:
+    raise ValueError(f"vocab_size: student ({zs[-1]}) and teacher ({us[-1]}) "
+                     "vocabularies differ; pass the shared real vocabulary")
+  if v > min(zs[-1], us[-1]):
+    raise ValueError(f"vocab_size: {v} exceeds the logits' vocabularies {zs[-1]}, "
+                     f"{us[-1]}")
+  if not float(temperature) > 0:
+    raise ValueError(f"temperature: must be > 0, got {temperature}")
+  return int(v)
+
+
+def kl_gradients(student_logits, teacher_logits, *, temperature=1.0,
+                 vocab_size=None) -> dict:
+  """Closed-form per-token gradients w.r.t. the student logits.
+
+  [..., V] logits -> {'fkl_grad', 'rkl_grad': [..., V'], 'q', 'p': [..., V'],
+  'fkl', 'rkl': [...]}, V' = the shared vocabulary; float32.
+  """
+  v = _check(student_logits, teacher_logits, vocab_size, temperature)
+  tau = float(temperature)
+  z = student_logits[..., :v].astype(jnp.float32) / tau
+  u = teacher_logits[..., :v].astype(jnp.float32) / tau
+  logq, logp = jax.nn.log_softmax(z, -1), jax.nn.log_softmax(u, -1)
+  q, p = jnp.exp(logq), jnp.exp(logp)
+  fkl = jnp.sum(p * (logp - logq), -1)
+  rkl = jnp.sum(q * (logq - logp), -1)
+  return {"fkl_grad": (q - p) / tau,
+          "rkl_grad": q * (logq - logp - rkl[..., None]) / tau,
+          "q": q, "p": p, "fkl": fkl, "rkl": rkl}
+
+
+def _shares(g, under, over):
+  mass = jnp.abs(g)
+  tot = mass.sum(-1)
+  safe = jnp.where(tot > 0, tot, 1.0)
+  return (jnp.where(tot > 0, (mass * under).sum(-1) / safe, 0.0),
+          jnp.where(tot > 0, (mass * over).sum(-1) / safe, 0.0))
+
+
+def token_stats(student_logits, teacher_logits, *, temperature=1.0,
+                vocab_size=None) -> dict:
+  """Per-token statistics ([...] each, keys STATS) of the two gradients."""
+  g = kl_gradients(student_logits, teacher_logits, temperature=temperature,
+                   vocab_size=vocab_size)
+  gf, gr = g["fkl_grad"], g["rkl_grad"]
+  under, over = g["q"] < g["p"], g["q"] > g["p"]
+  nf, nr = jnp.linalg.norm(gf, axis=-1), jnp.linalg.norm(gr, axis=-1)
+  cos = jnp.sum(gf * gr, -1) / jnp.maximum(nf * nr, 1e-30)
+  out = {"fkl": g["fkl"], "rkl": g["rkl"], "fkl_norm": nf, "rkl_norm": nr,
+         "cos": cos}
+  out["fkl_under"], out["fkl_over"] = _shares(gf, under, over)
+  out["rkl_under"], out["rkl_over"] = _shares(gr, under, over)
+  return out
+
+
+def summarize(stats: dict, mask) -> dict:
+  """Means over the positions where mask != 0, and the token count."""
+  m = jnp.asarray(mask != 0, jnp.float32)
+  n = jnp.maximum(m.sum(), 1.0)
+  out = {k: jnp.sum(jnp.where(m > 0, v, 0.0)) / n for k, v in stats.items()}
+  out["tokens"] = m.sum()
+  return out
+
+
+def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
+                  temperature=1.0, vocab_size=None) -> dict:
+  """Summary statistics of one rollout batch.
+
+  student / teacher: (ModelConfig, params). tokens, attention_mask,
+  loss_mask: [B, L] as in jaxdistill.step (logits at t predict token t + 1,
+  so the statistics at t count where loss_mask[t + 1] is set).
+  """
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2 or attention_mask.shape != tokens.shape or \
+      loss_mask.shape != tokens.shape:
+    raise ValueError(f"tokens {tokens.shape}, attention_mask "
+                     f"{attention_mask.shape}, loss_mask {loss_mask.shape}: "
+                     "expected equal [B, L] shapes")
+  (scfg, sp), (tcfg, tp) = student, teacher
+  mask = jnp.asarray(loss_mask)[:, 1:]
+
+  def row(args):
+    tok, att = args
+    z = models.apply(scfg, sp, tok[None], att[None])[0, :-1]  # [L-1, V_s]
+    u = models.apply(tcfg, tp, tok[None], att[None])[0, :-1]  # [L-1, V_t]
+    return token_stats(z, u, temperature=temperature, vocab_size=vocab_size)
+
+  stats = jax.lax.map(row, (tokens, jnp.asarray(attention_mask)))  # [B, L-1]
+  return {k: float(v) for k, v in jax.device_get(summarize(stats, mask)).items()}
+
+
+def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
+                    lams: Sequence[float], rng, max_new_tokens: int,
+                    temperature: float = 1.0, loss_temperature: float = 1.0,
+                    vocab_size=None, eos_token_ids=None,
+                    pad_token_id: int = 0) -> list[dict]:
+  """One row per lambda: rollouts from the lambda-mixture on the same prompts.
+
+  prompt_batches: host batches with 'prompt' and 'prompt_mask' ([B, P]).
+  Rows hold the token-weighted means of STATS over all batches, the realised
+  student fraction, the number of tokens and lambda.
+  """
+  from jaxdistill import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
+  if not lams:
+    raise ValueError("lams: need at least one lambda")
+  bad = [l for l in lams if not 0.0 <= float(l) <= 1.0]
+  if bad:
+    raise ValueError(f"lams: must lie in [0, 1], got {bad}")
+  rows = []
+  for lam in lams:
+    tot, acc, frac = 0.0, {k: 0.0 for k in STATS}, 0.0
+    for i, b in enumerate(prompt_batches):
+      # Same key per batch across lambdas: arms differ only in lambda.
+      r = rollout_lib.generate(
+          student, teacher, jnp.asarray(b["prompt"]), jnp.asarray(b["prompt_mask"]),
+          rng=jax.random.fold_in(rng, i), policy="mixture", lam=float(lam),
+          max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+          eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+          return_logprobs=False)
+      s = analyze_batch(student, teacher, r.tokens, r.attention_mask,
+                        r.loss_mask, temperature=loss_temperature,
+                        vocab_size=vocab_size)
+      n = s["tokens"]
+      tot += n
+      frac += float(r.student_fraction) * n
+      for k in STATS:
+        acc[k] += s[k] * n
+    row = {"lam": float(lam), "tokens": tot,
+           "student_fraction": frac / max(tot, 1.0)}
+    row.update({k: v / max(tot, 1.0) for k, v in acc.items()})
+    rows.append(row)
+  return rows
+
+
+def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
+  """kl_gradients.csv / .md / .png of `lambda_spectrum` rows."""
+  if not rows:
+    raise ValueError("rows: nothing to write")
+  os.makedirs(out_dir, exist_ok=True)
+  cols = ["lam", "student_fraction", "tokens", *STATS]
+  paths = [os.path.join(out_dir, f"kl_gradients.{e}") for e in ("csv", "md", "png")]
+  with open(paths[0], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(cols)
+    for r in rows:
+      w.writerow([r[c] for c in cols])
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  lines += ["| " + " | ".join(f"{r[c]:.4g}" for c in cols) + " |" for r in rows]
+  lines += ["", "fkl/rkl: mean token KL; *_norm: mean L2 norm of the gradient "
+            "w.r.t. the student logits; cos: mean cosine between the two; "
+            "*_under / *_over: mean share of the gradient's L1 mass where "
+            "q < p / q > p."]
+  with open(paths[1], "w") as f:
+    f.write("\n".join(lines) + "\n")
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  lam = [r["lam"] for r in rows]
+  fig, ax = plt.subplots(1, 3, figsize=(13, 3.5))
+  for k, label in (("fkl_norm", "forward KL"), ("rkl_norm", "reverse KL")):
+    ax[0].plot(lam, [r[k] for r in rows], "o-", label=label)
+  ax[0].set_ylabel("mean ||grad|| w.r.t. logits")
+  ax[1].plot(lam, [r["cos"] for r in rows], "o-")
+  ax[1].set_ylabel("cos(grad FKL, grad RKL)")
+  for k, label in (("fkl_under", "forward KL, q < p"),
+                   ("rkl_under", "reverse KL, q < p"),
+                   ("fkl_over", "forward KL, q > p"),
+                   ("rkl_over", "reverse KL, q > p")):
+    ax[2].plot(lam, [r[k] for r in rows], "o-" if "under" in k else "s--",
+               label=label)
+  ax[2].set_ylabel("share of gradient L1 mass")
+  for a in ax:
+    a.set_xlabel("lambda (share of student tokens)")
+  ax[0].legend(fontsize=8)
+  ax[2].legend(fontsize=7)
+  fig.suptitle("KL gradients w.r.t. the student logits along the rollout spectrum")
+  fig.tight_layout()
+  fig.savefig(paths[2], dpi=120)
+  plt.close(fig)
+  return paths
+
+
+def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None = None,
+        devices=None) -> list[dict]:
+  """The spectrum for a training config's student, teacher and prompts."""
+  from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  from jaxdistill import train_data  # pylint: disable=g-import-not-at-top
+  if int(batches) < 1:
+    raise ValueError(f"--batches: must be >= 1, got {batches}")
+  mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
+  rules = sharding.DEFAULT_RULES
+  scfg = train.model_config(config.student, "student")
+  tcfg = train.model_config(config.teacher, "teacher")
+  tok = train_data.load_tokenizer(config)
+  vocab = train.shared_vocab(config, scfg, tcfg, tok)
+  data = train_data.make_batches(config, tok, vocab)
+  key = jax.random.key(config.seed)
+  s_key, t_key = jax.random.split(jax.random.fold_in(key, 1 << 20))
+  sp = train.load_params(scfg, config.student, mesh, rules, s_key)
+  tp = train.load_params(tcfg, config.teacher, mesh, rules, t_key)
+  eos = set(scfg.eos_token_id) | set(tcfg.eos_token_id)
+  if getattr(tok, "eos_token_id", None) is not None:
+    eos.add(int(tok.eos_token_id))
+  rows = lambda_spectrum(
+      (scfg, sp), (tcfg, tp), [data[i] for i in range(int(batches))], lams=lams,
+      rng=jax.random.fold_in(key, 7), max_new_tokens=int(config.rollout.max_new_tokens),
+      temperature=float(config.rollout.temperature),
+      loss_temperature=float(config.loss.temperature), vocab_size=vocab,
+      eos_token_ids=tuple(sorted(eos)),
+      pad_token_id=getattr(tok, "pad_token_id", None) or 0)
+  if out_dir:
+    write_spectrum(rows, out_dir)
+  return rows
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  lams = [float(x) for x in f.lams.split(",") if x.strip()]
+  rows = run(f.config, lams, batches=f.batches, out_dir=f.out)
+  print(json.dumps(rows))
+  sys.stdout.flush()
+
+
+def _define_flags():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file(
+      "config", None, "Training config (student, teacher, prompts, sampler).",
+      lock_config=True)
+  flags.DEFINE_string("lams", "0,0.25,0.5,0.75,1", "Comma-separated lambdas.")
+  flags.DEFINE_integer("batches", 1, "Prompt batches per lambda.")
+  flags.DEFINE_string("out", None, "Directory for the CSV, Markdown and PNG.")
+  flags.mark_flags_as_required(["config"])
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,163 @@
+"""The study's figures from table rows (matplotlib, Agg backend, PNG).
+
+  accuracy_vs_lambda.png      in-distribution accuracy against lambda
+                              (0 = teacher rollouts, 1 = on-policy), one line
+                              per KL direction, error bars = std over seeds
+  lr_sparsity_forgetting.png  update sparsity and forgetting against the
+                              learning rate; per-run points, a least-squares
+                              line per KL direction with its R^2 in the legend
+  harder_countdown.png        greedy accuracy on the harder Countdown suites
+                              (Countdown-5/6) per rollout policy
+
+A figure is drawn only if the rows have what it needs; otherwise a line on
+stderr says what is missing.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from jaxdistill.study import table
+
+
+def _plt():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _say(msg):
+  print(f"[figures] {msg}", file=sys.stderr, flush=True)
+
+
+def linear_fit(x, y) -> tuple[float, float, float]:
+  """Least squares y = a x + b -> (a, b, R^2); R^2 = 1 - SS_res / SS_tot."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  a, b = np.polyfit(x, y, 1)
+  ss_tot = float(((y - y.mean()) ** 2).sum())
+  ss_res = float(((y - (a * x + b)) ** 2).sum())
+  r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+  return float(a), float(b), r2
+
+
+def _vals(rows, key):
+  return [r for r in rows if table._num(r.get(key))]  # pylint: disable=protected-access
+
+
+def accuracy_vs_lambda(rows, out_dir) -> str | None:
+  ok = _vals(rows, "accuracy")
+  lams = {r["lam"] for r in ok if r.get("lam") is not None}
+  if len(lams) < 2:
+    _say("accuracy_vs_lambda: skipped (needs 'accuracy' at >= 2 values of "
+         f"lambda; have {sorted(lams)})")
+    return None
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for kl in sorted({r["kl"] for r in ok}):
+    pts = {}
+    for r in ok:
+      if r["kl"] == kl and r.get("lam") is not None:
+        pts.setdefault(r["lam"], []).append(100 * r["accuracy"])
+    xs = sorted(pts)
+    ax.errorbar(xs, [np.mean(pts[x]) for x in xs],
+                yerr=[np.std(pts[x], ddof=1) if len(pts[x]) > 1 else 0 for x in xs],
+                marker="o", capsize=3, label=f"{kl} KL")
+  ax.set_xlabel("lambda (share of student tokens in rollouts)")
+  ax.set_ylabel("accuracy (%)")
+  ax.set_title("Accuracy along the rollout spectrum")
+  ax.legend()
+  return _save(fig, out_dir, "accuracy_vs_lambda.png")
+
+
+def lr_sparsity_forgetting(rows, out_dir) -> str | None:
+  panels = [(k, label) for k, label in (("sparsity", "update sparsity (%)"),
+                                        ("forgetting_pp", "forgetting (pp)"))
+            if len({r["lr"] for r in _vals(rows, k)}) >= 2]
+  if not panels:
+    _say("lr_sparsity_forgetting: skipped (needs 'sparsity' or "
+         "'forgetting_pp' at >= 2 learning rates)")
+    return None
+  plt = _plt()
+  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5),
+                           squeeze=False)
+  for ax, (key, label) in zip(axes[0], panels):
+    ok = _vals(rows, key)
+    scale = 100.0 if key == "sparsity" else 1.0
+    for kl in sorted({r["kl"] for r in ok}):
+      x = np.asarray([r["lr"] for r in ok if r["kl"] == kl])
+      y = np.asarray([scale * r[key] for r in ok if r["kl"] == kl])
+      pts = ax.plot(x, y, "o", alpha=0.7)[0]
+      if len(set(x)) >= 2:
+        a, b, r2 = linear_fit(x, y)
+        xx = np.linspace(x.min(), x.max(), 20)
+        ax.plot(xx, a * xx + b, "-", color=pts.get_color(),
+                label=f"{kl} KL (R²={r2:.2f})")
+      else:
+        pts.set_label(f"{kl} KL")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel(label)
+    ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    ax.legend(fontsize=8)
+  fig.suptitle("Sparsity and forgetting against the learning rate "
+               "(linear fit over runs)")
+  return _save(fig, out_dir, "lr_sparsity_forgetting.png")
+
+
+def _harder_suites(rows) -> list[str]:
+  found = {k for r in rows for k in r if table._num(r.get(k))}  # pylint: disable=protected-access
+  cd = sorted((int(m.group(1)), k) for k in found
+              if (m := re.fullmatch(r"acc/countdown(\d+)", k)))
+  train_n = {int(m.group(1)) for r in rows
+             if (m := re.fullmatch(r"countdown(\d+)", str(r.get("task"))))}
+  lo = max(train_n) if train_n else 3
+  return [k for n, k in cd if n > lo]
+
+
+def harder_countdown(rows, out_dir) -> str | None:
+  suites = _harder_suites(rows)
+  policies = sorted({r["policy"] for r in rows})
+  if not suites:
+    _say("harder_countdown: skipped (needs 'acc/countdown<N>' for N above the "
+         "training N)")
+    return None
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  width = 0.8 / max(len(policies), 1)
+  for i, pol in enumerate(policies):
+    means, stds = [], []
+    for s in suites:
+      v = [100 * r[s] for r in _vals(rows, s) if r["policy"] == pol]
+      means.append(np.mean(v) if v else np.nan)
+      stds.append(np.std(v, ddof=1) if len(v) > 1 else 0.0)
+    ax.bar(np.arange(len(suites)) + i * width, means, width, yerr=stds,
+           capsize=3, label=f"{pol} rollouts")
+  ax.set_xticks(np.arange(len(suites)) + width * (len(policies) - 1) / 2)
+  ax.set_xticklabels([s.removeprefix("acc/") for s in suites])
+  ax.set_ylabel("greedy accuracy (%)")
+  ax.set_title("Harder Countdown variants by rollout policy")
+  ax.legend()
+  return _save(fig, out_dir, "harder_countdown.png")
+
+
+def _save(fig, out_dir, name):
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, name)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  _plt().close(fig)
+  return path
+
+
+def make_figures(rows: Sequence[Mapping], out_dir: str) -> list[str]:
+  """Draws every figure the rows allow; returns the paths written."""
+  out = []
+  for fn in (accuracy_vs_lambda, lr_sparsity_forgetting, harder_countdown):
+    path = fn(rows, out_dir)
+    if path:
+      out.append(path)
+  return out

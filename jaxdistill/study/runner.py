@@ -1,0 +1,218 @@
+"""Running a grid: one run after another, each in <workdir>/<run name>/.
+
+A run is finished when its results.json exists (written atomically, last):
+finished runs are skipped, others are (re)started with train.train, which
+resumes from the run's newest good checkpoint by itself. results.json holds
+
+  name, dirname, factors        as in study.grid.Run
+  study                         kl, policy, lam (1 = on-policy, 0 = teacher),
+                                lr, task, seed: the study's factors read from
+                                the config, whatever the axes were called
+  train                         the last logged training metrics (the last
+                                sparsity/* values included)
+  eval                          evaluation metrics (jaxdistill.evaluate), or None
+  compute                       steps, tokens_generated (response tokens),
+                                tokens_processed (prompt + response), model
+                                FLOPs of training and of rollouts (flops.py)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxdistill import flops as flops_lib
+from jaxdistill.study import grid as grid_lib
+
+RESULTS = "results.json"
+
+
+def log(msg: str):
+  print(f"[sweep] {msg}", file=sys.stderr, flush=True)
+
+
+def write_json_atomic(path: str, obj) -> None:
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+def is_finished(run_dir: str) -> bool:
+  return os.path.isfile(os.path.join(run_dir, RESULTS))
+
+
+def prepare_local_assets(grid, workdir: str) -> None:
+  """runlocal: a tiny tokenizer and student checkpoint under <workdir>/assets.
+
+  With them the runlocal path is the real one (student loaded from a
+  Hugging Face directory, tokenizer saved with the export, evaluation with a
+  baseline), only tiny. Written once; the same for every arm.
+  """
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
+  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  root = os.path.join(os.path.abspath(workdir), "assets")
+  tok_dir, student_dir = os.path.join(root, "tokenizer"), os.path.join(root, "student")
+  if not os.path.isfile(os.path.join(student_dir, "model.safetensors")):
+    recs = [p.to_record() for n in (3, 4, 5, 6)
+            for p in countdown.generate_problems(n, 20, seed=0)]
+    tok = tok_lib.train_bpe_tokenizer(
+        [tasks.prompt_text(r) + " " + tasks.reference_response(r) for r in recs],
+        300, tok_dir)
+    init = dict(grid.base.student.init or {})
+    if not init:
+      raise ValueError("grid.local_assets: needs grid.base.student.init (the "
+                       "tiny student's ModelConfig fields)")
+    cfg = dataclasses.replace(models.ModelConfig(), **init)
+    if cfg.vocab_size < len(tok):
+      raise ValueError(f"grid.base.student.init.vocab_size: {cfg.vocab_size} < "
+                       f"the local tokenizer's {len(tok)} tokens")
+    rng = np.random.default_rng(0)
+
+    def fill(path, s):
+      import jax  # pylint: disable=g-import-not-at-top
+      norm = "norm" in jax.tree_util.keystr(path) or "scale" in jax.tree_util.keystr(path)
+      return np.asarray(rng.normal(0.0, 0.2, s.shape) + norm, s.dtype)
+    import jax  # pylint: disable=g-import-not-at-top
+    params = jax.tree_util.tree_map_with_path(fill, models.param_shapes(cfg))
+    tmp = student_dir + ".tmp"
+    models.save_pretrained(cfg, params, tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, student_dir)
+  b = grid.base
+  b.student.path, b.student.init = student_dir, None
+  b.tokenizer = tok_dir
+
+
+def study_factors(config) -> dict:
+  """The study's factors of a run, read from its training config."""
+  ro = config.rollout
+  lam = {"student": 1.0, "teacher": 0.0}.get(ro.policy)
+  if ro.policy == "mixture":
+    lam = float(ro.lam)
+  task = config.data.task
+  if task == "mcq" and config.data.get("source"):
+    task = config.data.source
+  if task == "countdown":
+    task = f"countdown{int(config.data.get('n_numbers') or 3)}"
+  return {"kl": config.loss.kind, "policy": ro.policy, "lam": lam,
+          "lr": float(config.optim.lr), "task": task, "seed": int(config.seed),
+          "clip": config.optim.clip_norm, "max_new_tokens":
+          int(ro.max_new_tokens)}
+
+
+def compute_record(config, records: list[dict]) -> dict:
+  """Tokens and model FLOPs of a run, from its metrics.jsonl records."""
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  scfg = train.model_config(config.student, "student")
+  tcfg = (None if config.loss.kind == "ce"
+          else train.model_config(config.teacher, "teacher"))
+  b = int(config.data.batch_size)
+  out = {"steps": len(records), "tokens_generated": 0.0,
+         "tokens_processed": 0.0, "train_flops": 0.0, "rollout_flops": 0.0}
+  for r in records:
+    tok = float(r.get("rollout/tokens", 0.0))
+    seq = tok / b
+    out["tokens_generated"] += float(r.get("train/response_tokens", 0.0))
+    out["tokens_processed"] += tok
+    out["train_flops"] += flops_lib.train_step_flops(scfg, tcfg, tok, seq)
+    out["rollout_flops"] += flops_lib.rollout_flops(
+        scfg, tcfg, config.rollout.policy, tok, seq)
+  # With log_every > 1 not every step is logged: scale to all steps.
+  total = int(config.total_steps)
+  if records and len(records) < total:
+    scale = total / len(records)
+    for k in ("tokens_generated", "tokens_processed", "train_flops",
+              "rollout_flops"):
+      out[k] *= scale
+    out["estimated_from_logged_steps"] = len(records)
+  out["steps"] = total if records else 0
+  out["flops"] = out["train_flops"] + out["rollout_flops"]
+  out["student_matmul_params"] = flops_lib.matmul_params(scfg)
+  if tcfg is not None:
+    out["teacher_matmul_params"] = flops_lib.matmul_params(tcfg)
+  return out
+
+
+def default_evaluate(grid, run: grid_lib.Run, run_dir: str) -> dict | None:
+  """jaxdistill.evaluate on the run's export (and the student it started from)."""
+  spec = grid_lib.eval_spec(grid, run)
+  if spec is None:
+    return None
+  from jaxdistill import evaluate  # pylint: disable=g-import-not-at-top
+  cfg = grid_lib.load_config(spec)
+  grid_lib.merge(cfg, grid.eval.get("updates") or {}, "grid.eval.updates")
+  baseline = run.config.student.get("path") if grid.eval.get("baseline") else None
+  res = evaluate.run(cfg, run_dir, baseline or None,
+                     out=os.path.join(run_dir, "eval.json"))
+  return res["metrics"]
+
+
+def run_one(grid, run: grid_lib.Run, run_dir: str, *,
+            evaluate_fn: Callable | None = None, devices=None) -> dict:
+  """Trains (or resumes) one run, evaluates it, writes results.json."""
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  from jaxdistill import train_log  # pylint: disable=g-import-not-at-top
+  t0 = time.time()
+  train.train(run.config, run_dir, devices=devices)
+  records = train_log.read_metrics(run_dir)
+  last = {}
+  for r in records:  # sparsity is logged only every eval_every steps
+    last.update(r)
+  evaluate_fn = evaluate_fn or default_evaluate
+  ev = evaluate_fn(grid, run, run_dir)
+  result = {"name": run.name, "dirname": run.dirname, "factors": run.factors,
+            "study": study_factors(run.config), "train": last,
+            "eval": ev, "compute": compute_record(run.config, records),
+            "elapsed_s": time.time() - t0, "finished": time.time()}
+  write_json_atomic(os.path.join(run_dir, RESULTS), result)
+  return result
+
+
+def run_sweep(grid, workdir: str, *, only: str | None = None,
+              evaluate_fn: Callable | None = None, devices=None,
+              summarize: bool = True) -> list[dict]:
+  """Runs every unfinished run of `grid` in turn; returns all results.
+
+  Then writes <workdir>/summary/: results.csv, results.md and the figures.
+  `evaluate_fn(grid, run, run_dir) -> flat metrics | None` replaces the
+  default evaluation (jaxdistill.evaluate with grid.eval).
+  """
+  os.makedirs(workdir, exist_ok=True)
+  if grid.get("local_assets"):
+    prepare_local_assets(grid, workdir)
+  runs = grid_lib.expand(grid, only)
+  if not runs:
+    raise ValueError(f"--only {only!r}: no run of the grid matches")
+  write_json_atomic(os.path.join(workdir, "sweep.json"), {
+      "base_spec": grid.base_spec, "runs": [r.name for r in runs],
+      "grid": json.loads(json.dumps(grid.to_dict(), default=str))})
+  results = []
+  for i, run in enumerate(runs):
+    run_dir = os.path.join(workdir, run.dirname)
+    path = os.path.join(run_dir, RESULTS)
+    if is_finished(run_dir):
+      log(f"{i + 1}/{len(runs)} {run.name}: finished, skipped")
+      with open(path) as f:
+        results.append(json.load(f))
+      continue
+    state = ("resuming" if os.path.isdir(os.path.join(run_dir, "checkpoints"))
+             else "starting")
+    log(f"{i + 1}/{len(runs)} {run.name}: {state}")
+    results.append(run_one(grid, run, run_dir, evaluate_fn=evaluate_fn,
+                           devices=devices))
+  if summarize:
+    from jaxdistill.study import figures, table  # pylint: disable=g-import-not-at-top
+    rows = table.aggregate(workdir)
+    out = os.path.join(workdir, "summary")
+    table.write_table(rows, out)
+    figures.make_figures(rows, out)
+  return results

@@ -1,0 +1,149 @@
+"""Finished runs -> one row per run -> a table per arm (mean, std, n over seeds).
+
+A row is a flat dict: run identity (name, arm), the grid's factor labels, the
+study's factors (kl, policy, lam, lr, task, seed, clip, max_new_tokens) and
+the metrics below (None when a run has no such figure):
+
+  accuracy        in-distribution greedy accuracy (evaluation 'id/greedy_acc')
+  coverage        in-distribution pass@k at the largest k evaluated
+  forgetting_pp   mean accuracy drop on the OOD suites, percentage points
+  sparsity        update sparsity, whole model, |delta| <= atol (evaluation on
+                  the stored checkpoints; else the training loop's figure)
+  sparsity_exact  the same, bit-equal entries
+  harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
+  acc/<suite>     greedy accuracy per suite
+  tokens_generated, flops   compute of the run (runner.compute_record)
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
+METRICS = ("accuracy", "coverage", "forgetting_pp", "sparsity",
+           "sparsity_exact", "harder_acc", "tokens_generated", "flops")
+
+
+def _pass_at_max_k(ev: Mapping, group: str = "id"):
+  ks = [int(k.split("@")[1]) for k in ev if k.startswith(f"{group}/pass@")]
+  return ev[f"{group}/pass@{max(ks)}"] if ks else None
+
+
+def row_of(result: Mapping) -> dict:
+  """The table row of one results.json."""
+  ev, tr = result.get("eval") or {}, result.get("train") or {}
+  row = {"name": result["name"],
+         "arm": ",".join(f"{k}={v}" for k, v in result["factors"].items()
+                         if k != "seed")}
+  row.update({f"f:{k}": v for k, v in result["factors"].items() if k != "seed"})
+  row.update(result["study"])
+  row["accuracy"] = ev.get("id/greedy_acc")
+  row["coverage"] = _pass_at_max_k(ev)
+  row["forgetting_pp"] = ev.get("forgetting/mean_pp")
+  row["sparsity"] = ev.get("sparsity/whole", tr.get("sparsity/whole"))
+  row["sparsity_exact"] = ev.get("sparsity/whole_exact",
+                                 tr.get("sparsity/whole_exact"))
+  row["harder_acc"] = ev.get("harder/greedy_acc")
+  for k, v in sorted(ev.items()):
+    suite, _, metric = k.partition("/")
+    if metric == "greedy_acc" and suite not in ("id", "ood", "harder", "baseline"):
+      row[f"acc/{suite}"] = v
+  c = result.get("compute") or {}
+  row["tokens_generated"] = c.get("tokens_generated")
+  row["flops"] = c.get("flops")
+  return row
+
+
+def aggregate(workdir: str) -> list[dict]:
+  """One row per finished run (<workdir>/*/results.json), sorted by name."""
+  rows = []
+  for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
+    with open(path) as f:
+      rows.append(row_of(json.load(f)))
+  return rows
+
+
+def metric_columns(rows: Sequence[Mapping]) -> list[str]:
+  extra = sorted({k for r in rows for k in r if k.startswith("acc/")})
+  return [m for m in METRICS if any(r.get(m) is not None for r in rows)] + extra
+
+
+def _num(v):
+  return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def summarize_arms(rows: Sequence[Mapping]) -> list[dict]:
+  """Rows grouped by arm: factors, then {metric}_mean/_std/_n over seeds.
+
+  std is the sample standard deviation (ddof=1); 0 when n == 1.
+  """
+  groups: dict[str, list] = {}
+  for r in rows:
+    groups.setdefault(r["arm"], []).append(r)
+  cols = metric_columns(rows)
+  out = []
+  for arm, rs in groups.items():
+    a = {k: v for k, v in rs[0].items()
+         if k.startswith("f:") or k in STUDY}
+    a["arm"], a["seeds"] = arm, sorted(r["seed"] for r in rs)
+    for m in cols:
+      vals = np.asarray([r[m] for r in rs if _num(r.get(m))], np.float64)
+      a[f"{m}_n"] = int(vals.size)
+      a[f"{m}_mean"] = float(vals.mean()) if vals.size else None
+      a[f"{m}_std"] = float(vals.std(ddof=1)) if vals.size > 1 else (
+          0.0 if vals.size else None)
+    out.append(a)
+  return out
+
+
+def _cell(mean, std, n, metric):
+  if mean is None:
+    return "-"
+  if metric in ("tokens_generated", "flops"):
+    return f"{mean:.3g}"
+  pct = metric not in ("forgetting_pp",)
+  scale, unit = (100.0, " %") if pct else (1.0, " pp")
+  s = f"{scale * mean:.1f}"
+  if n > 1:
+    s += f" ± {scale * std:.1f}"
+  return s + unit + (f" (n={n})" if n != 1 else "")
+
+
+def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
+  """results.csv (per arm: factors, mean/std/n per metric) and results.md."""
+  if not rows:
+    raise ValueError("rows: no finished run to tabulate")
+  os.makedirs(out_dir, exist_ok=True)
+  arms = summarize_arms(rows)
+  cols = metric_columns(rows)
+  factor_cols = [k for k in arms[0] if k.startswith("f:")] or []
+  study_cols = [k for k in STUDY
+                if len({json.dumps(a.get(k)) for a in arms}) > 1 or k in ("kl", "policy")]
+  csv_path = os.path.join(out_dir, "results.csv")
+  header = (["arm"] + factor_cols + study_cols + ["seeds"] +
+            [f"{m}_{s}" for m in cols for s in ("mean", "std", "n")])
+  with open(csv_path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow([h.removeprefix("f:") for h in header])
+    for a in arms:
+      w.writerow(["+".join(map(str, a[h])) if h == "seeds" else a.get(h)
+                  for h in header])
+  md_path = os.path.join(out_dir, "results.md")
+  head = [h.removeprefix("f:") for h in factor_cols + study_cols] + cols
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for a in arms:
+    cells = [str(a.get(h)) for h in factor_cols + study_cols]
+    cells += [_cell(a[f"{m}_mean"], a[f"{m}_std"], a[f"{m}_n"], m) for m in cols]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "Accuracy, coverage (pass@k) and sparsity in %, forgetting in "
+            "percentage points (positive = forgotten); mean ± std over seeds "
+            "(n = seeds with the figure)."]
+  with open(md_path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return csv_path, md_path

@@ -1,0 +1,71 @@
+r"""Run a grid of distillation runs, or print their launch commands.
+
+  # Every arm, one after another, then the table and figures:
+  python -m jaxdistill.sweep --config configs/grid_main.py \
+      --config.families.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
+      --config.families.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
+      --workdir /runs/main
+  # One launch command per run, for a cluster or a TPU pod:
+  python -m jaxdistill.sweep --config configs/grid_spectrum.py ... \
+      --workdir /runs/spectrum --print_commands
+  # Only the runs whose name contains a string; tiny CPU version of a grid:
+  python -m jaxdistill.sweep --config configs/grid_main.py:runlocal \
+      --workdir /tmp/grid --only kl=reverse
+
+Each run gets <workdir>/<run name>/ (config.json, checkpoints, metrics.jsonl,
+hf_student/, eval.json, results.json); finished runs (results.json present)
+are skipped and interrupted ones resume from their checkpoints. The summary
+(results.csv, results.md, figures) goes to <workdir>/summary/.
+
+Functions for other code (the demo uses them):
+  expand(grid, only=None) -> [Run]          the runs of a grid config
+  command(grid, run, workdir) -> str        its `python -m jaxdistill.train` line
+  run_sweep(grid, workdir, only=None, evaluate_fn=None, devices=None)
+  aggregate(workdir) -> rows                one row per finished run
+  write_table(rows, out_dir) -> (csv, md)   per arm: mean, std, n over seeds
+  make_figures(rows, out_dir) -> [paths]
+"""
+from __future__ import annotations
+
+import sys
+
+from jaxdistill.study.figures import make_figures  # pylint: disable=unused-import
+from jaxdistill.study.grid import Run, command, expand, load_config  # pylint: disable=unused-import
+from jaxdistill.study.runner import run_one, run_sweep  # pylint: disable=unused-import
+from jaxdistill.study.table import aggregate, summarize_arms, write_table  # pylint: disable=unused-import
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  grid = f.config
+  if f.print_commands:
+    runs = expand(grid, f.only)
+    if not runs:
+      raise ValueError(f"--only {f.only!r}: no run of the grid matches")
+    for run in runs:
+      print(command(grid, run, f.workdir))
+    return
+  run_sweep(grid, f.workdir, only=f.only)
+  print(open(f"{f.workdir}/summary/results.md").read())
+  sys.stdout.flush()
+
+
+def _define_flags():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file(
+      "config", None, "Grid config file (configs/grid_*.py[:arg]).",
+      lock_config=False)
+  flags.DEFINE_string("workdir", None, "Sweep directory: one subdir per run.")
+  flags.DEFINE_bool("print_commands", False,
+                    "Print one launch command per run instead of running.")
+  flags.DEFINE_string("only", None, "Only runs whose name contains this.")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  _define_flags()
+  app.run(main)
