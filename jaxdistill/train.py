@@ -3,7 +3,7 @@ r"""Distillation training loop.
   python -m jaxdistill.train --config configs/distill.py:runlocal --workdir /tmp/jd
   python -m jaxdistill.train --config configs/distill.py:kl=reverse,lr=5e-5 \
       --config.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
-      --config.teacher.path=/ckpt/Qwen2.5-7B-Instruct --workdir gs://.../run
+      --config.teacher.path=/ckpt/Qwen2.5-7B-Instruct --workdir /runs/qwen_rkl
 
 Reads top to bottom: config -> mesh -> models (sharded) -> data ->
 jax.eval_shape(init) -> shardings -> jit(init) or restore -> jit(update) ->
@@ -244,10 +244,16 @@ def train(config, workdir: str, *, overwrite: bool = False,
   finally:
     ckpt.close()
     log.close()
-  if config.get("export_hf", True) and jax.process_index() == 0:
-    out = os.path.join(workdir, "hf_student")
-    models.save_pretrained(scfg, jax.device_get(state["params"]), out)
-    train_data.save_tokenizer(tokenizer, out)
+  if config.get("export_hf", True):
+    if jax.process_count() > 1:  # gather the sharded params on every host
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      host_params = multihost_utils.process_allgather(state["params"], tiled=True)
+    else:
+      host_params = jax.device_get(state["params"])
+    if jax.process_index() == 0:
+      out = os.path.join(workdir, "hf_student")
+      models.save_pretrained(scfg, host_params, out)
+      train_data.save_tokenizer(tokenizer, out)
   return last
 
 
