@@ -12,7 +12,7 @@ r"""Run a grid of distillation runs, or print their launch commands.
   python -m jaxdistill.sweep --config configs/grid_main.py:runlocal \
       --workdir /tmp/grid --only kl=reverse
 
-Each run gets <workdir>/<run name>/ (config.json, checkpoints, metrics.jsonl,
+Each run gets <workdir>/<run name>/ (run_config.json, config.json, checkpoints, metrics.jsonl,
 hf_student/, eval.json, results.json); finished runs (results.json present)
 are skipped and interrupted ones resume from their checkpoints. The summary
 (results.csv, results.md, figures) goes to <workdir>/summary/.
@@ -27,10 +27,11 @@ Functions for other code (the demo uses them):
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from jaxdistill.study.figures import make_figures  # pylint: disable=unused-import
-from jaxdistill.study.grid import Run, command, expand, load_config  # pylint: disable=unused-import
+from jaxdistill.study.grid import Run, command, expand, load_config, write_snapshot  # pylint: disable=unused-import
 from jaxdistill.study.runner import run_one, run_sweep  # pylint: disable=unused-import
 from jaxdistill.study.table import aggregate, summarize_arms, write_table  # pylint: disable=unused-import
 
@@ -44,7 +45,8 @@ def main(argv):
     runs = expand(grid, f.only)
     if not runs:
       raise ValueError(f"--only {f.only!r}: no run of the grid matches")
-    for run in runs:
+    for run in runs:  # snapshots first: a command may read its run's
+      write_snapshot(run, os.path.join(f.workdir, run.dirname))
       print(command(grid, run, f.workdir))
     return
   run_sweep(grid, f.workdir, only=f.only)

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -212,28 +213,72 @@ def eval_spec(grid, run: Run) -> str | None:
                      f"factor of run {run.name!r}") from None
 
 
+def _settable(cfg, dotted: str, value) -> bool:
+  """Whether `--config.<dotted>=<value>` can set this field (a typed scalar)."""
+  if value is None or not isinstance(value, (str, int, float, bool)):
+    return False
+  *parents, leaf = dotted.split(".")
+  node = cfg
+  for p in parents:
+    if not isinstance(node, ml_collections.ConfigDict) or p not in node:
+      return False
+    node = node[p]
+  if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+    return False
+  t = node.get_type(leaf)
+  if t is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  return t in (str, int, bool) and isinstance(value, t)
+
+
 def _flag_value(v) -> str:
   if isinstance(v, str):
-    return v if v and re.fullmatch(r"[\w./@+:-]+", v) else json.dumps(v)
-  if isinstance(v, (list, tuple)):
-    return "'" + json.dumps(list(v)).replace("'", "'\\''") + "'"
-  if isinstance(v, dict):
-    return "'" + json.dumps(v).replace("'", "'\\''") + "'"
+    return shlex.quote(v)
   return fmt_value(v)
 
 
+SNAPSHOT = "run_config.json"
+SNAPSHOT_SPEC = "configs/run_snapshot.py"
+
+
+def write_snapshot(run: Run, run_dir: str) -> str:
+  """<run_dir>/run_config.json: the run's full training config."""
+  os.makedirs(run_dir, exist_ok=True)
+  path = os.path.join(run_dir, SNAPSHOT)
+  text = config_lib.to_json(run.config)
+  if not (os.path.isfile(path) and open(path).read() == text):
+    with open(path + ".tmp", "w") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)
+  return path
+
+
 def command(grid, run: Run, workdir: str) -> str:
-  """`python -m jaxdistill.train --config BASE --config.x=y ... --workdir W/run`."""
-  base = json.loads(config_lib.to_json(load_config(grid.base_spec)))
+  """`python -m jaxdistill.train --config BASE --config.x=y ... --workdir W/run`.
+
+  The flags are the run config's differences to grid.base_spec. Values flags
+  cannot set (None into a typed field, lists, dicts) make the command read
+  the run's snapshot instead (configs/run_snapshot.py, see write_snapshot).
+  """
+  run_dir = os.path.join(workdir, run.dirname)
+  base_cfg = load_config(grid.base_spec)
+  base = json.loads(config_lib.to_json(base_cfg))
   new = json.loads(config_lib.to_json(run.config))
   flags = []
   for key in _diff_leaves(base, new):
     node = new
     for p in key.split("."):
       node = node[p]
+    if not _settable(base_cfg, key, node):
+      flags = None  # not expressible as a flag: use the snapshot
+      break
     flags.append(f"--config.{key}={_flag_value(node)}")
+  if flags is None:
+    spec = f"{SNAPSHOT_SPEC}:{os.path.join(run_dir, SNAPSHOT)}"
+    return " ".join(["python -m jaxdistill.train", "--config",
+                     shlex.quote(spec), "--workdir", shlex.quote(run_dir)])
   return " ".join(["python -m jaxdistill.train", "--config", grid.base_spec,
-                   *flags, "--workdir", os.path.join(workdir, run.dirname)])
+                   *flags, "--workdir", shlex.quote(run_dir)])
 
 
 def _diff_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:

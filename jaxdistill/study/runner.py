@@ -162,6 +162,7 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   from jaxdistill import train  # pylint: disable=g-import-not-at-top
   from jaxdistill import train_log  # pylint: disable=g-import-not-at-top
   t0 = time.time()
+  grid_lib.write_snapshot(run, run_dir)
   train.train(run.config, run_dir, devices=devices)
   records = train_log.read_metrics(run_dir)
   last = {}
@@ -175,6 +176,22 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
             "elapsed_s": time.time() - t0, "finished": time.time()}
   write_json_atomic(os.path.join(run_dir, RESULTS), result)
   return result
+
+
+def _check_runnable(runs, workdir):
+  """Config errors of any unfinished run surface before the first one starts."""
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  for run in runs:
+    if is_finished(os.path.join(workdir, run.dirname)):
+      continue
+    try:
+      config_lib.validate(run.config)
+      train.model_config(run.config.student, "student")
+      if run.config.loss.kind != "ce":
+        train.model_config(run.config.teacher, "teacher")
+    except ValueError as e:
+      raise ValueError(f"run {run.name!r}: {e}") from None
 
 
 def run_sweep(grid, workdir: str, *, only: str | None = None,
@@ -192,9 +209,12 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   runs = grid_lib.expand(grid, only)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
-  write_json_atomic(os.path.join(workdir, "sweep.json"), {
-      "base_spec": grid.base_spec, "runs": [r.name for r in runs],
-      "grid": json.loads(json.dumps(grid.to_dict(), default=str))})
+  _check_runnable(runs, workdir)
+  sweep = {"base_spec": grid.base_spec, "runs": [r.name for r in runs],
+           "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
+  path = os.path.join(workdir, "sweep.json")
+  if not os.path.isfile(path) or json.load(open(path)) != sweep:
+    write_json_atomic(path, sweep)
   results = []
   for i, run in enumerate(runs):
     run_dir = os.path.join(workdir, run.dirname)

@@ -1,0 +1,31 @@
+r"""A training config read back from a JSON snapshot (one run of a sweep).
+
+The sweep writes <workdir>/<run>/run_config.json for every run. When a run's
+settings cannot be written as --config.x=y flags (e.g. optim.clip_norm=None:
+flags cannot set a float field to None), its launch command is
+
+  python -m jaxdistill.train \
+    --config configs/run_snapshot.py:/runs/robustness/variant=fkl_noclip,policy=student,seed=0/run_config.json \
+    --workdir /runs/robustness/variant=fkl_noclip,policy=student,seed=0
+
+Without a path (or with `runlocal`) it round-trips configs/distill.py:runlocal
+through JSON, which is what the config tests check.
+"""
+import json
+import os
+
+import ml_collections
+
+from jaxdistill import config_lib
+
+
+def get_config(arg=None):
+  if not arg or arg == "runlocal":
+    from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
+    return ml_collections.ConfigDict(json.loads(config_lib.to_json(
+        grid_lib.load_config("configs/distill.py:runlocal"))))
+  path = os.path.expanduser(arg)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"configs/run_snapshot.py: no snapshot at {path!r}")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
