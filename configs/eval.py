@@ -20,11 +20,12 @@ defaults; 'ood=' for none), samples (n for pass@k), seed, runlocal.
     --config configs/eval.py:suites=countdown3+countdown4+countdown5+countdown6,ood= \
     --checkpoint /runs/qwen_rkl_on
 
-  # The same path on the tiny model of `train ... distill.py:runlocal` (CPU).
-  # runlocal scores countdown5 as if it were OOD, so that forgetting is
-  # exercised without data files:
+  # A CPU smoke run: 4 problems per suite, 8 new tokens, no mesh. It needs a
+  # HF dir with a chat-template tokenizer that fits the model's vocabulary
+  # (tests/evaluation/conftest.py builds one); runlocal scores countdown5 as
+  # if it were OOD, so that forgetting is exercised without data files:
   python -m jaxdistill.evaluate --config configs/eval.py:runlocal \
-    --checkpoint /tmp/jd --baseline /tmp/jd_base
+    --checkpoint /tmp/tiny_hf --baseline /tmp/tiny_hf_before
 """
 import ml_collections
 from ml_collections import config_dict

@@ -224,14 +224,14 @@ def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   config_flags.DEFINE_config_file(
-      "config", "configs/eval.py", "Eval config file (configs/eval.py[:arg]).",
+      "config", None, "Eval config file (configs/eval.py[:arg]).",
       lock_config=True)
   flags.DEFINE_string("checkpoint", None,
                       "Hugging Face dir, or a training workdir (uses hf_student/).")
   flags.DEFINE_string("baseline", None,
                       "The student before training: forgetting and sparsity.")
   flags.DEFINE_string("out", None, "Write the results JSON here.")
-  flags.mark_flags_as_required(["checkpoint"])
+  flags.mark_flags_as_required(["config", "checkpoint"])
 
 
 if __name__ == "__main__":
