@@ -36,12 +36,16 @@ def _say(msg):
 
 
 def linear_fit(x, y) -> tuple[float, float, float]:
-  """Least squares y = a x + b -> (a, b, R^2); R^2 = 1 - SS_res / SS_tot."""
+  """Least squares y = a x + b -> (a, b, R^2); R^2 = 1 - SS_res / SS_tot.
+
+  The fit is over per-run points, not arm means: with two learning rates a
+  line through two means would always give R^2 = 1."""
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   a, b = np.polyfit(x, y, 1)
   ss_tot = float(((y - y.mean()) ** 2).sum())
   ss_res = float(((y - (a * x + b)) ** 2).sum())
-  r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+  # R^2 is undefined for a constant y: nan, shown as 'n/a'.
+  r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
   return float(a), float(b), r2
 
 
@@ -96,7 +100,7 @@ def lr_sparsity_forgetting(rows, out_dir) -> str | None:
         a, b, r2 = linear_fit(x, y)
         xx = np.linspace(x.min(), x.max(), 20)
         ax.plot(xx, a * xx + b, "-", color=pts.get_color(),
-                label=f"{kl} KL (R²={r2:.2f})")
+                label=f"{kl} KL (R²={'n/a' if np.isnan(r2) else f'{r2:.2f}'})")
       else:
         pts.set_label(f"{kl} KL")
     ax.set_xlabel("learning rate")

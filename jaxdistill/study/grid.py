@@ -261,6 +261,9 @@ def command(grid, run: Run, workdir: str) -> str:
   the run's snapshot instead (configs/run_snapshot.py, see write_snapshot).
   """
   run_dir = os.path.join(workdir, run.dirname)
+  if not grid.get("base_spec"):
+    raise ValueError("grid.base_spec: launch commands start from a config "
+                     "file spec, e.g. 'configs/distill.py:runlocal'")
   base_cfg = load_config(grid.base_spec)
   base = json.loads(config_lib.to_json(base_cfg))
   new = json.loads(config_lib.to_json(run.config))

@@ -210,7 +210,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
   _check_runnable(runs, workdir)
-  sweep = {"base_spec": grid.base_spec, "runs": [r.name for r in runs],
+  sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, "sweep.json")
   if not os.path.isfile(path) or json.load(open(path)) != sweep:

@@ -38,10 +38,14 @@ def _pass_at_max_k(ev: Mapping, group: str = "id"):
 def row_of(result: Mapping) -> dict:
   """The table row of one results.json."""
   ev, tr = result.get("eval") or {}, result.get("train") or {}
+  # Axis order is the run name's (results.json stores factors sorted).
+  factors = result["factors"]
+  order = [p.split("=", 1)[0] for p in result["name"].split(",")]
+  order = [k for k in order if k in factors and k != "seed"]
   row = {"name": result["name"],
-         "arm": ",".join(f"{k}={v}" for k, v in result["factors"].items()
-                         if k != "seed")}
-  row.update({f"f:{k}": v for k, v in result["factors"].items() if k != "seed"})
+         "arm": ",".join(p for p in result["name"].split(",")
+                         if not p.startswith("seed="))}
+  row.update({f"f:{k}": factors[k] for k in order})
   row.update(result["study"])
   row["accuracy"] = ev.get("id/greedy_acc")
   row["coverage"] = _pass_at_max_k(ev)
@@ -123,8 +127,10 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
   arms = summarize_arms(rows)
   cols = metric_columns(rows)
   factor_cols = [k for k in arms[0] if k.startswith("f:")] or []
-  study_cols = [k for k in STUDY
-                if len({json.dumps(a.get(k)) for a in arms}) > 1 or k in ("kl", "policy")]
+  # The study's factors that vary (kl and policy always), unless an axis of
+  # the same name already shows them.
+  study_cols = [k for k in STUDY if f"f:{k}" not in factor_cols and (
+      len({json.dumps(a.get(k)) for a in arms}) > 1 or k in ("kl", "policy"))]
   csv_path = os.path.join(out_dir, "results.csv")
   header = (["arm"] + factor_cols + study_cols + ["seeds"] +
             [f"{m}_{s}" for m in cols for s in ("mean", "std", "n")])
