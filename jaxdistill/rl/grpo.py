@@ -1,0 +1,220 @@
+"""GRPO: group-normalised advantages and the clipped policy objective.
+
+Letters: R rows (= B prompts x G samples, prompt-major: row i answers prompt
+i // G), N response slots, P prompt width, D hidden size, V vocabulary.
+
+For response token t of row i, with log-probs at the rollout temperature T:
+
+  rho_t = exp(logp_t - old_t)                 importance ratio vs the sampler
+  pg_t  = -min(rho_t A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) A_i)
+  kl_t  = k(log r_t),  log r_t = ref_t - logp_t   (r = pi_ref / pi_theta)
+  L     = sum_t w_t (pg_t + beta kl_t)
+
+`w` implements the averaging (jaxdistill.step.loss_weights): 'token_mean'
+divides by the number of response tokens of the mini-batch (every token counts
+the same), 'sequence_mean' averages tokens within a row, then rows (original
+GRPO: long answers get less weight per token).
+
+Temperature. The sampler's log-probs (`Rollout.logprobs`) are those of the
+TEMPERED distribution softmax(z / T) it drew from. The policy log-probs here
+use the same T, so rho = 1 exactly when nothing changed and the objective is
+that of the distribution actually sampled; top-k / top-p truncation is not
+supported (the ratio would mix two distributions). The reference log-probs
+use the same T too.
+
+KL to the frozen reference. The per-token estimators are differentiated
+through logp only (samples come from the sampler, ~pi_theta). What each one
+optimises in expectation is its GRADIENT, not its value:
+
+  estimator  value                          expected gradient
+  k1         logp - ref   (unbiased KL(pi||ref) value)   0: useless as a penalty
+  k2         (log r)^2 / 2                  grad KL(pi_theta || pi_ref)  'reverse'
+  k3         r - 1 - log r (DeepSeekMath)   grad KL(pi_ref || pi_theta)  'forward'
+
+So GRPO's usual k3 penalty, whose VALUE estimates the reverse KL, pulls along
+the FORWARD KL (the same trap as in distillation, METHOD.md). The config
+states the direction and `check_kl` refuses a mismatch. The monitored
+`rl/kl_ref` is always the k3 value: an unbiased, non-negative estimate of
+KL(pi_theta || pi_ref) on the sampled tokens.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxdistill import models
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# Which divergence's gradient each estimator follows when back-propagated.
+KL_DIRECTIONS = {"k1": "none", "k2": "reverse", "k3": "forward"}
+REDUCTIONS = ("token_mean", "sequence_mean")
+
+
+def check_kl(estimator: str, direction: str, coef: float) -> None:
+  """ValueError unless the stated direction is the estimator's gradient's."""
+  if estimator not in KL_ESTIMATORS:
+    raise ValueError(f"config.kl.estimator: unknown {estimator!r}; choose "
+                     f"from {KL_ESTIMATORS}")
+  if coef < 0:
+    raise ValueError(f"config.kl.coef: must be >= 0, got {coef}")
+  if coef > 0 and estimator == "k1":
+    raise ValueError("config.kl.estimator: 'k1' as a loss has zero expected "
+                     "gradient; use 'k2' (reverse KL) or 'k3' (forward KL)")
+  want = KL_DIRECTIONS[estimator]
+  if coef > 0 and direction != want:
+    raise ValueError(
+        f"config.kl.direction: estimator {estimator!r} back-propagated on "
+        f"policy samples follows the {want!r} KL gradient, but the config "
+        f"states {direction!r}")
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("group_size", "scale_by_std", "eps"))
+def group_advantages(rewards, group_size: int, *, scale_by_std: bool = True,
+                     eps: float = 1e-6):
+  """[R] rewards, prompt-major -> ([R] float32 advantages, group stats).
+
+  A_i = (r_i - mean_g r) / (std_g r + eps), std over the group (ddof 0);
+  without `scale_by_std`, A_i = r_i - mean_g r. A group whose rewards are all
+  equal gets A = 0 exactly (0 / eps), hence no policy gradient.
+  """
+  r = jnp.asarray(rewards, jnp.float32)
+  if r.ndim != 1 or group_size < 1 or r.shape[0] % group_size:
+    raise ValueError(f"rewards: expected [B * {group_size}] rewards, got shape "
+                     f"{r.shape}")
+  g = r.reshape(-1, group_size)  # [B, G]
+  mean = g.mean(-1, keepdims=True)
+  centred = g - mean
+  std = jnp.sqrt(jnp.mean(jnp.square(centred), -1, keepdims=True))
+  adv = centred / (std + eps) if scale_by_std else centred
+  # Exactly zero for constant groups, whatever rounding `g - mean` did.
+  const = jnp.all(g == g[:, :1], axis=-1, keepdims=True)
+  adv = jnp.where(const, 0.0, adv)
+  stats = {"rl/zero_var_groups": const.mean(),
+           "rl/reward_group_std": std.mean(),
+           "rl/solved_groups": jnp.any(g > 0, -1).mean()}
+  return adv.reshape(-1), stats
+
+
+def _masked_mean(x, mask):
+  m = mask.astype(jnp.float32)
+  return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(m.sum(), 1.0)
+
+
+def kl_terms(logp, ref_logp, estimator: str):
+  """Per-token (penalty, k3 value) from log pi_theta(y) and log pi_ref(y)."""
+  log_r = ref_logp - logp
+  k3 = jnp.expm1(log_r) - log_r  # expm1: accurate when r ~ 1
+  pen = {"k1": -log_r, "k2": 0.5 * jnp.square(log_r), "k3": k3}[estimator]
+  return pen, k3
+
+
+def grpo_objective(logp, old_logp, advantages, weights, mask, *,
+                   clip_low: float, clip_high: float, ref_logp=None,
+                   kl_coef: float = 0.0, kl_estimator: str = "k3"):
+  """The clipped GRPO objective on per-token log-probs -> (loss, metrics).
+
+  Args:
+    logp: [R, N] log pi_theta of the sampled tokens (carries the gradient).
+    old_logp: [R, N] log-probs recorded at sampling time (constant).
+    advantages: [R] per-row advantages (constant).
+    weights: [R, N] loss weights (0 off the response), e.g. loss_weights(...).
+    mask: [R, N] bool/int response mask (for the monitoring means).
+    clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+    ref_logp: [R, N] reference log-probs, or None (no KL term or metric).
+    kl_coef: beta >= 0.
+    kl_estimator: 'k1' | 'k2' | 'k3' (see the module docstring).
+
+  Returns:
+    loss = sum(weights * (pg + beta kl)); metrics (no gradient): rl/pg_loss,
+    rl/clip_frac (tokens whose gradient the clip removed), rl/clip_frac_low,
+    rl/clip_frac_high, rl/ratio_mean, and with ref_logp rl/kl_ref (k3 value),
+    rl/kl_penalty (the estimator's value).
+  """
+  mask = jnp.asarray(mask) > 0
+  old = jax.lax.stop_gradient(old_logp.astype(jnp.float32))
+  adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]  # [R, 1]
+  w = jax.lax.stop_gradient(jnp.where(mask, weights, 0.0))
+  # Off-response slots hold arbitrary values: zero them before exp so that
+  # an inf there cannot turn into 0 * inf = nan.
+  log_ratio = jnp.where(mask, logp.astype(jnp.float32) - old, 0.0)
+  ratio = jnp.exp(log_ratio)
+  clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  pg = -jnp.minimum(ratio * adv, clipped * adv)  # [R, N]
+  loss = jnp.sum(w * pg)
+  sg = jax.lax.stop_gradient
+  low = mask & (adv < 0) & (ratio < 1.0 - clip_low)
+  high = mask & (adv > 0) & (ratio > 1.0 + clip_high)
+  metrics = {"rl/pg_loss": sg(loss),
+             "rl/clip_frac": _masked_mean(sg(low | high).astype(jnp.float32), mask),
+             "rl/clip_frac_low": _masked_mean(sg(low).astype(jnp.float32), mask),
+             "rl/clip_frac_high": _masked_mean(sg(high).astype(jnp.float32), mask),
+             "rl/ratio_mean": _masked_mean(sg(ratio), mask)}
+  if ref_logp is not None:
+    ref = jax.lax.stop_gradient(
+        jnp.where(mask, ref_logp.astype(jnp.float32), 0.0))
+    pen, k3 = kl_terms(jnp.where(mask, logp.astype(jnp.float32), 0.0), ref,
+                       kl_estimator)
+    if kl_coef:
+      loss = loss + kl_coef * jnp.sum(w * pen)
+    metrics["rl/kl_ref"] = _masked_mean(sg(k3), mask)
+    metrics["rl/kl_penalty"] = _masked_mean(sg(pen), mask)
+  return loss, metrics
+
+
+def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
+                   temperature: float = 1.0):
+  """Log-probs and entropies of the response tokens under one model.
+
+  Args:
+    cfg, params: a jaxdistill model.
+    tokens, attention_mask: [R, P+N] rollout sequences (left-padded prompt,
+      then the N response slots).
+    num_response: N (static).
+    temperature: T > 0, as used for sampling.
+
+  Returns:
+    logp [R, N] float32 of tokens[:, P:] under softmax(logits / T), and the
+    entropy [R, N] of that distribution (no gradient through it).
+  """
+  n = num_response
+  p = tokens.shape[1] - n
+  hidden = models.apply(cfg, params, tokens, attention_mask,
+                        return_hidden=True)[:, p - 1:-1]  # [R, N, D]
+  # Only response positions need logits: skip the [R, P, V] prompt head.
+  head = models.output_head(cfg, params).astype(cfg.dtype)  # [D, V]
+  logits = jnp.einsum("RND,DV->RNV", hidden, head,
+                      preferred_element_type=jnp.float32)
+  logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)  # [R, N, V]
+  logp = jnp.take_along_axis(logp_all, tokens[:, p:, None], axis=-1)[..., 0]
+  lp = jax.lax.stop_gradient(logp_all)
+  entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+  return logp, entropy
+
+
+def grpo_loss(params, unused_teacher, batch, *, cfg, grpo_cfg, kl_cfg,
+              temperature):
+  """step.train_step loss: the GRPO objective of one (micro-)batch.
+
+  `batch` holds tokens, attention_mask [R, P+N]; loss_mask, old_logp,
+  ref_logp, weights [R, N]; advantages [R]. Metrics are means over the
+  micro-batch's response tokens.
+  """
+  del unused_teacher
+  n = batch["loss_mask"].shape[1]
+  logp, entropy = token_logprobs(cfg, params, batch["tokens"],
+                                 batch["attention_mask"], n,
+                                 temperature=temperature)
+  mask = batch["loss_mask"] > 0
+  loss, metrics = grpo_objective(
+      logp, batch["old_logp"], batch["advantages"], batch["weights"], mask,
+      clip_low=float(grpo_cfg.clip_low), clip_high=float(grpo_cfg.clip_high),
+      ref_logp=batch.get("ref_logp"), kl_coef=float(kl_cfg.coef),
+      kl_estimator=kl_cfg.estimator)
+  metrics["rl/entropy"] = _masked_mean(entropy, mask)
+  # |log rho|: sampler/trainer numerics on a fresh batch, then policy drift.
+  metrics["rl/abs_log_ratio"] = _masked_mean(
+      jnp.abs(jax.lax.stop_gradient(logp) - batch["old_logp"]), mask)
+  return loss, metrics

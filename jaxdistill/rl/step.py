@@ -1,0 +1,185 @@
+"""One GRPO iteration: sample G answers per prompt, score them, update.
+
+  collect = Collector(config, cfg, reward_fn, mesh=mesh, reference=(rcfg, rp))
+  batch, metrics = collect(host_batch, state["params"], rng)      # host + device
+  state, metrics = update(state, batch, rng)                         # jitted
+
+`Collector` repeats each prompt G times (prompt-major: row i answers prompt
+i // G), samples them with rollout.generate(policy='student') under row ids
+0..R-1 so every sample has its own RNG stream, keeps the sampler's log-probs
+(recorded at sampling time, tempered: see grpo.py), scores the responses with
+`reward_fn`, turns rewards into group advantages, and adds the frozen
+reference's log-probs when a reference is given.
+
+`ppo_update` then runs `ppo_epochs` passes over the rollout batch, each
+shuffled into `num_minibatches` mini-batches, one optimizer step
+(jaxdistill.step.train_step, with its gradient accumulation) per mini-batch.
+The loss weights are normalised over each mini-batch.
+
+Shapes: B prompts, G samples each, R = B G rows, P prompt width, N new tokens.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
+from jaxdistill import step as step_lib
+from jaxdistill import tasks
+from jaxdistill.rl import grpo
+
+# reward_fn(rollout with host arrays, host prompt batch) -> {'reward': [R],
+# optionally 'format': [R]} (NumPy).
+RewardFn = Callable[[rollout_lib.Rollout, Mapping[str, np.ndarray]], dict]
+
+
+def task_reward_fn(tokenizer) -> RewardFn:
+  """Rewards from the task verifiers (tasks.score_batch) on decoded answers."""
+  def reward_fn(ro, host_batch):
+    texts = rollout_lib.decode_responses(ro, tokenizer)
+    return tasks.score_batch(texts, host_batch)
+  return reward_fn
+
+
+def to_host(x):
+  """NumPy copy of a (possibly multi-host sharded) array, on every host."""
+  if jax.process_count() == 1 or x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_response", "chunks"))
+def _reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
+                        num_response, chunks):
+  """[R, N] log-probs of the response tokens, `chunks` row blocks at a time."""
+  split = lambda x: x.reshape((chunks, -1) + x.shape[1:])
+
+  def one(xs):
+    return grpo.token_logprobs(cfg, params, xs[0], xs[1], num_response,
+                               temperature=temperature)[0]
+  out = jax.lax.map(one, (split(tokens), split(attention_mask)))
+  return out.reshape(tokens.shape[0], num_response)
+
+
+class Collector:
+  """Host prompt batch + current params -> GRPO batch on the mesh, metrics."""
+
+  def __init__(self, config, cfg, reward_fn: RewardFn, *, mesh=None,
+               rules=sharding.DEFAULT_RULES, reference=None, pad_id: int = 0,
+               eos_ids=None):
+    self.cfg, self.reward_fn = cfg, reward_fn
+    self.ro, self.grpo, self.kl = config.rollout, config.grpo, config.kl
+    self.g = int(config.rollout.group_size)
+    self.mesh, self.rules = mesh, rules
+    self.reference, self.pad = reference, int(pad_id)
+    self.eos = None if eos_ids is None else tuple(int(e) for e in eos_ids)
+    self.chunks = int(config.optim.grad_accum)
+
+  def _put(self, x):
+    x = np.asarray(x)
+    if self.mesh is None:
+      return jnp.asarray(x)
+    shard = sharding.batch_sharding(self.mesh, x.ndim, self.rules)
+    if jax.process_count() == 1:
+      return jax.device_put(x, shard)
+    n = x.shape[0] // jax.process_count()
+    local = x[jax.process_index() * n:(jax.process_index() + 1) * n]
+    return jax.make_array_from_process_local_data(shard, local, x.shape)
+
+  def __call__(self, host_batch, params, rng):
+    g, temp = self.g, float(self.ro.temperature)
+    prompts = np.repeat(np.asarray(host_batch["prompt"]), g, axis=0)  # [R, P]
+    pmask = np.repeat(np.asarray(host_batch["prompt_mask"]), g, axis=0)
+    rows = prompts.shape[0]
+    ro = rollout_lib.generate(
+        (self.cfg, params), None, self._put(prompts), self._put(pmask),
+        rng=rng, policy="student", max_new_tokens=int(self.ro.max_new_tokens),
+        temperature=temp, pad_token_id=self.pad, eos_token_ids=self.eos,
+        row_ids=self._put(np.arange(rows, dtype=np.int32)), mesh=self.mesh,
+        rules=self.rules, return_logprobs=True)
+    host_ro = jax.tree.map(to_host, ro)
+    scores = self.reward_fn(host_ro, host_batch)
+    reward = np.asarray(scores["reward"], np.float32)
+    if reward.shape != (rows,):
+      raise ValueError(f"reward_fn: expected {rows} rewards, got {reward.shape}")
+    adv, stats = grpo.group_advantages(
+        reward, g, scale_by_std=bool(self.grpo.scale_by_std),
+        eps=float(self.grpo.adv_eps))
+    batch = {"tokens": ro.tokens, "attention_mask": ro.attention_mask,
+             "loss_mask": ro.response_mask, "old_logp": ro.logprobs,
+             "advantages": self._put(np.asarray(adv))}
+    if self.reference is not None:
+      rcfg, rparams = self.reference
+      batch["ref_logp"] = _reference_logprobs(
+          rparams, ro.tokens, ro.attention_mask, jnp.float32(temp), cfg=rcfg,
+          num_response=ro.response_mask.shape[1], chunks=self.chunks)
+    metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
+    lengths = host_ro.lengths
+    metrics.update({
+        "rl/reward_mean": float(reward.mean()),
+        "rl/reward_std": float(reward.std()),
+        "rollout/len": float(lengths.mean()),
+        "rollout/len_max": float(lengths.max()),
+        "rollout/ended_frac": float(host_ro.ended.mean()),
+        "rollout/tokens": float(host_ro.prompt_mask.sum() + lengths.sum())})
+    if "format" in scores:
+      metrics["rl/format"] = float(np.mean(scores["format"]))
+    return batch, metrics
+
+
+def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
+               ppo_epochs: int, num_minibatches: int, grad_accum: int,
+               reduction: str, mesh=None, rules=sharding.DEFAULT_RULES):
+  """`ppo_epochs` x `num_minibatches` optimizer steps on one rollout batch.
+
+  Returns the new state and the metrics averaged over those steps (their
+  'train/*' and 'rl/*' entries; rl/clip_frac is 0 on the first step of a
+  fresh batch up to sampler/trainer numerics).
+  """
+  rows = batch["advantages"].shape[0]
+  size = rows // num_minibatches
+  perms = jax.vmap(lambda k: jax.random.permutation(k, rows))(
+      jax.random.split(rng, ppo_epochs))  # [E, R]
+  order = perms.reshape(ppo_epochs * num_minibatches, size)
+
+  def constrain(x):
+    if mesh is None:
+      return x
+    return jax.lax.with_sharding_constraint(
+        x, sharding.batch_sharding(mesh, x.ndim, rules))
+
+  def body(state, ids):
+    mb = jax.tree.map(lambda x: constrain(jnp.take(x, ids, axis=0)), batch)
+    mb["weights"] = step_lib.loss_weights(mb["loss_mask"], reduction)
+    return step_lib.train_step(state, None, mb, optimizer=optimizer,
+                               schedule=schedule, loss_fn=loss_fn,
+                               grad_accum=grad_accum)
+
+  state, metrics = jax.lax.scan(body, state, order)
+  return state, jax.tree.map(lambda m: m.mean(0), metrics)
+
+
+def make_loss_fn(config, cfg):
+  return functools.partial(
+      grpo.grpo_loss, cfg=cfg, grpo_cfg=config.grpo, kl_cfg=config.kl,
+      temperature=float(config.rollout.temperature))
+
+
+def make_update(config, cfg, optimizer, schedule, *, mesh=None,
+                rules=sharding.DEFAULT_RULES):
+  """The un-jitted ppo_update of a config (the loop jits it with shardings)."""
+  return functools.partial(
+      ppo_update, optimizer=optimizer, schedule=schedule,
+      loss_fn=make_loss_fn(config, cfg),
+      ppo_epochs=int(config.grpo.ppo_epochs),
+      num_minibatches=int(config.grpo.num_minibatches),
+      grad_accum=int(config.optim.grad_accum),
+      reduction=config.grpo.reduction, mesh=mesh, rules=rules)

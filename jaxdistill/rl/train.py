@@ -1,0 +1,276 @@
+r"""GRPO with verifiable rewards (RLVR), e.g. after distillation.
+
+  python -m jaxdistill.rl.train --config configs/grpo_countdown.py:runlocal \
+      --workdir /tmp/grpo
+  python -m jaxdistill.rl.train --config configs/grpo_countdown.py:n=3,g=8 \
+      --config.student.path=/runs/qwen_rkl_on --workdir /runs/qwen_rkl_on_grpo
+
+`config.student.path` is a Hugging Face directory or a distillation workdir
+(its `hf_student/` export is used). The flags are those of jaxdistill.train
+(--overwrite, --distributed, --config.x.y=...), and so are the parts: the
+model/params loading, workdir guard, checkpoints (state + iteration + RNG +
+data position), resume, progress bar, JSONL/TensorBoard log, NaN stop and the
+final `hf_student/` export. A loop step is one GRPO iteration: one rollout
+batch (data.batch_size prompts x G samples) and ppo_epochs x num_minibatches
+optimizer steps on it (state['step'] counts those).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jaxdistill import checkpoint as ckpt_lib
+from jaxdistill import config_lib
+from jaxdistill import models
+from jaxdistill import sharding
+from jaxdistill import step as step_lib
+from jaxdistill import train as train_lib
+from jaxdistill import train_data
+from jaxdistill import train_log
+from jaxdistill.rl import grpo
+from jaxdistill.rl import step as rl_step
+
+
+def resolve_init(path: str) -> str:
+  """A distillation workdir -> its hf_student/ export; else `path` itself."""
+  path = os.path.expanduser(path)
+  exported = os.path.join(path, "hf_student")
+  if os.path.isfile(os.path.join(exported, "config.json")):
+    return exported
+  return path
+
+
+def _err(field, msg):
+  raise ValueError(f"config.{field}: {msg}")
+
+
+def validate(config) -> None:
+  """Checks a GRPO config before any compute; raises naming the field."""
+  ro, g, opt = config.rollout, config.grpo, config.optim
+  if ro.get("policy", "student") != "student":
+    _err("rollout.policy", f"GRPO samples the policy itself: must be "
+         f"'student', got {ro.policy!r}")
+  if int(ro.group_size) < 2:
+    _err("rollout.group_size", f"must be >= 2 (advantages compare the samples "
+         f"of a prompt), got {ro.group_size}")
+  if not float(ro.temperature) > 0:
+    _err("rollout.temperature", f"must be > 0 (the importance ratio needs a "
+         f"sampling distribution), got {ro.temperature}")
+  for k in ("top_k", "top_p"):
+    if ro.get(k) is not None:
+      _err(f"rollout.{k}", "truncated sampling is not supported: the ratio "
+           "is taken against the full tempered distribution")
+  if int(ro.max_new_tokens) < 1:
+    _err("rollout.max_new_tokens", f"must be >= 1, got {ro.max_new_tokens}")
+  if config.data.task not in ("countdown", "mcq"):
+    _err("data.task", f"GRPO needs a verifiable task ('countdown' or 'mcq'), "
+         f"got {config.data.task!r}")
+  if not 0 <= float(g.clip_low) < 1 or not float(g.clip_high) >= 0:
+    _err("grpo.clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got "
+         f"{g.clip_low}, {g.clip_high}")
+  if g.reduction not in grpo.REDUCTIONS:
+    _err("grpo.reduction", f"unknown {g.reduction!r}; choose from "
+         f"{grpo.REDUCTIONS}")
+  if not float(g.adv_eps) > 0:
+    _err("grpo.adv_eps", f"must be > 0, got {g.adv_eps}")
+  rows = int(config.data.batch_size) * int(ro.group_size)
+  if int(g.ppo_epochs) < 1:
+    _err("grpo.ppo_epochs", f"must be >= 1, got {g.ppo_epochs}")
+  nmb = int(g.num_minibatches)
+  if nmb < 1 or rows % nmb:
+    _err("grpo.num_minibatches", f"must divide the {rows} rollout rows "
+         "(data.batch_size x rollout.group_size)")
+  if int(opt.grad_accum) < 1 or (rows // nmb) % int(opt.grad_accum):
+    _err("optim.grad_accum", f"must divide the mini-batch of {rows // nmb} rows")
+  grpo.check_kl(config.kl.estimator, config.kl.direction, float(config.kl.coef))
+  if not float(opt.lr) > 0:
+    _err("optim.lr", f"must be > 0, got {opt.lr}")
+  if opt.schedule not in config_lib.SCHEDULES:
+    _err("optim.schedule", f"unknown {opt.schedule!r}")
+  if opt.clip_norm is not None and not float(opt.clip_norm) > 0:
+    _err("optim.clip_norm", f"must be > 0 or None, got {opt.clip_norm}")
+  if int(config.total_steps) < 1:
+    _err("total_steps", f"must be >= 1, got {config.total_steps}")
+
+
+def _tiny_tokenizer(config, workdir):
+  """runlocal: a byte-level BPE trained on Countdown text, kept in the workdir."""
+  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
+  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
+  out = os.path.join(workdir, "tokenizer")
+  if not os.path.isfile(os.path.join(out, "tokenizer.json")):
+    recs = [p.to_record() for p in countdown.generate_problems(
+        int(config.data.n_numbers), 64, seed=0)]
+    texts = [tasks.prompt_text(r) + " " + tasks.reference_response(r)
+             for r in recs]
+    tok_lib.train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size),
+                                out)
+  return tok_lib.load_tokenizer(out)
+
+
+def resolve_paths(config):
+  """A copy of `config` whose model paths point at loadable HF directories."""
+  config = config.copy_and_resolve_references()
+  for name in ("student",):
+    if config[name].get("path"):
+      config[name].path = resolve_init(config[name].path)
+  if config.kl.get("reference"):
+    config.kl.reference = resolve_init(config.kl.reference)
+  return config
+
+
+def train(config, workdir: str, *, overwrite: bool = False, devices=None,
+          reward_fn: rl_step.RewardFn | None = None) -> dict:
+  """Runs (or resumes) one GRPO run; returns the last metrics.
+
+  `reward_fn` defaults to the task verifiers (rl.step.task_reward_fn).
+  """
+  config = resolve_paths(config)
+  validate(config)
+  try:
+    mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
+  rules = tuple((k, tuple(v) if isinstance(v, list) else v)
+                for k, v in config.get("rules", sharding.DEFAULT_RULES))
+  scfg = train_lib.model_config(config.student, "student")
+  # The frozen KL reference: the initial policy, unless kl.reference names one.
+  use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
+  rmcfg = rcfg = None
+  if use_ref and config.kl.get("reference"):
+    rmcfg = ml_collections.ConfigDict(dict(
+        path=config.kl.reference, dtype=scfg.dtype,
+        param_dtype=scfg.param_dtype))
+    rcfg = train_lib.model_config(rmcfg, "kl.reference")
+    if rcfg.vocab_size != scfg.vocab_size:
+      raise ValueError(f"config.kl.reference: vocabulary {rcfg.vocab_size} "
+                       f"!= the policy's {scfg.vocab_size}")
+  build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
+  tokenizer = None if build_tok else train_data.load_tokenizer(config)
+  if jax.process_index() == 0:
+    train_lib.prepare_workdir(config, workdir, overwrite)
+  if build_tok:
+    tokenizer = _tiny_tokenizer(config, workdir)
+  if len(tokenizer) > scfg.vocab_size:
+    raise ValueError(f"config.tokenizer: {len(tokenizer)} tokens do not fit "
+                     f"the model's vocabulary ({scfg.vocab_size})")
+  batches = train_data.make_batches(config, tokenizer, scfg.vocab_size)
+  eos = set(scfg.eos_token_id) | {int(tokenizer.eos_token_id)}
+  eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
+
+  seed_key = jax.random.key(config.seed)
+  params0 = train_lib.load_params(scfg, config.student, mesh, rules,
+                                  jax.random.fold_in(seed_key, 1 << 20))
+  per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
+  optimizer, schedule = step_lib.make_optimizer(
+      config.optim, config.total_steps * per_batch)
+  p_shard = sharding.tree_shardings(models.logical_axes(scfg), mesh, rules,
+                                    params0)
+  abstract_opt = jax.eval_shape(optimizer.init, params0)
+  state_shard = {"params": p_shard,
+                 "opt_state": train_lib._opt_shardings(  # pylint: disable=protected-access
+                     optimizer, abstract_opt, p_shard, mesh),
+                 "step": sharding.replicated(mesh)}
+  make_state = lambda p: {"params": p, "opt_state": optimizer.init(p),
+                          "step": jnp.zeros((), jnp.int32)}
+
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                               keep=config.keep_ckpts)
+  abstract = jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      jax.eval_shape(make_state, params0), state_shard)
+  restored = ckpt.restore_latest(abstract)
+  if restored is not None:
+    state, meta, start = restored
+    logging.warning("resuming %s from step %d", workdir, start)
+    if int(meta.get("step", start)) != start:
+      raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
+    seed_key = jax.random.wrap_key_data(
+        jnp.asarray(meta["rng"], jnp.uint32), impl=jax.random.key_impl(seed_key))
+  else:
+    state = jax.jit(make_state, out_shardings=state_shard)(params0)
+    start = 0
+
+  reference = None
+  if rmcfg is not None:
+    reference = (rcfg, train_lib.load_params(rcfg, rmcfg, mesh, rules, None))
+  elif use_ref:
+    reference = (scfg, params0)
+  if not config.get("track_sparsity", True):
+    params0 = None
+
+  update = jax.jit(
+      rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
+                          rules=rules),
+      in_shardings=(state_shard, None, None),
+      out_shardings=(state_shard, None), donate_argnums=0)
+  collect = rl_step.Collector(
+      config, scfg, reward_fn or rl_step.task_reward_fn(tokenizer), mesh=mesh,
+      rules=rules, reference=reference,
+      pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos)
+
+  log = train_log.Logger(workdir, total=config.total_steps, start=start,
+                         progress=config.get("progress", True),
+                         log_every=config.log_every, prefix="grpo")
+  last = {}
+  try:
+    for step in range(start, config.total_steps):
+      t0 = time.perf_counter()
+      r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
+      batch, metrics = collect(batches[step], state["params"], r_roll)
+      t1 = time.perf_counter()
+      state, upd = update(state, batch, r_upd)
+      metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})
+      if not math.isfinite(metrics["train/loss"]):
+        kept = ckpt.steps()[-1] if ckpt.steps() else "none"
+        raise FloatingPointError(
+            f"step {step + 1}: loss is {metrics['train/loss']}; stopping. The "
+            f"last good checkpoint (step {kept}) is kept in the workdir.")
+      dt = time.perf_counter() - t0
+      metrics.update({"perf/step_time_s": dt, "perf/rollout_time_s": t1 - t0,
+                      "perf/tokens_per_s": metrics["rollout/tokens"] / dt})
+      done = step + 1
+      if params0 is not None and (done % config.eval_every == 0 or
+                                  done == config.total_steps):
+        metrics.update(train_data.sparsity_metrics(params0, state["params"],
+                                                   scfg))
+      log.write(done, metrics)
+      last = metrics
+      if done % config.ckpt_every == 0 or done == config.total_steps:
+        ckpt.save(done, state, {
+            "step": done, "data_position": done, "seed": int(config.seed),
+            "rng": [int(x) for x in jax.random.key_data(seed_key).ravel()]})
+    ckpt.wait()
+  finally:
+    ckpt.close()
+    log.close()
+  if config.get("export_hf", True):
+    host_params = jax.tree.map(rl_step.to_host, state["params"])
+    if jax.process_index() == 0:
+      out = os.path.join(workdir, "hf_student")
+      models.save_pretrained(scfg, host_params, out)
+      train_data.save_tokenizer(tokenizer, out)
+  return last
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  if f.distributed:
+    jax.distributed.initialize()
+  train(f.config, f.workdir, overwrite=f.overwrite)
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  train_lib._define_flags()  # pylint: disable=protected-access
+  app.run(main)
