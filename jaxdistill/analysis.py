@@ -8,8 +8,12 @@ softmax(u / tau) (teacher) over the shared vocabulary (METHOD.md):
   g_R = dRKL/dz = q (log q - log p - RKL) / tau
 
 and per token: ||g_F||, ||g_R|| (L2), cos(g_F, g_R), and the share of each
-gradient's L1 mass on entries where the student under-estimates the teacher
+gradient's mass on entries where the student under-estimates the teacher
 (q < p) and over-estimates it (q > p); equal entries (q == p) are in neither.
+Mass is the squared norm, sum_v g_v^2: a gradient w.r.t. logits sums to zero
+(softmax ignores a constant shift), so its L1 mass always splits 1/2 : 1/2
+by sign, and for g_F the sign is exactly that of q - p: L1 shares would say
+nothing about forward KL.
 Summaries are means over response tokens. Along the rollout spectrum
 (lambda = share of student-sampled tokens) this gives one row per lambda:
 
@@ -77,7 +81,7 @@ def kl_gradients(student_logits, teacher_logits, *, temperature=1.0,
 
 
 def _shares(g, under, over):
-  mass = jnp.abs(g)
+  mass = jnp.square(g)
   tot = mass.sum(-1)
   safe = jnp.where(tot > 0, tot, 1.0)
   return (jnp.where(tot > 0, (mass * under).sum(-1) / safe, 0.0),
@@ -196,8 +200,8 @@ def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
   lines += ["| " + " | ".join(f"{r[c]:.4g}" for c in cols) + " |" for r in rows]
   lines += ["", "fkl/rkl: mean token KL; *_norm: mean L2 norm of the gradient "
             "w.r.t. the student logits; cos: mean cosine between the two; "
-            "*_under / *_over: mean share of the gradient's L1 mass where "
-            "q < p / q > p."]
+            "*_under / *_over: mean share of the gradient's squared norm on "
+            "entries where q < p / q > p."]
   with open(paths[1], "w") as f:
     f.write("\n".join(lines) + "\n")
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -216,7 +220,7 @@ def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
                    ("rkl_over", "reverse KL, q > p")):
     ax[2].plot(lam, [r[k] for r in rows], "o-" if "under" in k else "s--",
                label=label)
-  ax[2].set_ylabel("share of gradient L1 mass")
+  ax[2].set_ylabel("share of squared gradient norm")
   for a in ax:
     a.set_xlabel("lambda (share of student tokens)")
   ax[0].legend(fontsize=8)

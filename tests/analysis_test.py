@@ -46,8 +46,8 @@ def _numpy_stats(z, u, tau):
   out = {}
   for name, g in (("fkl", gf), ("rkl", gr)):
     out[f"{name}_norm"] = np.sqrt((g ** 2).sum(-1))
-    out[f"{name}_under"] = (np.abs(g) * (q < p)).sum(-1) / np.abs(g).sum(-1)
-    out[f"{name}_over"] = (np.abs(g) * (q > p)).sum(-1) / np.abs(g).sum(-1)
+    out[f"{name}_under"] = (g ** 2 * (q < p)).sum(-1) / (g ** 2).sum(-1)
+    out[f"{name}_over"] = (g ** 2 * (q > p)).sum(-1) / (g ** 2).sum(-1)
   out["cos"] = (gf * gr).sum(-1) / (out["fkl_norm"] * out["rkl_norm"])
   return out
 
@@ -64,6 +64,12 @@ def test_token_stats_and_shares_equal_numpy():
   np.testing.assert_allclose(s["fkl_under"], ref["fkl_under"][mask].mean(),
                              rtol=1e-5)
   assert int(s["tokens"]) == mask.sum()
+  # Why squared mass: the L1 mass of the forward-KL gradient always splits
+  # evenly (it sums to zero and has the sign of q - p).
+  gf = np.asarray(analysis.kl_gradients(z, u, temperature=0.8)["fkl_grad"], np.float64)
+  np.testing.assert_allclose(np.abs(gf * (gf < 0)).sum(-1),
+                             np.abs(gf * (gf > 0)).sum(-1), rtol=1e-4, atol=1e-7)
+  assert not np.allclose(ref["fkl_under"], 0.5, atol=1e-3)
 
 
 def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):

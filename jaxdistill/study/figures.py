@@ -72,6 +72,7 @@ def accuracy_vs_lambda(rows, out_dir) -> str | None:
                 yerr=[np.std(pts[x], ddof=1) if len(pts[x]) > 1 else 0 for x in xs],
                 marker="o", capsize=3, label=f"{kl} KL")
   ax.set_xlabel("lambda (share of student tokens in rollouts)")
+  ax.set_ylim(0, max(1.0, 1.15 * np.nanmax(np.asarray(ax.get_ylim()))))
   ax.set_ylabel("accuracy (%)")
   ax.set_title("Accuracy along the rollout spectrum")
   ax.legend()
@@ -142,6 +143,7 @@ def harder_countdown(rows, out_dir) -> str | None:
            capsize=3, label=f"{pol} rollouts")
   ax.set_xticks(np.arange(len(suites)) + width * (len(policies) - 1) / 2)
   ax.set_xticklabels([s.removeprefix("acc/") for s in suites])
+  ax.set_ylim(0, max(1.0, 1.15 * np.nanmax(np.asarray(ax.get_ylim()))))
   ax.set_ylabel("greedy accuracy (%)")
   ax.set_title("Harder Countdown variants by rollout policy")
   ax.legend()
