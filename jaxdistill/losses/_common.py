@@ -167,7 +167,7 @@ def safe_log_softmax(x):
   return s - jnp.log(jnp.where(se > 0, se, 1.0))
 
 
-def token_terms(z, u, kind: str, beta: float):
+def token_terms(z, u, kind: str, beta: float, with_grad: bool = False):
   """Per-position divergences from float32 logits already divided by tau.
 
   Args:
@@ -175,6 +175,9 @@ def token_terms(z, u, kind: str, beta: float):
     u: teacher logits / tau, [..., V]; treated as a constant.
     kind: which divergence `loss` holds ('forward', 'reverse' or 'jsd').
     beta: JSD mixing weight (used only for kind='jsd').
+    with_grad: also return 'grad', d loss / d z [..., V], from the closed
+      forms below (no autodiff; used by the fused path, whose per-chunk
+      gradient then needs no autodiff residuals).
 
   Returns:
     dict of [...] arrays: 'loss' (the chosen divergence), and 'fkl', 'rkl'
@@ -186,41 +189,49 @@ def token_terms(z, u, kind: str, beta: float):
   either pass. FKL is +inf only where the teacher has mass the student lacks
   (and RKL vice versa): that is the true value, not a numerical accident. JSD
   is always finite.
+
+  Closed-form gradients w.r.t. z (the 1/tau of z = logits / tau is the
+  caller's): forward q - p; reverse q (log q - log p - RKL); scaled JSD
+  q (h - sum_v q h) with h = -log(m / q) / beta, because
+  d [beta KL(p||m) + (1-beta) KL(q||m)] / d q_v = (1 - beta) log(q_v / m_v).
   """
+  if kind == "jsd" and beta in (0.0, 1.0):
+    kind = "forward" if beta == 0.0 else "reverse"
+    jsd_alias = True
+  else:
+    jsd_alias = False
   logq = safe_log_softmax(z)
   logp = lax.stop_gradient(safe_log_softmax(u))
   q, p = jnp.exp(logq), jnp.exp(logp)
   d = logp - logq  # NaN where both are -inf; never used there
-  on_p, on_q = p > 0, q > 0
-  d_p = jnp.where(on_p, d, 0.0)  # finite or +inf
-  d_q = jnp.where(on_q, d, 0.0)  # finite or -inf
+  d_p = jnp.where(p > 0, d, 0.0)  # finite or +inf
+  d_q = jnp.where(q > 0, d, 0.0)  # finite or -inf
   fkl = jnp.sum(p * d_p, axis=-1)
   rkl = -jnp.sum(q * d_q, axis=-1)
   out = {"fkl": lax.stop_gradient(fkl), "rkl": lax.stop_gradient(rkl)}
-  if kind == "forward" or (kind == "jsd" and beta == 0.0):
+  if kind == "forward":
     out["loss"] = fkl
-  elif kind == "reverse" or (kind == "jsd" and beta == 1.0):
+    if with_grad:
+      out["grad"] = lax.stop_gradient(q - p)
+  elif kind == "reverse":
     out["loss"] = rkl
+    if with_grad:
+      out["grad"] = lax.stop_gradient(q * (-d_q - rkl[..., None]))
   else:
-    out["loss"] = _scaled_jsd(p, q, d_p, d_q, beta)
-  if kind == "jsd":
+    log_b, log_1mb = math.log(beta), math.log1p(-beta)
+    # log(m/q) = log((1-beta) + beta e^d), log(m/p) = log(beta + (1-beta) e^-d):
+    # through d, each KL / beta keeps full relative precision near the ends.
+    log_m_over_q = jnp.logaddexp(log_1mb, log_b + d_q)
+    log_m_over_p = jnp.logaddexp(log_b, log_1mb - d_p)
+    kl_p_m = -jnp.sum(p * log_m_over_p, axis=-1)
+    kl_q_m = -jnp.sum(q * log_m_over_q, axis=-1)
+    # [beta KL(p||m) + (1-beta) KL(q||m)] / (beta (1-beta)): GKD's JSD over
+    # beta (1 - beta), whose ends are FKL (beta -> 0) and RKL (beta -> 1).
+    out["loss"] = kl_p_m / (1.0 - beta) + kl_q_m / beta
+    if with_grad:
+      h = -log_m_over_q / beta
+      out["grad"] = lax.stop_gradient(
+          q * (h - jnp.sum(q * h, axis=-1, keepdims=True)))
+  if kind == "jsd" or jsd_alias:
     out["jsd"] = lax.stop_gradient(out["loss"])
   return out
-
-
-def _scaled_jsd(p, q, d_p, d_q, beta: float):
-  """[beta KL(p||m) + (1-beta) KL(q||m)] / (beta (1-beta)), m = beta p + (1-beta) q.
-
-  The GKD generalised JSD divided by beta (1 - beta): that division turns its
-  two vanishing ends into FKL (beta -> 0) and RKL (beta -> 1), so the family
-  is continuous on [0, 1] with the end points computed exactly elsewhere.
-  Written through d = log p - log q so each KL/beta keeps full relative
-  precision near the ends:
-    log(m / q) = log((1 - beta) + beta e^d),  log(m / p) = log(beta + (1 - beta) e^-d).
-  """
-  log_b, log_1mb = math.log(beta), math.log1p(-beta)
-  log_m_over_q = jnp.logaddexp(log_1mb, log_b + d_q)
-  log_m_over_p = jnp.logaddexp(log_b, log_1mb - d_p)
-  kl_p_m = -jnp.sum(p * log_m_over_p, axis=-1)
-  kl_q_m = -jnp.sum(q * log_m_over_q, axis=-1)
-  return kl_p_m / (1.0 - beta) + kl_q_m / beta

@@ -29,7 +29,7 @@ from jax import lax
 
 from jaxdistill.losses import _common as c
 
-DEFAULT_CHUNK_SIZE = 256
+DEFAULT_CHUNK_SIZE = 128
 
 
 class _Static(NamedTuple):
@@ -39,10 +39,16 @@ class _Static(NamedTuple):
   vocab_size: int
 
 
-def _chunk_logits(cfg: _Static, hs, ws, ht, wt):
+def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
   """Both models' logits of one chunk over the shared vocab, float32 / tau."""
   f32 = jnp.float32
   v = cfg.vocab_size
+  # Padded positions may hold garbage (inf/NaN) whose NaNs a 0 * would carry
+  # into the gradient: zero them with a where on the [B, C, D] inputs, which
+  # is cheaper than on the [B, C, V] logits.
+  active = (m != 0)[..., None]
+  hs = jnp.where(active, hs, jnp.zeros((), hs.dtype))
+  ht = jnp.where(active, ht, jnp.zeros((), ht.dtype))
   # Full-width matmuls, then a chunk-sized slice: slicing the head instead
   # would copy a whole [D, V] head (XLA hoists it out of the loop).
   z = jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32)  # [B, C, Vs]
@@ -52,16 +58,18 @@ def _chunk_logits(cfg: _Static, hs, ws, ht, wt):
   return z, u
 
 
-def _chunk_loss(cfg: _Static, z, u, w, m):
-  """Weighted divergence of one chunk and its mask-weighted monitoring sums."""
-  active = m != 0  # as in divergence.py: where on inputs and outputs
-  z = jnp.where(active[..., None], z, 0.0)
-  u = jnp.where(active[..., None], u, 0.0)
-  terms = c.token_terms(z, u, cfg.kind, cfg.beta)
+def _chunk_loss(cfg: _Static, z, u, w, m, with_grad=False):
+  """Weighted divergence of one chunk, mask-weighted monitoring sums and,
+  with_grad, d loss / d z [B, C, V] (closed form)."""
+  terms = c.token_terms(z, u, cfg.kind, cfg.beta, with_grad=with_grad)
+  grad = terms.pop("grad", None)
+  active = m != 0
   terms = {k: jnp.where(active, x, 0.0) for k, x in terms.items()}  # [B, C]
   loss = jnp.sum(w * terms["loss"])
   sums = {k: jnp.sum(m * x) for k, x in terms.items() if k != "loss"}
-  return loss, sums
+  if grad is not None:
+    grad = jnp.where(active[..., None], w[..., None] * grad, 0.0)
+  return loss, sums, grad
 
 
 def _zero_sums(kind):
@@ -78,8 +86,8 @@ def _fused(cfg, hs, ws, ht, wt, w, m):
   """Value only (no gradient requested). Chunked inputs: [N, B, C, ...]."""
 
   def step(carry, xs):
-    z, u = _chunk_logits(cfg, xs[0], ws, xs[1], wt)
-    loss, sums = _chunk_loss(cfg, z, u, xs[2], xs[3])
+    z, u = _chunk_logits(cfg, xs[0], ws, xs[1], wt, xs[3])
+    loss, sums, _ = _chunk_loss(cfg, z, u, xs[2], xs[3])
     return (carry[0] + loss, _add(carry[1], sums)), None
 
   init = (jnp.zeros((), jnp.float32), _zero_sums(cfg.kind))
@@ -98,11 +106,18 @@ _GROUPS = 16
 
 
 def _head_slabs(d_model, width, tokens):
-  """Number of vocab slabs S: temporary [D, V/S] about one chunk's logits."""
+  """Number of vocab slabs S: temporary [D, V/S] about one chunk's logits.
+
+  S must divide V / G: the smallest such S >= D / tokens, unless that is over
+  twice the target (many tiny matmuls), then the largest S below it.
+  """
   if width % _GROUPS:
     return 1
   target = max(1, -(-d_model // max(tokens, 1)))
   per_group = width // _GROUPS
+  above = [s for s in range(target, 2 * target + 1) if per_group % s == 0]
+  if above:
+    return above[0]
   return max(s for s in range(1, target + 1) if per_group % s == 0)
 
 
@@ -112,17 +127,16 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
   width = ws.shape[1]
   n_slabs = _head_slabs(d_model, width, b * size)
   slab_shape = (_GROUPS, n_slabs, width // (_GROUPS * n_slabs))
-  # The gradient is taken per chunk w.r.t. the chunk's logits; the two
-  # matmuls back to hs and ws are written out for the slab-wise ws update.
-  loss_and_dz = jax.value_and_grad(
-      lambda z, u, w, m: _chunk_loss(cfg, z, u, w, m), has_aux=True)
+  # The gradient w.r.t. the chunk's logits is the closed form (autodiff would
+  # keep more [B, C, V] residuals alive); the two matmuls back to hs and ws
+  # are written out for the slab-wise ws update.
 
   def step(carry, xs):
     loss, sums, dws = carry  # dws: [D, G, S, W] (or [D, V] when S == 1)
     hs_c, ht_c, w_c, m_c = xs
-    z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt)
-    (l, s), dz = loss_and_dz(z, u, w_c, m_c)  # [B, C, V]: d loss / d (z / tau)
-    dz = dz / cfg.temperature
+    z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, m_c)
+    l, s, dz = _chunk_loss(cfg, z, u, w_c, m_c, with_grad=True)
+    dz = dz / cfg.temperature  # [B, C, V]: z above is logits / tau
     dz = jnp.pad(dz, [(0, 0), (0, 0), (0, width - cfg.vocab_size)])  # [B, C, Vs]
     dz = dz.astype(ws.dtype)
     dhs = jnp.einsum("bcv,sv->bcs", dz, ws,
