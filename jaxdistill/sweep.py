@@ -17,6 +17,10 @@ hf_student/, eval.json, results.json); finished runs (results.json present)
 are skipped and interrupted ones resume from their checkpoints. The summary
 (results.csv, results.md, figures) goes to <workdir>/summary/.
 
+After cluster runs of the printed commands have finished, the same command
+without --print_commands (same --workdir) evaluates and tabulates them:
+train.train finds each run at its final step and trains nothing.
+
 Functions for other code (the demo uses them):
   expand(grid, only=None) -> [Run]          the runs of a grid config
   command(grid, run, workdir) -> str        its `python -m jaxdistill.train` line

@@ -101,17 +101,19 @@ def set_field(config, dotted: str, value, what: str):
 
 def merge(config, updates: Mapping, what: str, prefix: str = "") -> list[str]:
   """Merges a nested dict of updates into config; returns the dotted leaves."""
-  leaves = []
+  out = []
   for k, v in dict(_to_plain(updates)).items():
     dotted = f"{prefix}{k}"
-    cur = config[k] if k in config else None
+    if k not in config:
+      raise ValueError(f"{what}: config has no field {dotted!r}")
+    cur = config[k]
     if isinstance(v, Mapping) and isinstance(
         cur, (Mapping, ml_collections.ConfigDict)):
-      leaves += merge(cur, v, what, dotted + ".")
+      out += merge(cur, v, what, dotted + ".")
     else:
-      set_field(config, k, v, what)
-      leaves.append(dotted)
-  return leaves
+      config[k] = _to_plain(v)
+      out.append(dotted)
+  return out
 
 
 def leaves(tree: Mapping, prefix: str = "") -> list[str]:
