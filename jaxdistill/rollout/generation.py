@@ -30,6 +30,7 @@ lam = 0 reproduce the pure policies exactly.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -128,9 +129,33 @@ def _logits(hidden, head):
                     preferred_element_type=jnp.float32)
 
 
+def _hoisted_layers(cfg, params):
+  """(config, params builder) for decode steps, with per-layer weights
+  sliced once per rollout instead of once per token on CPU.
+
+  The models scan over stacked [L, ...] layer weights, and XLA:CPU copies
+  each layer's slice out of the stack on every decode step (all layer
+  weights written and read again per token). With the layer scan unrolled
+  (scan_unroll = L) and the stack rebuilt inside the loop from slices taken
+  before it, XLA folds slice(stack(...)) back to those loop-invariant slices:
+  ~20% less time per decode step on the benchmark model. Accelerators fuse
+  the slice into the matmul, so there the params are used as they are.
+  """
+  layers = params.get("layers") if isinstance(params, dict) else None
+  n = cfg.num_hidden_layers
+  if (jax.default_backend() != "cpu" or not isinstance(layers, dict)
+      or any(jnp.shape(x)[:1] != (n,) for x in jax.tree.leaves(layers))):
+    return cfg, lambda: params
+  per_layer = [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n)]
+  return dataclasses.replace(cfg, scan_unroll=n), lambda: {
+      **params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)}
+
+
 def _step_fn(cfg, params, head):
+  cfg, build = _hoisted_layers(cfg, params)
+
   def step(cache, tok):
-    hidden, cache = models.apply(cfg, params, tok[:, None], cache=cache,
+    hidden, cache = models.apply(cfg, build(), tok[:, None], cache=cache,
                                  return_hidden=True)  # [B, 1, D]
     return _logits(hidden[:, 0], head), cache
   return step
