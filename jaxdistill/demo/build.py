@@ -1,0 +1,189 @@
+"""The demo's assets: a tokenizer, a teacher and a student, built once.
+
+Each asset lives in a directory named by a hash of the settings that made it
+(`cache_key`), so a second run with the same settings reuses it and a change
+of any setting builds a new one. The teacher and student are trained from
+scratch by the real training loop (jaxdistill.train, loss.kind='ce' on fixed
+reference responses) and exported as Hugging Face directories.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+from jaxdistill import tasks as tasks_lib
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.demo import tasks as demo_tasks
+
+# Record sets the demo's training configs name in data.demo_records.
+_RECORDS: dict[str, list[dict]] = {}
+
+
+def log(msg: str):
+  print(f"[demo] {msg}", file=sys.stderr, flush=True)
+
+
+def cache_key(*parts) -> str:
+  text = json.dumps(parts, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _done(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, "DONE"))
+
+
+def _mark_done(path: str, info: dict):
+  with open(os.path.join(path, "DONE"), "w") as f:
+    json.dump(info, f, indent=2, sort_keys=True, default=str)
+
+
+@contextlib.contextmanager
+def demo_records(**named):
+  """Lets training configs read in-memory records: data.demo_records=NAME.
+
+  The data pipeline generates Countdown with its default number ranges only;
+  the demo's Countdown uses small numbers and mixes in a second task, so
+  records_from_config is routed to these sets while the context is open.
+  """
+  from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
+  original = pipeline.records_from_config
+
+  def records_from_config(data):
+    name = data.get("demo_records")
+    if not name:
+      return original(data)
+    if name not in _RECORDS:
+      raise ValueError(f"data.demo_records: unknown record set {name!r}; "
+                       f"known: {sorted(_RECORDS)}")
+    return _RECORDS[name]
+
+  _RECORDS.update(named)
+  pipeline.records_from_config = records_from_config
+  try:
+    yield
+  finally:
+    pipeline.records_from_config = original
+    for k in named:
+      _RECORDS.pop(k, None)
+
+
+# --------------------------------------------------------------- tokenizer
+
+def build_tokenizer(out_dir: str, texts, vocab_size: int):
+  """A byte-level BPE whose merges may cross word boundaries (but not digits).
+
+  jaxdistill.data.tokenizer.train_bpe_tokenizer splits at spaces first, so the
+  fixed Countdown instruction costs ~70 tokens; letting merges span words
+  turns it into ~15 while every digit stays its own token (which keeps
+  arithmetic learnable). Special tokens and chat template are the shared
+  ones, so loading and prompting follow the real-checkpoint path.
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  if _done(out_dir):
+    return tok_lib.load_tokenizer(out_dir)
+  floor = 256 + len(tok_lib.SPECIAL_TOKENS)
+  if vocab_size <= floor:
+    raise ValueError(f"vocab_size: must be > {floor}, got {vocab_size}")
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Digits(individual_digits=True),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(tok_lib.SPECIAL_TOKENS),
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False, max_token_length=48)
+  tok.train_from_iterator(list(texts), trainer)
+  fast = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token=tok_lib.BOS, eos_token=tok_lib.EOS,
+      pad_token=tok_lib.PAD,
+      additional_special_tokens=list(tok_lib.ROLE_TOKENS),
+      model_max_length=512, padding_side="left")
+  fast.chat_template = tok_lib.DEFAULT_CHAT_TEMPLATE
+  tmp = out_dir + ".tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  fast.save_pretrained(tmp)
+  _mark_done(tmp, {"vocab_size": vocab_size})
+  shutil.rmtree(out_dir, ignore_errors=True)
+  os.replace(tmp, out_dir)
+  return tok_lib.load_tokenizer(out_dir)
+
+
+# ------------------------------------------------------------------ models
+
+def model_init(arch: dict, tokenizer) -> dict:
+  """ModelConfig fields of a Llama 3 model sized `arch` for `tokenizer`."""
+  return dict(arch, family="llama", vocab_size=len(tokenizer),
+              bos_token_id=int(tokenizer.bos_token_id),
+              eos_token_id=(int(tokenizer.eos_token_id),),
+              max_position_embeddings=256, tie_word_embeddings=True)
+
+
+def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
+  """configs/distill.py shrunk to the demo: one CPU device, float32, quiet."""
+  from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
+  c = grid_lib.load_config("configs/distill.py")
+  c.seed = int(seed)
+  c.tokenizer = tok_dir
+  c.progress = False
+  c.log_every = 10
+  c.eval_every = c.ckpt_every = 1 << 20
+  c.keep_ckpts = 1
+  c.student.update(dtype="float32", param_dtype="float32")
+  c.teacher.update(dtype="float32", param_dtype="float32")
+  c.data.update(task="countdown", n_numbers=3, batch_size=int(cfg.batch_size),
+                max_prompt_len=int(cfg.max_prompt_len))
+  c.data.demo_records = records
+  c.rollout.update(max_new_tokens=int(cfg.max_new_tokens))
+  c.loss.update(chunk_size=256, fused=False)
+  c.mesh = dict(data=1, fsdp=1, tensor=1)
+  return c
+
+
+def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
+               lr: float, seed: int):
+  """A configs/distill.py training config for supervised fine-tuning."""
+  c = base_train_config(cfg, tok_dir=tok_dir, records=records, seed=seed)
+  c.student.update(path=None, init=init)
+  c.teacher.update(path=None)
+  c.loss.kind = "ce"
+  c.rollout.policy = "dataset"
+  c.total_steps = int(steps)
+  c.ckpt_every = int(steps)
+  c.track_sparsity = False
+  c.optim.update(lr=float(lr), schedule="cosine", warmup_steps=max(1, steps // 20),
+                 final_lr_frac=0.1, weight_decay=0.01)
+  return c
+
+
+def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
+                tok_dir: str, records: list[dict], steps: int, lr: float,
+                seed: int, devices) -> str:
+  """Trains (or finds in the cache) one model; returns its HF directory."""
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  init = model_init(arch, tokenizer)
+  key = cache_key(name, init, steps, lr, seed, cfg.batch_size,
+                  cfg.max_prompt_len, cfg.max_new_tokens,
+                  [r.get("response") or tasks_lib.reference_response(r)
+                   for r in records[:50]], len(records),
+                  open(os.path.join(tok_dir, "tokenizer.json")).read())
+  out = os.path.join(root, f"{name}-{key}")
+  hf = os.path.join(out, "hf_student")
+  if _done(out):
+    log(f"{name}: cached at {hf}")
+    return hf
+  shutil.rmtree(out, ignore_errors=True)
+  log(f"{name}: training from scratch ({steps} steps) in {out}")
+  config = sft_config(cfg, init=init, tok_dir=tok_dir, records=name,
+                      steps=steps, lr=lr, seed=seed)
+  with demo_records(**{name: records}):
+    last = train.train(config, out, devices=devices)
+  _mark_done(out, {"final_loss": last.get("train/loss"), "steps": steps})
+  # Checkpoints are only needed to resume; the HF export is what is reused.
+  shutil.rmtree(os.path.join(out, "checkpoints"), ignore_errors=True)
+  return hf
