@@ -27,6 +27,12 @@ and a teacher are passed, sampling is restricted to their common vocabulary
 (Qwen2.5 sizes pad their embeddings differently) and the default EOS set is the
 union of both configs' eos_token_id, whatever the policy, so that lam = 1 and
 lam = 0 reproduce the pure policies exactly.
+
+Compilation: one program per (policy, model configs, B, P, N, greedy or not,
+top_k, top-p on or off, EOS ids, pad id, cache length, mesh). The rng, row
+ids, lam, temperature and the top_p value are traced, so sweeping them does
+not recompile; pad prompts to a width bucket (`pad_prompts`, or `bucket=`) so
+that nearby prompt widths share a program. RNG guarantees: see loop.py.
 """
 from __future__ import annotations
 
@@ -56,6 +62,7 @@ _TRACE_COUNT = 0
 
 @flax.struct.dataclass
 class Rollout:
+  """A batch of rollouts (a pytree); field layout in the module docstring."""
   tokens: jax.Array
   prompt_mask: jax.Array
   response_mask: jax.Array

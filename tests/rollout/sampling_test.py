@@ -96,3 +96,18 @@ def test_greedy_is_argmax_with_raw_logprob():
   ref = x - x.max(-1, keepdims=True)
   ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
   np.testing.assert_allclose(lp, ref[np.arange(16), logits.argmax(-1)], atol=1e-5)
+
+
+def test_draw_inverse_cdf_edges_and_blocks():
+  # 600 weights span 3 blocks of 256; zeros at both ends and in the middle.
+  w = np.zeros(600, np.float32)
+  w[5], w[300], w[520] = 1.0, 2.0, 1.0
+  u = np.asarray([0.0, 0.2499, 0.25, 0.7499, 0.75, np.nextafter(np.float32(1), np.float32(0))],
+                 np.float32)
+  idx, total = sampling.draw(jnp.tile(jnp.asarray(w), (len(u), 1)),
+                             jnp.asarray(u))
+  # Brute-force inverse CDF: first index whose cumulative mass exceeds u*sum.
+  ref = [int(np.argmax(np.cumsum(w) > x * w.sum())) for x in u]
+  assert ref == [5, 5, 300, 300, 520, 520]
+  np.testing.assert_array_equal(idx, ref)
+  np.testing.assert_allclose(total, 4.0)
