@@ -72,6 +72,7 @@ def test_token_stats_and_shares_equal_numpy():
   assert not np.allclose(ref["fkl_under"], 0.5, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
   from jaxdistill import models  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
