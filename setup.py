@@ -30,6 +30,8 @@ setuptools.setup(
         # torch is only a reference for parity tests and benchmarks. The pinned
         # version is a CPU build on our CI machines; an unpinned `torch` pulls a
         # multi-GB CUDA build.
-        "test": ["pytest>=8", "torch==2.13.0"],
+        "test": ["pytest>=8", "torch==2.13.0",
+                 # the notebooks under colab/ are executed by the tests
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
     },
 )
