@@ -305,6 +305,16 @@ def _piece(w, kind, pshape, rows):
   return w if kind == "same" else w.T  # a block of rows of a 2-D matrix
 
 
+def _dtype_name(x, arg):
+  try:
+    name = _DTYPE_NAMES.get(jnp.dtype(x).name)
+  except TypeError:
+    name = None
+  if name is None:
+    raise ValueError(f"{arg} must be float32, bfloat16 or float16, got {x!r}")
+  return name
+
+
 def _release_free_memory():
   """Returns freed heap pages to the OS (glibc keeps them by default).
 
@@ -353,9 +363,8 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
   emb = infos.get("model.embed_tokens.weight")
   if emb is not None and emb.dtype.name in _DTYPE_NAMES:
     ckpt_dtype = emb.dtype.name
-  dtype = _DTYPE_NAMES.get(str(jnp.dtype(dtype).name)) if dtype else ckpt_dtype
-  param_dtype = (_DTYPE_NAMES.get(str(jnp.dtype(param_dtype).name))
-                 if param_dtype else dtype)
+  dtype = _dtype_name(dtype, "dtype") if dtype else ckpt_dtype
+  param_dtype = _dtype_name(param_dtype, "param_dtype") if param_dtype else dtype
   cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=param_dtype)
   row_bytes = cfg.hidden_size * 4
   plan = _plan(cfg, infos, max(1, chunk_bytes // row_bytes))
@@ -368,8 +377,9 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
 
   def read(name, kind, pshape, rows):
     info = infos[name]
-    f = files.setdefault(info.file, open(info.file, "rb"))
-    w = st.read_rows(info, *(rows or (0, None)), f=f)
+    if info.file not in files:
+      files[info.file] = open(info.file, "rb")  # pylint: disable=consider-using-with
+    w = st.read_rows(info, *(rows or (0, None)), f=files[info.file])
     return _piece(w.astype(np_dtype, copy=False), kind, pshape, rows)
 
   try:

@@ -198,6 +198,7 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
     out = hidden
   else:
     head = output_head(cfg, params).astype(cfg.dtype)
-    out = jnp.einsum("BTD,DV->BTV", hidden, head,
-                     preferred_element_type=jnp.float32)
+    # A 2-D matmul (see transformer.Linear); float32 logits for the losses.
+    out = jnp.dot(hidden.reshape(b * t, -1), head,
+                  preferred_element_type=jnp.float32).reshape(b, t, -1)
   return out if new_cache is None else (out, new_cache)

@@ -209,3 +209,30 @@ def test_error_bad_apply_inputs(tiny_ckpt):
   with pytest.raises(ValueError, match="exceeds the cache length"):
     models.apply(cfg, params, jnp.zeros((2, 9), jnp.int32),
                  cache=models.init_cache(cfg, 2, 8))
+
+
+def test_error_bad_dtype_argument(tiny_ckpt):
+  with pytest.raises(ValueError, match="param_dtype must be float32"):
+    models.load_pretrained(tiny_ckpt("llama3"), param_dtype="int8")
+
+
+def test_bfloat16_checkpoint_written_by_transformers(tmp_path):
+  from tests import tiny_hf
+  model = tiny_hf.make_tiny_model("qwen2", tie_word_embeddings=False)
+  model.to(torch.bfloat16).save_pretrained(tmp_path)
+  cfg, params = models.load_pretrained(tmp_path)  # keeps the stored dtype
+  assert cfg.dtype == cfg.param_dtype == "bfloat16"
+  sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+  emb = params["embed_tokens"]["embedding"]
+  assert emb.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(emb, np.float32),
+                                sd["model.embed_tokens.weight"])
+  q = np.asarray(params["layers"]["self_attn"]["q_proj"]["kernel"][1], np.float32)
+  np.testing.assert_array_equal(  # [D, N, H] vs HF [N * H, D]
+      q.reshape(cfg.hidden_size, -1).T, sd["model.layers.1.self_attn.q_proj.weight"])
+  np.testing.assert_array_equal(
+      np.asarray(params["lm_head"]["kernel"], np.float32).T, sd["lm_head.weight"])
+  _, p32 = models.load_pretrained(tmp_path, dtype="float32")
+  assert p32["norm"]["scale"].dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(p32["norm"]["scale"]),
+                                sd["model.norm.weight"])
