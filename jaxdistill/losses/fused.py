@@ -5,10 +5,12 @@ each in float32 at T=4096, V=151,936), plus as many again for their
 log-softmaxes and the gradient. Here the tokens are cut into chunks of
 `chunk_size` positions and a lax.scan computes, per chunk, both models'
 logits [B, C, V], the per-token divergence (the same code as the plain path)
-and, in the same pass, its gradient w.r.t. the chunk's student hidden states
-and the student head. A custom VJP hands these back scaled by the incoming
-cotangent, so nothing is recomputed in the backward pass (a jax.checkpoint
-scan would redo both head matmuls: 6 instead of 4 matmuls of [T, D] x [D, V]).
+and, in the same pass, its gradient: w.r.t. the logits in closed form, then
+by two matmuls w.r.t. the chunk's student hidden states and the student head.
+A custom VJP hands these back scaled by the incoming cotangent, so nothing is
+recomputed in the backward pass (a jax.checkpoint scan would redo both head
+matmuls: 6 instead of 4 matmuls of [T, D] x [D, V]). Without a gradient
+request only the value scan runs.
 
 Einsum legend: B batch, C chunk positions, D hidden (S student / E teacher),
 V vocabulary.
