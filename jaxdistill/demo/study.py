@@ -112,9 +112,9 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir):
   grid = ml_collections.ConfigDict()
   grid.base = base
   grid.base_spec = "configs/distill.py"
+  # Preset names are the rollout policy; 'mixture' carries its lambda.
   grid.presets = {"policy": {
-      name if name != "mixture" else f"lam={lam}":
-      {"rollout": {"policy": name, "lam": float(lam)}}
+      name: {"rollout": {"policy": name, "lam": float(lam)}}
       for name, lam in g.policy}}
   grid.axes = (("kl", "loss.kind", tuple(g.kl)),
                ("policy", None, tuple(grid.presets.policy.keys())),
