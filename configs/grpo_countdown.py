@@ -46,13 +46,14 @@ def get_config(arg=None):
   c.export_hf = True
   c.track_sparsity = True
 
-  # A Hugging Face directory or a distillation workdir (set on the command line).
+  # A Hugging Face directory or a distillation workdir (command line).
   c.student = dict(path=config_dict.placeholder(str), preset=None, init=None,
                    dtype="bfloat16", param_dtype="float32", overrides={})
   c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
 
   c.data = dict(task="countdown", n_numbers=arg.n, num_problems=50_000,
-                data_seed=0, split="train", data_dir=config_dict.placeholder(str),
+                data_seed=0, split="train",
+                data_dir=config_dict.placeholder(str),
                 system=config_dict.placeholder(str), batch_size=32,
                 max_prompt_len=256)
   # group_size G: rows per iteration = data.batch_size * G.

@@ -1,7 +1,7 @@
 """One GRPO iteration: sample G answers per prompt, score them, update.
 
   collect = Collector(config, cfg, reward_fn, mesh=mesh, reference=(rcfg, rp))
-  batch, metrics = collect(host_batch, state["params"], rng)      # host + device
+  batch, metrics = collect(host_batch, state["params"], rng)
   state, metrics = update(state, batch, rng)                         # jitted
 
 `Collector` repeats each prompt G times (prompt-major: row i answers prompt
@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
@@ -69,6 +70,12 @@ def _reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
   return out.reshape(tokens.shape[0], num_response)
 
 
+def _rows(mesh, rules, shape):
+  """Rows over the data axes (replicated if they do not divide the rows)."""
+  return NamedSharding(mesh, sharding.logical_to_spec(
+      ("batch",) + (None,) * (len(shape) - 1), shape, mesh, rules))
+
+
 class Collector:
   """Host prompt batch + current params -> GRPO batch on the mesh, metrics."""
 
@@ -87,7 +94,7 @@ class Collector:
     x = np.asarray(x)
     if self.mesh is None:
       return jnp.asarray(x)
-    shard = sharding.batch_sharding(self.mesh, x.ndim, self.rules)
+    shard = _rows(self.mesh, self.rules, x.shape)
     if jax.process_count() == 1:
       return jax.device_put(x, shard)
     n = x.shape[0] // jax.process_count()
@@ -109,7 +116,8 @@ class Collector:
     scores = self.reward_fn(host_ro, host_batch)
     reward = np.asarray(scores["reward"], np.float32)
     if reward.shape != (rows,):
-      raise ValueError(f"reward_fn: expected {rows} rewards, got {reward.shape}")
+      raise ValueError(
+          f"reward_fn: expected {rows} rewards, got shape {reward.shape}")
     adv, stats = grpo.group_advantages(
         reward, g, scale_by_std=bool(self.grpo.scale_by_std),
         eps=float(self.grpo.adv_eps))
@@ -153,8 +161,7 @@ def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
   def constrain(x):
     if mesh is None:
       return x
-    return jax.lax.with_sharding_constraint(
-        x, sharding.batch_sharding(mesh, x.ndim, rules))
+    return jax.lax.with_sharding_constraint(x, _rows(mesh, rules, x.shape))
 
   def body(state, ids):
     mb = jax.tree.map(lambda x: constrain(jnp.take(x, ids, axis=0)), batch)

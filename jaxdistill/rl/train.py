@@ -72,9 +72,10 @@ def validate(config) -> None:
   if config.data.task not in ("countdown", "mcq"):
     _err("data.task", f"GRPO needs a verifiable task ('countdown' or 'mcq'), "
          f"got {config.data.task!r}")
-  if not 0 <= float(g.clip_low) < 1 or not float(g.clip_high) >= 0:
-    _err("grpo.clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got "
-         f"{g.clip_low}, {g.clip_high}")
+  if not 0 <= float(g.clip_low) < 1:
+    _err("grpo.clip_low", f"must be in [0, 1), got {g.clip_low}")
+  if not float(g.clip_high) >= 0:
+    _err("grpo.clip_high", f"must be >= 0, got {g.clip_high}")
   if g.reduction not in grpo.REDUCTIONS:
     _err("grpo.reduction", f"unknown {g.reduction!r}; choose from "
          f"{grpo.REDUCTIONS}")
@@ -88,7 +89,8 @@ def validate(config) -> None:
     _err("grpo.num_minibatches", f"must divide the {rows} rollout rows "
          "(data.batch_size x rollout.group_size)")
   if int(opt.grad_accum) < 1 or (rows // nmb) % int(opt.grad_accum):
-    _err("optim.grad_accum", f"must divide the mini-batch of {rows // nmb} rows")
+    _err("optim.grad_accum",
+         f"must divide the mini-batch of {rows // nmb} rows")
   grpo.check_kl(config.kl.estimator, config.kl.direction, float(config.kl.coef))
   if not float(opt.lr) > 0:
     _err("optim.lr", f"must be > 0, got {opt.lr}")
@@ -101,7 +103,7 @@ def validate(config) -> None:
 
 
 def _tiny_tokenizer(config, workdir):
-  """runlocal: a byte-level BPE trained on Countdown text, kept in the workdir."""
+  """runlocal: a byte-level BPE trained on Countdown text, in the workdir."""
   from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
   from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
@@ -194,7 +196,8 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
     if int(meta.get("step", start)) != start:
       raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
     seed_key = jax.random.wrap_key_data(
-        jnp.asarray(meta["rng"], jnp.uint32), impl=jax.random.key_impl(seed_key))
+        jnp.asarray(meta["rng"], jnp.uint32),
+        impl=jax.random.key_impl(seed_key))
   else:
     state = jax.jit(make_state, out_shardings=state_shard)(params0)
     start = 0

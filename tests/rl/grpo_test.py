@@ -96,7 +96,8 @@ def test_objective_and_gradient_match_numpy(reduction, est, beta):
   np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-5, atol=1e-6)
   assert np.all(np.asarray(grad)[~mask] == 0)
-  np.testing.assert_allclose(float(metrics["rl/clip_frac"]), want_clip, rtol=1e-6)
+  np.testing.assert_allclose(float(metrics["rl/clip_frac"]), want_clip,
+                             rtol=1e-6)
   # The hand batch clips on both sides.
   assert float(metrics["rl/clip_frac_low"]) > 0
   assert float(metrics["rl/clip_frac_high"]) > 0
@@ -107,7 +108,7 @@ def test_objective_and_gradient_match_numpy(reduction, est, beta):
 
 
 def _kl_grads_np(z, zr):
-  """Closed-form logit gradients of KL(pi||ref) and KL(ref||pi), pi = softmax(z)."""
+  """Closed-form logit gradients of KL(pi||ref), KL(ref||pi), pi=softmax(z)."""
   pi = np.exp(z - np.logaddexp.reduce(z))
   ref = np.exp(zr - np.logaddexp.reduce(zr))
   rkl = np.sum(pi * (np.log(pi) - np.log(ref)))
@@ -159,7 +160,8 @@ TINY = models.ModelConfig(vocab_size=24, hidden_size=32, intermediate_size=64,
 @pytest.fixture(scope="module")
 def tiny_rollout():
   params = models.init(TINY, jax.random.key(0))
-  prompts = np.array([[0, 5, 6, 7], [8, 9, 10, 11], [0, 0, 3, 4]] * 2, np.int32)
+  prompts = np.array([[0, 5, 6, 7], [8, 9, 10, 11], [0, 0, 3, 4],
+                      [0, 12, 13, 14]] * 2, np.int32)
   pmask = (prompts > 0).astype(np.int32)
   ro = rollout.generate((TINY, params), None, prompts, pmask,
                         rng=jax.random.key(1), max_new_tokens=5,
@@ -201,8 +203,8 @@ def _loss(params, batch):
 @pytest.mark.parametrize("value", [0.0, 1.0])
 def test_equal_reward_groups_give_zero_gradient_and_no_nan(tiny_rollout, value):
   params, ro = tiny_rollout
-  # Two groups of 3; both constant.
-  batch = _batch(ro, np.full(6, value, np.float32), 3)
+  # Two groups of 4; both constant.
+  batch = _batch(ro, np.full(8, value, np.float32), 4)
   (loss, metrics), grads = jax.jit(jax.value_and_grad(_loss, has_aux=True))(
       params, batch)
   assert float(loss) == 0.0
@@ -212,13 +214,55 @@ def test_equal_reward_groups_give_zero_gradient_and_no_nan(tiny_rollout, value):
 
 
 def test_equal_reward_group_adds_nothing_to_a_mixed_batch(tiny_rollout):
-  """Group 0 (rows 0..2) constant: its log-probs get exactly zero gradient."""
+  """Group 0 (rows 0..3) constant: its log-probs get exactly zero gradient."""
   params, ro = tiny_rollout
-  batch = _batch(ro, np.array([1, 1, 1, 0, 1, 0], np.float32), 3)
+  batch = _batch(ro, np.array([1, 1, 1, 1, 0, 1, 0, 0], np.float32), 4)
   def on_logp(lp):
     return grpo.grpo_objective(lp, batch["old_logp"], batch["advantages"],
                                batch["weights"], batch["loss_mask"],
                                clip_low=0.2, clip_high=0.2)[0]
   g = np.asarray(jax.grad(on_logp)(ro.logprobs))
-  assert np.all(g[:3] == 0) and np.any(g[3:] != 0)
+  assert np.all(g[:4] == 0) and np.any(g[4:] != 0)
   assert np.all(np.isfinite(g))
+
+
+@pytest.mark.slow
+def test_sharded_update_matches_single_device(tiny_rollout):
+  """ppo_update (2 epochs x 2 mini-batches) on fsdp x tensor == 1 device."""
+  import sys, pathlib  # pylint: disable=g-import-not-at-top,multiple-imports
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+  from configs import grpo_countdown  # pylint: disable=g-import-not-at-top
+  from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import step as rl_step  # pylint: disable=g-import-not-at-top
+  params, ro = tiny_rollout
+  config = grpo_countdown.get_config("runlocal")
+  config.grpo.update(ppo_epochs=2, num_minibatches=2)
+  config.kl.coef = 0.05
+  config.rollout.temperature = 0.7
+  batch = _batch(ro, np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32), 4)
+  del batch["weights"]
+  wiggle = jnp.sin(jnp.arange(ro.logprobs.size, dtype=jnp.float32))
+  batch["ref_logp"] = ro.logprobs + 0.1 * wiggle.reshape(ro.logprobs.shape)
+  opt, sched = step_lib.make_optimizer(config.optim, 4)
+
+  def run(mesh):
+    p = params
+    b = batch
+    if mesh is not None:
+      p = jax.device_put(params, sharding.tree_shardings(
+          models.logical_axes(TINY), mesh, sharding.DEFAULT_RULES, params))
+      b = {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim))
+           for k, v in batch.items()}
+    state = {"params": p, "opt_state": opt.init(p),
+             "step": jnp.zeros((), jnp.int32)}
+    upd = jax.jit(rl_step.make_update(config, TINY, opt, sched, mesh=mesh))
+    return upd(state, b, jax.random.key(3))
+
+  s1, m1 = run(None)
+  s8, m8 = run(sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2}))
+  assert float(m1["rl/kl_ref"]) > 0 and float(m1["train/grad_norm"]) > 0
+  for k in ("train/loss", "rl/clip_frac", "rl/kl_ref", "rl/entropy"):
+    np.testing.assert_allclose(float(m8[k]), float(m1[k]), rtol=1e-4, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5), s1["params"],
+               s8["params"])

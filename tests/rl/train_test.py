@@ -116,6 +116,7 @@ def test_resolve_init_prefers_the_hf_student_export(tmp_path):
     ("grpo.num_minibatches", 3, "config.grpo.num_minibatches"),
     ("grpo.reduction", "sum", "config.grpo.reduction"),
     ("grpo.clip_low", 1.0, "config.grpo.clip_low"),
+    ("grpo.clip_high", -0.1, "config.grpo.clip_high"),
     ("kl.coef", 0.1, "config.kl.direction"),
     ("data.task", "synthetic", "config.data.task"),
     ("optim.grad_accum", 3, "config.optim.grad_accum"),
