@@ -71,7 +71,15 @@ def main(argv=None):
   ap.add_argument("--hidden", type=int, default=512)
   ap.add_argument("--vocab", type=int, default=32000)
   ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--threads", type=int, default=0,
+                  help="if > 0, threads for both torch and XLA:CPU (else "
+                  "each library's default); set before JAX starts")
   args = ap.parse_args(argv)
+  if args.threads > 0:
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
+        f"{str(args.threads > 1).lower()} "
+        f"intra_op_parallelism_threads={args.threads}")
 
   import jax
   import jax.numpy as jnp
@@ -79,6 +87,8 @@ def main(argv=None):
   import torch
   import transformers
 
+  if args.threads > 0:
+    torch.set_num_threads(args.threads)
   from jaxdistill import models
   from jaxdistill import rollout
 
@@ -158,8 +168,10 @@ def main(argv=None):
                 "dtype": "float32", "sampling": "temperature 1.0",
                 "rounds": args.rounds, "devices": str(jax.devices()[0]),
                 "torch_threads": torch.get_num_threads(),
+                "threads_flag": args.threads,
                 "load_avg_1min_start_end": [round(load0, 2),
                                             round(os.getloadavg()[0], 2)]},
+      "paired_round_ratios": [round(h / o, 3) for o, h in zip(ours_t, hf_t)],
       "jaxdistill": {
           "new_tokens_per_s": round(tps_ours, 1),
           "steady_s": round(t_ours, 4),
