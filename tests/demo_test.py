@@ -100,7 +100,7 @@ def _row(kl, policy, lr, acc3, acc4, add, sp):
 
 def test_findings_follow_the_numbers():
   teacher = {"countdown3/greedy_acc": 0.6}
-  student = {"countdown3/greedy_acc": 0.1}
+  student = {"countdown3/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
   # A run built to agree with every testable headline finding ...
   agree = [_row("forward", "student", 1e-4, .50, .30, .90, .9),
            _row("forward", "teacher", 1e-4, .50, .10, .90, .9),
@@ -164,3 +164,19 @@ def test_quick_demo_table_is_complete_and_finite(tmp_path, capsys):
   again = demo.main(["--quick", "--workdir", str(tmp_path)])
   assert json.dumps(again["rows"], sort_keys=True) == json.dumps(rows, sort_keys=True)
   assert again["seconds"]["models"] < summary["seconds"]["models"]
+
+
+def test_accuracy_findings_are_untested_when_no_arm_improves():
+  student = {"countdown3/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
+  flat = [_row(kl, pol, lr, .1, .0, .9 if lr < 3e-4 else .5, .9 if lr < 3e-4 else .5)
+          for kl in ("forward", "reverse") for pol in ("student", "teacher")
+          for lr in (1e-4, 5e-4)]
+  found = {n: ok for n, ok, _ in report.findings(
+      flat, {"countdown3/greedy_acc": 0.6}, student, 400)}
+  assert found["no on-policy edge"] is None
+  assert found["on-policy helps on harder Countdown"] is None
+  assert found["forgetting grows with LR"] is True  # not an accuracy-vs-arm test
+  chance = dict(student, **{"addition/greedy_acc": 0.24})
+  found = {n: ok for n, ok, _ in report.findings(
+      flat, {"countdown3/greedy_acc": 0.6}, chance, 400)}
+  assert found["forgetting grows with LR"] is None
