@@ -1,7 +1,7 @@
 r"""The whole study in miniature on a CPU: the settings of `python -m jaxdistill.demo`.
 
-  python -m jaxdistill.demo                 # this config (about 15 min on 2 cores)
-  python -m jaxdistill.demo --quick         # get_config('quick'): < 2 min, tests
+  python -m jaxdistill.demo                 # this config
+  python -m jaxdistill.demo --quick         # get_config('quick'): the tests' run
   python -m jaxdistill.demo --config configs/demo.py:arm_steps=60,lrs=2e-4+1e-3
 
 A Llama 3 teacher (4 layers, width 128) and student (2 layers, width 64) are
@@ -9,6 +9,11 @@ trained from scratch on small-number Countdown-3 (the student also on the
 second task, addition as multiple choice); then the grid KL direction x
 rollout policy (student, teacher, lambda = 0.5) x learning rate distils the
 teacher into the student, each arm with the real training loop.
+
+Measured on a shared, heavily loaded 2-core machine (not yet on a quiet one):
+first run 35 min wall / 11 min CPU, cached rerun 7.5 min wall / 3.9 min CPU.
+Teacher 16.7 % vs student 1.0 % greedy on held-out Countdown-3; 30 distillation
+steps per arm do not yet move the student's accuracy (see the findings).
 """
 import ml_collections
 
