@@ -64,7 +64,7 @@ def get_config(arg=None):
   c.loss = dict(kind=arg.kl, beta=0.5, temperature=1.0,
                 reduction="token_mean", estimator="rkl_surrogate",
                 iw_clip=config_dict.placeholder(float), fused=True,
-                chunk_size=1024, vocab_size=config_dict.placeholder(int))
+                chunk_size=128, vocab_size=config_dict.placeholder(int))
   c.optim = dict(lr=arg.lr, schedule="constant", warmup_steps=10,
                  final_lr_frac=0.0, weight_decay=0.0, b1=0.9, b2=0.999,
                  eps=1e-8, clip_norm=1.0, grad_accum=1)

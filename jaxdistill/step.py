@@ -110,7 +110,7 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
     t_head = jax.lax.stop_gradient(models.output_head(teacher_cfg, teacher_params))
     return losses.fused_divergence(
         s_out, models.output_head(student_cfg, params), t_out, t_head, w,
-        chunk_size=loss_cfg.get("chunk_size", 1024), **kw)
+        chunk_size=loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE), **kw)
   return losses.divergence(s_out, t_out, w, **kw)
 
 
