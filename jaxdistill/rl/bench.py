@@ -130,7 +130,7 @@ def bench_iteration_parts(cfg, params, host, iters):
       row_ids=jnp.arange(r, dtype=jnp.int32))
   roll_s, _ = _time(lambda: jax.block_until_ready(
       gen(rng=jax.random.key(2)).tokens), iters=max(iters // 2, 2))
-  ref = functools.partial(rl_step._reference_logprobs, cfg=cfg,  # pylint: disable=protected-access
+  ref = functools.partial(rl_step.reference_logprobs, cfg=cfg,
                           num_response=n, chunks=1)
   toks, attn = jnp.asarray(host["tokens"]), jnp.asarray(host["attention_mask"])
   ref_s, _ = _time(lambda: jax.block_until_ready(

@@ -58,7 +58,7 @@ def to_host(x):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_response", "chunks"))
-def _reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
+def reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
                         num_response, chunks):
   """[R, N] log-probs of the response tokens, `chunks` row blocks at a time."""
   split = lambda x: x.reshape((chunks, -1) + x.shape[1:])
@@ -83,7 +83,7 @@ class Collector:
                rules=sharding.DEFAULT_RULES, reference=None, pad_id: int = 0,
                eos_ids=None):
     self.cfg, self.reward_fn = cfg, reward_fn
-    self.ro, self.grpo, self.kl = config.rollout, config.grpo, config.kl
+    self.ro, self.grpo = config.rollout, config.grpo
     self.g = int(config.rollout.group_size)
     self.mesh, self.rules = mesh, rules
     self.reference, self.pad = reference, int(pad_id)
@@ -126,7 +126,7 @@ class Collector:
              "advantages": self._put(np.asarray(adv))}
     if self.reference is not None:
       rcfg, rparams = self.reference
-      batch["ref_logp"] = _reference_logprobs(
+      batch["ref_logp"] = reference_logprobs(
           rparams, ro.tokens, ro.attention_mask, jnp.float32(temp), cfg=rcfg,
           num_response=ro.response_mask.shape[1], chunks=self.chunks)
     metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
