@@ -16,7 +16,6 @@ optimizer steps on it (state['step'] counts those).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
