@@ -1,7 +1,7 @@
 r"""Benchmark: one GRPO update step, jaxdistill vs the same step in PyTorch.
 
-  python -m jaxdistill.rl.bench             # R=16 rows, prompt 64 + 192 new
-  python -m jaxdistill.rl.bench --quick     # a smaller one, for a smoke run
+  python -m jaxdistill.bench.grpo             # R=16 rows, prompt 64 + 192 new
+  python -m jaxdistill.bench.grpo --quick     # a smaller one, for a smoke run
 
 One update = policy forward/backward over [R, P+N] sequences + the clipped
 GRPO objective with a k3 KL term and the entropy metric over the full
