@@ -67,6 +67,7 @@ def _full_logprobs(model, r, t, vocab):
   return np.take_along_axis(lp, tok[..., None], -1)[..., 0]
 
 
+@pytest.mark.slow  # compiles three rollout programs
 def test_mixture_endpoints_fraction_and_logprobs(student, teacher, batch):
   prompts, mask = batch
   kw = dict(rng=jax.random.key(3), max_new_tokens=12, temperature=0.8)

@@ -99,6 +99,7 @@ def test_no_eos_runs_to_max_new_tokens():
   np.testing.assert_array_equal(np.asarray(s.caches[0]), 8)
 
 
+@pytest.mark.slow  # compiles four loop programs
 def test_mixture_endpoints_reproduce_pure_policies():
   sampler, t = sampling.Sampler(top_k=4), 0.7
   ts, tt = _tables(2), _tables(3)
