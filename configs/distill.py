@@ -50,11 +50,13 @@ def get_config(arg=None):
   c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
 
   # Countdown is generated from data_seed; task='mcq' reads the user's files
-  # (manual_dir, format `source`) prepared as TFDS under data_dir.
+  # (manual_dir, format `source`) prepared as TFDS under data_dir;
+  # task='records' reads records_file (.jsonl of Countdown/MCQ records).
   c.data = dict(task=arg.task, n_numbers=3, num_problems=50_000, data_seed=0,
                 split="train", data_dir=config_dict.placeholder(str),
                 manual_dir=config_dict.placeholder(str),
                 source=config_dict.placeholder(str),
+                records_file=config_dict.placeholder(str),
                 system=config_dict.placeholder(str), batch_size=64,
                 max_prompt_len=256, fixed_batch=False)
   c.rollout = dict(policy=arg.policy, lam=arg.lam, max_new_tokens=512,

@@ -260,6 +260,11 @@ def records_from_config(data) -> list[dict]:
   data.task 'mcq': the `mcq_files` builder with config `source` (default
     'generic') over the user's files in `manual_dir`, prepared under the
     required `data_dir`.
+  data.task 'records': records already in jaxdistill's form, read from
+    `records_file` (.jsonl, one object per line, or .json, an array): each
+    one Countdown (numbers, target, and solution or response) or multiple
+    choice (question, options, answer, optional response); both kinds may be
+    mixed. `split` is not used: name the file of the split you want.
   """
   task, split = data.get("task"), data.get("split") or "train"
   if task == "countdown":
@@ -289,7 +294,49 @@ def records_from_config(data) -> list[dict]:
                                config=data.get("source") or "generic",
                                manual_dir=data.manual_dir)
     return builders.load_records(builder, split)
-  raise ValueError(f"data.task: expected 'countdown' or 'mcq', got {task!r}")
+  if task == "records":
+    path = data.get("records_file")
+    if not path:
+      raise ValueError("data.records_file is required for task 'records'")
+    return read_records(path)
+  raise ValueError(f"data.task: expected 'countdown', 'mcq' or 'records', "
+                   f"got {task!r}")
+
+
+def read_records(path: str) -> list[dict]:
+  """Task records from a .jsonl/.json file, each checked to be a Countdown or
+  multiple-choice record; errors name the file and line."""
+  from jaxdistill.data import sources  # pylint: disable=g-import-not-at-top
+  out = []
+  for where, row in sources.read_rows(path):
+    try:
+      kind = tasks.task_of(row)
+      if kind == tasks.COUNTDOWN:
+        nums = row["numbers"]
+        if (not isinstance(nums, list) or not nums or len(nums) > MAX_NUMBERS
+            or not all(isinstance(x, int) for x in nums)
+            or not isinstance(row["target"], int)):
+          raise ValueError(f"Countdown record needs 1-{MAX_NUMBERS} integer "
+                           "numbers and an integer target")
+      else:
+        sources.validate_record(row["question"], row["options"], row["answer"])
+    except (ValueError, TypeError, KeyError) as e:
+      raise ValueError(f"{where}: {e}") from None
+    out.append(row)
+  if not out:
+    raise ValueError(f"{path}: no records")
+  return out
+
+
+def write_records(records: Sequence[Mapping], path: str) -> None:
+  """Writes records as JSON lines, readable by `read_records` (atomically)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(dict(r), ensure_ascii=False, sort_keys=True) + "\n")
+  os.replace(tmp, path)
 
 
 def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:

@@ -195,3 +195,41 @@ def test_batches_from_config(tiny_tokenizer, tmp_path):
   config.data.task = "gsm8k"
   with pytest.raises(ValueError, match="data.task"):
     pipeline.batches_from_config(config, tiny_tokenizer)
+
+
+def test_records_task_reads_a_mixed_file(tiny_tokenizer, tmp_path):
+  import ml_collections
+  recs = [{"numbers": [3, 4, 5], "target": 27, "solution": "(4+5)*3"},
+          {"question": "Which is even?", "options": ["3", "8"], "answer": "B",
+           "response": "8 is even.\nThe answer is: B"}]
+  path = tmp_path / "mine.jsonl"
+  pipeline.write_records(recs, str(path))
+  assert pipeline.read_records(str(path)) == recs
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 64},
+      "data": {"task": "records", "records_file": str(path), "batch_size": 2,
+               "max_prompt_len": P}})
+  b = pipeline.batches_from_config(config, tiny_tokenizer)
+  x = b[0]
+  by_index = {int(i): int(t) for i, t in zip(x["index"], x["task"])}
+  assert by_index == {0: tasks.COUNTDOWN, 1: tasks.MCQ}
+  assert {int(g) for g in x["gold"]} == {-1, 1}
+  config.data.records_file = None
+  with pytest.raises(ValueError, match="records_file"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+
+
+@pytest.mark.parametrize("line, match", [
+    ('{"numbers": [1, 2], "target": "x"}', "integer"),
+    ('{"question": "q", "options": ["a"], "answer": "A"}', "options"),
+    ('{"question": "q", "options": ["a", "b"], "answer": "C"}', "answer"),
+    ('{"prompt": "hello"}', "expected Countdown fields"),
+    ('[1, 2]', "JSON object"),
+])
+def test_read_records_names_the_bad_line(tmp_path, line, match):
+  path = tmp_path / "bad.jsonl"
+  path.write_text('{"numbers": [1, 2], "target": 3, "solution": "1+2"}\n'
+                  + line + "\n")
+  with pytest.raises(ValueError, match=match) as e:
+    pipeline.read_records(str(path))
+  assert "bad.jsonl:2" in str(e.value)
