@@ -19,12 +19,10 @@ import logging
 import math
 import os
 import shutil
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxdistill import checkpoint as ckpt_lib
 from jaxdistill import config_lib
@@ -126,11 +124,58 @@ def prepare_workdir(config, workdir: str, overwrite: bool):
     f.write(config_lib.to_json(config))
 
 
-def _opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
+def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
+  """Shardings of an optax state: each param-shaped leaf like its param, the
+  rest (counts, scalars) replicated."""
   import optax  # pylint: disable=g-import-not-at-top
   return optax.tree_map_params(
       optimizer, lambda _, s: s, abstract_opt, param_shardings,
       transform_non_params=lambda _: sharding.replicated(mesh))
+
+
+def init_or_restore(optimizer, params0, param_shardings, mesh, ckpt, workdir):
+  """The train state {params, opt_state, step}, sharded: restored from the
+  latest checkpoint in `ckpt` if there is one, else built from `params0`.
+
+  Returns (state, state_shardings, meta, start): `meta` is the checkpoint's
+  metadata ({} when starting fresh) and `start` the step to run next.
+  """
+  make_state = lambda p: {"params": p, "opt_state": optimizer.init(p),
+                          "step": jnp.zeros((), jnp.int32)}
+  state_shard = {"params": param_shardings,
+                 "opt_state": opt_shardings(
+                     optimizer, jax.eval_shape(optimizer.init, params0),
+                     param_shardings, mesh),
+                 "step": sharding.replicated(mesh)}
+  abstract = jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      jax.eval_shape(make_state, params0), state_shard)
+  restored = ckpt.restore_latest(abstract)
+  if restored is None:
+    state = jax.jit(make_state, out_shardings=state_shard)(params0)
+    return state, state_shard, {}, 0
+  state, meta, start = restored
+  logging.warning("resuming %s from step %d", workdir, start)
+  if int(meta.get("step", start)) != start:
+    raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
+  return state, state_shard, meta, start
+
+
+def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
+  """Saves the trained student as a Hugging Face directory <workdir>/hf_student
+  (with its tokenizer). Sharded params are gathered on every host; host 0
+  writes. Returns the directory on host 0, else None."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    params = multihost_utils.process_allgather(params, tiled=True)
+  else:
+    params = jax.device_get(params)
+  if jax.process_index() != 0:
+    return None
+  out = os.path.join(workdir, "hf_student")
+  models.save_pretrained(scfg, params, out)
+  train_data.save_tokenizer(tokenizer, out)
+  return out
 
 
 def train(config, workdir: str, *, overwrite: bool = False,
@@ -167,30 +212,10 @@ def train(config, workdir: str, *, overwrite: bool = False,
   optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)
   p_shard = sharding.tree_shardings(models.logical_axes(scfg), mesh, rules,
                                     params0)
-  abstract_opt = jax.eval_shape(optimizer.init, params0)
-  state_shard = {"params": p_shard,
-                 "opt_state": _opt_shardings(optimizer, abstract_opt, p_shard,
-                                             mesh),
-                 "step": sharding.replicated(mesh)}
-
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                keep=config.keep_ckpts)
-  abstract = jax.tree.map(
-      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-      jax.eval_shape(lambda p: {"params": p, "opt_state": optimizer.init(p),
-                                "step": jnp.zeros((), jnp.int32)}, params0),
-      state_shard)
-  restored = ckpt.restore_latest(abstract)
-  if restored is not None:
-    state, meta, start = restored
-    logging.warning("resuming %s from step %d", workdir, start)
-    if int(meta.get("step", start)) != start:
-      raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
-  else:
-    init = jax.jit(lambda p: {"params": p, "opt_state": optimizer.init(p),
-                              "step": jnp.zeros((), jnp.int32)},
-                   out_shardings=state_shard)
-    state, start = init(params0), 0
+  state, state_shard, _, start = init_or_restore(optimizer, params0, p_shard,
+                                                 mesh, ckpt, workdir)
   track_sparsity = bool(config.get("track_sparsity", True))
   if not track_sparsity:
     del params0
@@ -245,15 +270,7 @@ def train(config, workdir: str, *, overwrite: bool = False,
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
-    if jax.process_count() > 1:  # gather the sharded params on every host
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      host_params = multihost_utils.process_allgather(state["params"], tiled=True)
-    else:
-      host_params = jax.device_get(state["params"])
-    if jax.process_index() == 0:
-      out = os.path.join(workdir, "hf_student")
-      models.save_pretrained(scfg, host_params, out)
-      train_data.save_tokenizer(tokenizer, out)
+    export_hf(scfg, state["params"], tokenizer, workdir)
   return last
 
 
@@ -266,7 +283,8 @@ def main(argv):
   train(f.config, f.workdir, overwrite=f.overwrite)
 
 
-def _define_flags():
+def define_flags():
+  """The flags of `python -m jaxdistill.train` (and of jaxdistill.rl.train)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   config_flags.DEFINE_config_file(
@@ -282,5 +300,5 @@ def _define_flags():
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
-  _define_flags()
+  define_flags()
   app.run(main)

@@ -16,7 +16,6 @@ optimizer steps on it (state['step'] counts those).
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -175,31 +174,14 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
       config.optim, config.total_steps * per_batch)
   p_shard = sharding.tree_shardings(models.logical_axes(scfg), mesh, rules,
                                     params0)
-  abstract_opt = jax.eval_shape(optimizer.init, params0)
-  state_shard = {"params": p_shard,
-                 "opt_state": train_lib._opt_shardings(  # pylint: disable=protected-access
-                     optimizer, abstract_opt, p_shard, mesh),
-                 "step": sharding.replicated(mesh)}
-  make_state = lambda p: {"params": p, "opt_state": optimizer.init(p),
-                          "step": jnp.zeros((), jnp.int32)}
-
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                keep=config.keep_ckpts)
-  abstract = jax.tree.map(
-      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-      jax.eval_shape(make_state, params0), state_shard)
-  restored = ckpt.restore_latest(abstract)
-  if restored is not None:
-    state, meta, start = restored
-    logging.warning("resuming %s from step %d", workdir, start)
-    if int(meta.get("step", start)) != start:
-      raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
+  state, state_shard, meta, start = train_lib.init_or_restore(
+      optimizer, params0, p_shard, mesh, ckpt, workdir)
+  if meta:
     seed_key = jax.random.wrap_key_data(
         jnp.asarray(meta["rng"], jnp.uint32),
         impl=jax.random.key_impl(seed_key))
-  else:
-    state = jax.jit(make_state, out_shardings=state_shard)(params0)
-    start = 0
 
   reference = None
   if rmcfg is not None:
@@ -255,11 +237,7 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
-    host_params = jax.tree.map(rl_step.to_host, state["params"])
-    if jax.process_index() == 0:
-      out = os.path.join(workdir, "hf_student")
-      models.save_pretrained(scfg, host_params, out)
-      train_data.save_tokenizer(tokenizer, out)
+    train_lib.export_hf(scfg, state["params"], tokenizer, workdir)
   return last
 
 
@@ -274,5 +252,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
-  train_lib._define_flags()  # pylint: disable=protected-access
+  train_lib.define_flags()
   app.run(main)
