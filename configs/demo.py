@@ -2,18 +2,20 @@ r"""The whole study in miniature on a CPU: the settings of `python -m jaxdistill
 
   python -m jaxdistill.demo                 # this config
   python -m jaxdistill.demo --quick         # get_config('quick'): the tests' run
-  python -m jaxdistill.demo --config configs/demo.py:arm_steps=60,lrs=2e-4+1e-3
+  python -m jaxdistill.demo --config configs/demo.py:arm_steps=100,lrs=2e-4+2e-3
 
 A Llama 3 teacher (4 layers, width 128) and student (2 layers, width 64) are
-trained from scratch on small-number Countdown-3 (the student also on the
-second task, addition as multiple choice); then the grid KL direction x
-rollout policy (student, teacher, lambda = 0.5) x learning rate distils the
-teacher into the student, each arm with the real training loop.
+trained from scratch on small-number Countdown-3 (the student on half of it,
+plus its second task: the single-digit addition facts, asked as even/odd
+multiple choice); then the grid KL direction x rollout policy (student,
+teacher, lambda = 0.5) x learning rate distils the teacher into the student,
+60 steps per arm, each with the real training loop.
 
-Measured on a shared, heavily loaded 2-core machine (not yet on a quiet one):
-first run 35 min wall / 11 min CPU, cached rerun 7.5 min wall / 3.9 min CPU.
-Teacher 16.7 % vs student 1.0 % greedy on held-out Countdown-3; 30 distillation
-steps per arm do not yet move the student's accuracy (see the findings).
+Measured on a quiet 2-core machine (seed 0): first run 8.0 min, cached rerun
+2.6 min (same table). Teacher 16.7 % vs student 1.0 % greedy on held-out Countdown-3, student
+85.4 % on the addition suite (chance 50 %). The grid reproduces forgetting
+growing with the learning rate and sparsity falling with it; 60 steps per arm
+do not move Countdown accuracy, so the accuracy findings come out untested.
 """
 import ml_collections
 
@@ -41,7 +43,7 @@ def get_config(arg=None):
   c.student = dict(arch=STUDENT, steps=400, lr=3e-3, countdown_share=0.5)
   c.grid = dict(kl=("forward", "reverse"),
                 policy=(("student", 1.0), ("teacher", 0.0), ("mixture", 0.5)),
-                lrs=(1e-4, 5e-4), steps=30, batch_size=16, temperature=1.0)
+                lrs=(1e-4, 1e-3), steps=60, batch_size=16, temperature=1.0)
   c.eval = dict(num_samples=8, ks=(1, 4, 8), batch_size=96, sparsity_atol=1e-5,
                 sparsity_dtype="bfloat16")
   if arg.quick:

@@ -42,21 +42,25 @@ def test_countdown_records_are_small_solvable_and_split(n):
   assert not {r["target"] for r in train} & {r["target"] for r in test}
 
 
-def test_addition_records_gold_is_the_true_sum():
+def test_addition_records_gold_is_the_parity_of_the_true_sum():
   train = demo_tasks.addition_records(300, 0, "train")
-  test = demo_tasks.addition_records(50, 0, "test")
+  test = demo_tasks.addition_records(96, 0, "test")
   for r in train + test:
-    a, b = map(int, re.fullmatch(r"What is (\d+) \+ (\d+)\?", r["question"]).groups())
-    letters = "ABCD"
-    assert r["options"][letters.index(r["answer"])] == str(a + b)
-    assert len(set(r["options"])) == 4
+    a, b = map(int, re.fullmatch(r"Is (\d) \+ (\d) even or odd\?",
+                                 r["question"]).groups())
+    assert r["options"] == ["even", "odd"]
+    assert r["answer"] == ("A" if (a + b) % 2 == 0 else "B")
+    assert r["response"].startswith(f"{a} + {b} = {a + b}, which is ")
     assert r["response"].endswith(f"The answer is: {r['answer']}")
     assert demo_tasks.addition_answer(r["question"]) == a + b
-  assert not {r["question"] for r in train} & {r["question"] for r in test}
+  assert len({r["question"] for r in test}) == len(test)  # distinct facts
+  assert len({r["question"] for r in train}) == 100  # every fact trained
+  golds = [r["answer"] for r in test]
+  assert 0.4 < golds.count("A") / len(golds) < 0.6  # guessing scores ~50 %
   with pytest.raises(ValueError, match="split"):
     demo_tasks.addition_records(3, 0, "valid")
   with pytest.raises(ValueError, match="count"):
-    demo_tasks.addition_records(10**6, 0)
+    demo_tasks.addition_records(101, 0, "test")
 
 
 def test_tokenizer_round_trips_and_keeps_digits_apart(tmp_path):
@@ -81,15 +85,20 @@ def test_tokenizer_round_trips_and_keeps_digits_apart(tmp_path):
     build.build_tokenizer(str(tmp_path / "t2"), ["abc"], 100)
 
 
-def test_demo_records_routes_and_restores_the_pipeline():
+def test_training_configs_read_the_demo_records_from_a_file(tmp_path):
   from jaxdistill.data import pipeline
-  original = pipeline.records_from_config
-  recs = [{"numbers": [1, 2, 3], "target": 6, "solution": "1+2+3"}]
-  with build.demo_records(mine=recs):
-    assert pipeline.records_from_config({"demo_records": "mine"}) is recs
-    with pytest.raises(ValueError, match="demo_records"):
-      pipeline.records_from_config({"demo_records": "other"})
-  assert pipeline.records_from_config is original
+  recs = demo_tasks.countdown_records(3, 5, 0) + demo_tasks.addition_records(4, 0)
+  path = build.write_records(recs, str(tmp_path), "mix")
+  assert path == build.write_records(recs, str(tmp_path), "mix")  # by content
+  assert path != build.write_records(recs[:-1], str(tmp_path), "mix")
+  cfg = build.base_train_config(_demo_config(), tok_dir="unused", records=path,
+                                seed=0)
+  assert pipeline.records_from_config(cfg.data) == recs
+
+
+def _demo_config():
+  from jaxdistill.study import grid as grid_lib
+  return grid_lib.load_config("configs/demo.py:quick")
 
 
 def _row(kl, policy, lr, acc3, acc4, add, sp):
@@ -176,7 +185,7 @@ def test_accuracy_findings_are_untested_when_no_arm_improves():
   assert found["no on-policy edge"] is None
   assert found["on-policy helps on harder Countdown"] is None
   assert found["forgetting grows with LR"] is True  # not an accuracy-vs-arm test
-  chance = dict(student, **{"addition/greedy_acc": 0.24})
+  chance = dict(student, **{"addition/greedy_acc": 0.52})
   found = {n: ok for n, ok, _ in report.findings(
       flat, {"countdown3/greedy_acc": 0.6}, chance, 400)}
   assert found["forgetting grows with LR"] is None

@@ -8,19 +8,13 @@ reference responses) and exported as Hugging Face directories.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
 
-from jaxdistill import tasks as tasks_lib
 from jaxdistill.data import tokenizer as tok_lib
-from jaxdistill.demo import tasks as demo_tasks
-
-# Record sets the demo's training configs name in data.demo_records.
-_RECORDS: dict[str, list[dict]] = {}
 
 
 def log(msg: str):
@@ -41,34 +35,15 @@ def _mark_done(path: str, info: dict):
     json.dump(info, f, indent=2, sort_keys=True, default=str)
 
 
-@contextlib.contextmanager
-def demo_records(**named):
-  """Lets training configs read in-memory records: data.demo_records=NAME.
-
-  The data pipeline generates Countdown with its default number ranges only;
-  the demo's Countdown uses small numbers and mixes in a second task, so
-  records_from_config is routed to these sets while the context is open.
-  """
+def write_records(records, root: str, name: str) -> str:
+  """Writes `records` as <root>/data/<name>-<hash>.jsonl (once); returns the
+  path, which training configs read with data.task='records'."""
   from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
-  original = pipeline.records_from_config
-
-  def records_from_config(data):
-    name = data.get("demo_records")
-    if not name:
-      return original(data)
-    if name not in _RECORDS:
-      raise ValueError(f"data.demo_records: unknown record set {name!r}; "
-                       f"known: {sorted(_RECORDS)}")
-    return _RECORDS[name]
-
-  _RECORDS.update(named)
-  pipeline.records_from_config = records_from_config
-  try:
-    yield
-  finally:
-    pipeline.records_from_config = original
-    for k in named:
-      _RECORDS.pop(k, None)
+  path = os.path.join(root, "data", f"{name}-{cache_key(records)}.jsonl")
+  if not os.path.isfile(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pipeline.write_records(records, path)
+  return path
 
 
 # --------------------------------------------------------------- tokenizer
@@ -125,7 +100,8 @@ def model_init(arch: dict, tokenizer) -> dict:
 
 
 def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
-  """configs/distill.py shrunk to the demo: one CPU device, float32, quiet."""
+  """configs/distill.py shrunk to the demo: one CPU device, float32, quiet;
+  `records` is a records file (write_records)."""
   from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
   c = grid_lib.load_config("configs/distill.py")
   c.seed = int(seed)
@@ -136,9 +112,9 @@ def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
   c.keep_ckpts = 1
   c.student.update(dtype="float32", param_dtype="float32")
   c.teacher.update(dtype="float32", param_dtype="float32")
-  c.data.update(task="countdown", n_numbers=3, batch_size=int(cfg.batch_size),
+  c.data.update(task="records", records_file=records,
+                batch_size=int(cfg.batch_size),
                 max_prompt_len=int(cfg.max_prompt_len))
-  c.data.demo_records = records
   c.rollout.update(max_new_tokens=int(cfg.max_new_tokens))
   c.loss.update(chunk_size=256, fused=False)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
@@ -154,7 +130,7 @@ def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
   c.loss.kind = "ce"
   c.rollout.policy = "dataset"
   c.total_steps = int(steps)
-  c.ckpt_every = int(steps)
+  c.ckpt_every = min(int(steps), 100)
   c.track_sparsity = False
   c.optim.update(lr=float(lr), schedule="cosine", warmup_steps=max(1, steps // 20),
                  final_lr_frac=0.1, weight_decay=0.01)
@@ -167,22 +143,24 @@ def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
   """Trains (or finds in the cache) one model; returns its HF directory."""
   from jaxdistill import train  # pylint: disable=g-import-not-at-top
   init = model_init(arch, tokenizer)
+  data = write_records(records, root, name)
   key = cache_key(name, init, steps, lr, seed, cfg.batch_size,
                   cfg.max_prompt_len, cfg.max_new_tokens,
-                  [r.get("response") or tasks_lib.reference_response(r)
-                   for r in records[:50]], len(records),
+                  os.path.basename(data),
                   open(os.path.join(tok_dir, "tokenizer.json")).read())
   out = os.path.join(root, f"{name}-{key}")
   hf = os.path.join(out, "hf_student")
   if _done(out):
     log(f"{name}: cached at {hf}")
     return hf
-  shutil.rmtree(out, ignore_errors=True)
-  log(f"{name}: training from scratch ({steps} steps) in {out}")
-  config = sft_config(cfg, init=init, tok_dir=tok_dir, records=name,
+  resuming = os.path.isdir(os.path.join(out, "checkpoints"))
+  log(f"{name}: {'resuming' if resuming else 'training from scratch'} "
+      f"({steps} steps) in {out}")
+  config = sft_config(cfg, init=init, tok_dir=tok_dir, records=data,
                       steps=steps, lr=lr, seed=seed)
-  with demo_records(**{name: records}):
-    last = train.train(config, out, devices=devices)
+  # A killed run resumes from its last checkpoint; a run of other settings
+  # (an older jaxdistill) is moved aside by overwrite.
+  last = train.train(config, out, overwrite=True, devices=devices)
   _mark_done(out, {"final_loss": last.get("train/loss"), "steps": steps})
   # Checkpoints are only needed to resume; the HF export is what is reused.
   shutil.rmtree(os.path.join(out, "checkpoints"), ignore_errors=True)

@@ -52,8 +52,9 @@ def main(argv=None) -> dict:
   table.write_table(res["rows"], out)  # results.csv / results.md per arm
   figs = figures.make_figures(res["rows"], out)
   md = report.table_markdown(rows, res["teacher"], res["student"])
+  from jaxdistill.demo import tasks  # pylint: disable=g-import-not-at-top
   found = report.findings(rows, res["teacher"], res["student"],
-                          int(cfg.data.test_problems))
+                          int(cfg.data.test_problems), chance=tasks.CHANCE)
   text = report.paragraph(found)
   with open(os.path.join(out, "demo_table.md"), "w") as f:
     f.write(md + "\n")

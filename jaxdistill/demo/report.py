@@ -98,8 +98,12 @@ def _mean(rows, key, **match):
 
 
 def findings(rows: Sequence[Mapping], teacher: Mapping, student: Mapping,
-             n_test: int) -> list[tuple[str, bool | None, str]]:
-  """[(finding, reproduced?, sentence)]; None when the run cannot tell."""
+             n_test: int, chance: float = 0.5
+             ) -> list[tuple[str, bool | None, str]]:
+  """[(finding, reproduced?, sentence)]; None when the run cannot tell.
+
+  `chance` is the addition suite's accuracy by guessing.
+  """
   from jaxdistill.study import figures  # pylint: disable=g-import-not-at-top
   out = []
   acc = "acc/countdown3"
@@ -167,9 +171,9 @@ def findings(rows: Sequence[Mapping], teacher: Mapping, student: Mapping,
       # Forgetting is a drop from one shared baseline: compare what is left.
       more = _clear(_mean(rows, "acc/addition", lr=lo),
                     _mean(rows, "acc/addition", lr=hi), n_test)
-      # Forgetting needs a skill to lose: chance on 4 options is 25 %.
+      # Forgetting needs a skill to lose: the student must beat guessing.
       base = student.get("addition/greedy_acc")
-      knows = base is not None and _clear(base, 0.25, n_test)
+      knows = base is not None and _clear(base, chance, n_test)
       out.append(("forgetting grows with LR", more if knows else None,
                   f"Forgetting on the addition suite averages {fg_lo:+.1f} pp at "
                   f"lr {lo:.0e} and {fg_hi:+.1f} pp at lr {hi:.0e}: "
@@ -179,7 +183,7 @@ def findings(rows: Sequence[Mapping], teacher: Mapping, student: Mapping,
                      "unlike the study (<= 1.3 pp vs 11-14 pp).")
                   + ("" if knows else " Untested, though: the student's "
                      "addition accuracy before distillation is at chance "
-                     "(25 %), so there is nothing to forget.")))
+                     f"({100 * chance:.0f} %), so there is nothing to forget.")))
     sp = [(r["lr"], r["sparsity"]) for r in rows if r.get("sparsity") is not None]
     if len({x for x, _ in sp}) >= 2:
       s_lo = _mean(rows, "sparsity", lr=lo)

@@ -15,7 +15,6 @@ import time
 
 import jax
 import ml_collections
-import numpy as np
 
 from jaxdistill.demo import build
 from jaxdistill.demo import tasks as demo_tasks
@@ -94,11 +93,10 @@ def sparsity(cfg, params0, params1) -> dict:
   return out
 
 
-def grid_config(cfg, *, teacher_dir, student_dir, tok_dir):
+def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
   """A jaxdistill.study grid: KL x rollout policy x learning rate."""
-  from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
   g = cfg.grid
-  base = build.base_train_config(cfg, tok_dir=tok_dir, records="countdown",
+  base = build.base_train_config(cfg, tok_dir=tok_dir, records=records_file,
                                  seed=cfg.seed)
   base.student.update(path=student_dir, init=None)
   base.teacher.update(path=teacher_dir, init=None)
@@ -121,7 +119,6 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir):
                ("lr", "optim.lr", tuple(float(x) for x in g.lrs)))
   grid.seeds = (int(cfg.seed),)
   grid.eval = None
-  del grid_lib
   return grid
 
 
@@ -161,7 +158,8 @@ def run(cfg, workdir: str) -> dict:
 
   # (4) The grid, every arm with the real loop; (5) evaluated per arm.
   grid = grid_config(cfg, teacher_dir=teacher_dir, student_dir=student_dir,
-                     tok_dir=tok_dir)
+                     tok_dir=tok_dir, records_file=build.write_records(
+                         recs["teacher"], models_root, "countdown"))
   grid_dir = os.path.join(workdir, "grid")
   shutil.rmtree(grid_dir, ignore_errors=True)  # the grid always reruns
 
@@ -176,9 +174,8 @@ def run(cfg, workdir: str) -> dict:
     return flat
 
   t1 = time.time()
-  with build.demo_records(countdown=recs["teacher"]):
-    sweep.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
-                    summarize=False)
+  sweep.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
+                  summarize=False)
   t_grid = time.time() - t1
   rows = sweep.aggregate(grid_dir)
   return {"rows": rows, "teacher": teacher_eval, "student": student_eval,

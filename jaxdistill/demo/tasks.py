@@ -6,10 +6,10 @@ of it. Problems, splits (test targets never seen in training), prompts,
 reference solutions and the verifier are jaxdistill.tasks.countdown's.
 
 The second task, the student's out-of-distribution suite for forgetting, is
-two-number addition asked as a multiple-choice question, so the multiple-choice
-verifier and every evaluation path apply unchanged: "What is 47 + 38?" with
-four options, the gold being the true sum and the distractors off by one or
-ten. Its reference response works the sum out before the answer line.
+single-digit addition asked as a multiple-choice question, so the
+multiple-choice verifier and every evaluation path apply unchanged: "Is 7 + 5
+even or odd?", options even / odd. Its reference response works the sum out
+before the answer line.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from jaxdistill.tasks import mcq
 
 MAX_NUMBER = 9
 MAX_TARGET = 100
-ADD_RANGE = (10, 99)
+ADD_RANGE = (0, 9)
+CHANCE = 0.5  # accuracy of guessing on the addition suite
 
 
 def countdown_records(n_numbers: int, count: int, seed: int,
@@ -34,7 +35,7 @@ def countdown_records(n_numbers: int, count: int, seed: int,
 
 def addition_answer(question: str) -> int:
   """The true sum of an addition question, computed from its text."""
-  body = question.removeprefix("What is ").removesuffix("?")
+  body = question.removeprefix("Is ").removesuffix(" even or odd?")
   a, sep, b = body.partition(" + ")
   if not sep:
     raise ValueError(f"question: not an addition question: {question!r}")
@@ -42,30 +43,38 @@ def addition_answer(question: str) -> int:
 
 
 def addition_records(count: int, seed: int, split: str = "train") -> list[dict]:
-  """Multiple-choice addition problems of one split (disjoint (a, b) pairs).
+  """Multiple-choice questions on the single-digit addition facts.
 
-  A pair goes to 'test' when (7a + 3b) % 10 == 0, about a tenth of pairs, so
-  test questions never occur in training.
+  The facts (a + b for a, b in ADD_RANGE) are knowledge the student holds, as
+  a real student holds what its out-of-distribution suite asks about. A
+  question asks whether a sum is even or odd, options always "even" (A) and
+  "odd" (B), so guessing scores CHANCE and the letter follows from the worked
+  sum ("6 + 7 = 13, which is odd."): the skill tested is knowing the fact.
+  Training cycles through every fact; the test suite asks `count` distinct
+  facts, the same facts the student was trained on, because forgetting
+  measures whether trained knowledge survives distillation (the split only
+  changes the sampling stream).
   """
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   lo, hi = ADD_RANGE
-  pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)
-           if ((7 * a + 3 * b) % 10 == 0) == (split == "test")]
-  if count > len(pairs):
-    raise ValueError(f"count: only {len(pairs)} {split} addition pairs, "
+  facts = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
+  if split == "test" and count > len(facts):
+    raise ValueError(f"count: only {len(facts)} addition facts to test, "
                      f"asked for {count}")
   rng = random.Random(f"demo-addition/{split}/{seed}")
-  out = []
-  for a, b in rng.sample(pairs, count):
+  out, order = [], []
+  while len(out) < count:
+    if not order:  # every fact once per pass, in a fresh order
+      order = rng.sample(facts, len(facts))
+    a, b = order.pop()
     s = a + b
-    options = [s, s + 1, s - 1, s + 10]
-    rng.shuffle(options)
-    gold = mcq.LETTERS[options.index(s)]
-    question = f"What is {a} + {b}?"
-    out.append({"question": question, "options": [str(o) for o in options],
-                "answer": gold,
-                "response": f"{a} + {b} = {s}.\nThe answer is: {gold}"})
+    parity = ("even", "odd")[s % 2]
+    gold = mcq.LETTERS[s % 2]
+    out.append({"question": f"Is {a} + {b} even or odd?",
+                "options": ["even", "odd"], "answer": gold,
+                "response": f"{a} + {b} = {s}, which is {parity}.\n"
+                            f"The answer is: {gold}"})
   return out
 
 
