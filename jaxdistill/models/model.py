@@ -154,8 +154,9 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
     positions: int [B, T] RoPE positions; default: the number of real tokens
       before each token in its row (continuing from the cache, if any).
     cache: None, or a dict from init_cache / a previous call. The T tokens are
-      written at cache['index']; the caller keeps index + T <= max_len
-      (dynamic_update_slice would clamp otherwise).
+      written at cache['index']; the caller keeps index + T <= max_len. The
+      index is traced, so an overflow cannot raise: it returns all-NaN
+      logits (hidden) instead of silently overwriting earlier slots.
     return_hidden: return final-normed hidden states [B, T, D] (compute dtype)
       instead of float32 logits [B, T, V].
 
@@ -187,6 +188,9 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
     mask = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & slot_ok[:, None, :]
     hidden, (k, v) = module.apply(variables, tokens, positions, mask,
                                   (cache["k"], cache["v"]), index)
+    # dynamic_update_slice clamps the write: poison the result, never wrong
+    # numbers that look right.
+    hidden = jnp.where(index + t > s, jnp.nan, hidden).astype(hidden.dtype)
     last = jnp.max(jnp.where(m > 0, positions, -1), axis=1)
     new_cache = {
         "k": k, "v": v, "mask": slot_ok,

@@ -109,3 +109,23 @@ def test_config_validation():
       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
   assert hash(cfg) == hash(dataclasses.replace(cfg))  # static jit arg
   assert cfg.eos_token_id == (1, 2)
+
+
+def test_cache_overflow_poisons_the_output_instead_of_clamping():
+  cfg = dataclasses.replace(models.get_preset("llama-3.2-1b"), vocab_size=32,
+                            hidden_size=16, intermediate_size=32,
+                            num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=8,
+                            dtype="float32", param_dtype="float32")
+  params = jax.tree.map(
+      lambda s: jax.random.normal(jax.random.key(0), s.shape, s.dtype) * 0.1,
+      models.param_shapes(cfg))
+  tokens = np.arange(1, 7, dtype=np.int32)[None]  # T = 6
+  full = models.apply(cfg, params, tokens)
+  cache = models.init_cache(cfg, 1, 6)
+  logits, cache = models.apply(cfg, params, tokens[:, :4], cache=cache)
+  np.testing.assert_allclose(logits, full[:, :4], atol=1e-5)
+  fits, _ = models.apply(cfg, params, tokens[:, 4:], cache=cache)  # 4 + 2 = 6
+  np.testing.assert_allclose(fits, full[:, 4:], atol=1e-5)
+  over, _ = models.apply(cfg, params, tokens[:, 3:], cache=cache)  # 4 + 3 > 6
+  assert np.isnan(np.asarray(over)).all()
