@@ -1,0 +1,16 @@
+"""Benchmarks: `python -m jaxdistill.bench.NAME` prints one JSON object with a
+`headline` {name, value, unit, goal, meets_goal} beside the details."""
+
+
+def torch_llama(cfg):
+  """transformers' LlamaForCausalLM with `cfg`'s shapes (our config written as
+  HF's by models.config_to_hf), float32, sdpa attention, an untied head, and
+  random weights from torch seed 0: the PyTorch reference the benchmarks time."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  c = transformers.LlamaConfig.from_dict(
+      dict(models.config_to_hf(cfg), tie_word_embeddings=False))
+  c._attn_implementation = "sdpa"  # pylint: disable=protected-access
+  torch.manual_seed(0)
+  return transformers.LlamaForCausalLM(c).float()

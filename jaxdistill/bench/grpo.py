@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxdistill import bench
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import step as step_lib
@@ -138,23 +139,6 @@ def bench_iteration_parts(cfg, params, host, iters):
   return roll_s, ref_s
 
 
-def torch_model(cfg):
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  c = transformers.LlamaConfig(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-      intermediate_size=cfg.intermediate_size,
-      num_hidden_layers=cfg.num_hidden_layers,
-      num_attention_heads=cfg.num_attention_heads,
-      num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-      max_position_embeddings=cfg.max_position_embeddings,
-      rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-      tie_word_embeddings=False)
-  c._attn_implementation = "sdpa"  # pylint: disable=protected-access
-  torch.manual_seed(0)
-  return transformers.LlamaForCausalLM(c).float()
-
-
 def bench_torch(model, host, iters):
   import torch  # pylint: disable=g-import-not-at-top
   opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
@@ -198,7 +182,7 @@ def main(argv=None):
   resp_tokens = int(host["loss_mask"].sum())
   # Both sides start from the same weights: transformers' init, read back
   # with models.load_pretrained (first-step losses must agree).
-  model = torch_model(cfg)
+  model = bench.torch_llama(cfg)
   with tempfile.TemporaryDirectory() as d:
     model.save_pretrained(d)
     cfg, params = models.load_pretrained(d, dtype="float32")

@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from jaxdistill import bench
 from jaxdistill import models
 from jaxdistill import step as step_lib
 
@@ -134,21 +135,7 @@ def bench_jax(s, t, b, l, iters, fused):
 
 def bench_torch(s, t, b, l, iters):
   import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  def hf(cfg):
-    c = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=False)
-    c._attn_implementation = "sdpa"  # pylint: disable=protected-access
-    return transformers.LlamaForCausalLM(c).float()
-  torch.manual_seed(0)
-  student, teacher = hf(s), hf(t).eval()
+  student, teacher = bench.torch_llama(s), bench.torch_llama(t).eval()
   opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
   tokens, attn, lm = _batch(b, l, s.vocab_size)
   tok = torch.from_numpy(tokens).long()

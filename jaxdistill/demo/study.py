@@ -159,7 +159,7 @@ def run(cfg, workdir: str) -> dict:
   # (4) The grid, every arm with the real loop; (5) evaluated per arm.
   grid = grid_config(cfg, teacher_dir=teacher_dir, student_dir=student_dir,
                      tok_dir=tok_dir, records_file=build.write_records(
-                         recs["teacher"], models_root, "countdown"))
+                         recs["teacher"], models_root, "teacher"))  # reused
   grid_dir = os.path.join(workdir, "grid")
   shutil.rmtree(grid_dir, ignore_errors=True)  # the grid always reruns
 
