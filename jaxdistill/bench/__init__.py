@@ -14,3 +14,17 @@ def torch_llama(cfg):
   c._attn_implementation = "sdpa"  # pylint: disable=protected-access
   torch.manual_seed(0)
   return transformers.LlamaForCausalLM(c).float()
+
+
+def median_time(fn, warmup=1, iters=5):
+  """(median seconds, all timings) of `fn()` over `iters` calls after `warmup`."""
+  import time  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  for _ in range(warmup):
+    fn()
+  ts = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    fn()
+    ts.append(time.perf_counter() - t0)
+  return float(np.median(ts)), ts

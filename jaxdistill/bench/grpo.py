@@ -60,17 +60,6 @@ def _setup(quick: bool):
   return cfg, 16, 64, 192
 
 
-def _time(fn, warmup=1, iters=5):
-  for _ in range(warmup):
-    fn()
-  ts = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    fn()
-    ts.append(time.perf_counter() - t0)
-  return float(np.median(ts)), ts
-
-
 def _batch(cfg, r, p, n, g=4, seed=0):
   """Host arrays of a rollout batch; response lengths vary in [N/2, N]."""
   rs = np.random.default_rng(seed)
@@ -115,7 +104,7 @@ def bench_jax(cfg, params, host, iters):
   def run():
     box[0], m = compiled(box[0], batch, rng)
     seen.append({k: float(v) for k, v in jax.device_get(m).items()})
-  sec, ts = _time(run, iters=iters)
+  sec, ts = bench.median_time(run, iters=iters)
   return sec, ts, compile_s, seen[0], box[0]
 
 
@@ -129,12 +118,12 @@ def bench_iteration_parts(cfg, params, host, iters):
       rollout_lib.generate, (cfg, params), None, prompts, pmask,
       max_new_tokens=n, temperature=TEMP, eos_token_ids=(),
       row_ids=jnp.arange(r, dtype=jnp.int32))
-  roll_s, _ = _time(lambda: jax.block_until_ready(
+  roll_s, _ = bench.median_time(lambda: jax.block_until_ready(
       gen(rng=jax.random.key(2)).tokens), iters=max(iters // 2, 2))
   ref = functools.partial(rl_step.reference_logprobs, cfg=cfg,
                           num_response=n, chunks=1)
   toks, attn = jnp.asarray(host["tokens"]), jnp.asarray(host["attention_mask"])
-  ref_s, _ = _time(lambda: jax.block_until_ready(
+  ref_s, _ = bench.median_time(lambda: jax.block_until_ready(
       ref(params, toks, attn, jnp.float32(TEMP))), iters=iters)
   return roll_s, ref_s
 
@@ -167,7 +156,7 @@ def bench_torch(model, host, iters):
     opt.step()
     losses.append(float(loss.detach()))
   losses = []
-  sec, ts = _time(run, iters=iters)
+  sec, ts = bench.median_time(run, iters=iters)
   return sec, ts, torch.get_num_threads(), losses[0]
 
 

@@ -76,22 +76,11 @@ def step_flops(s, t, b, l) -> float:
               2 * matmul_params(t) * l + attn(t))
 
 
-def _time(fn, warmup=1, iters=5):
-  for _ in range(warmup):
-    fn()
-  ts = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    fn()
-    ts.append(time.perf_counter() - t0)
-  return float(np.median(ts)), ts
-
-
 def matmul_rate(n=2048) -> float:
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
-  sec, _ = _time(lambda: f(a).block_until_ready(), iters=10)
+  sec, _ = bench.median_time(lambda: f(a).block_until_ready(), iters=10)
   return 2 * n ** 3 / sec
 
 
@@ -129,7 +118,7 @@ def bench_jax(s, t, b, l, iters, fused):
   def run():
     box[0], m = compiled(box[0], tp, batch)
     jax.block_until_ready(m["train/loss"])
-  sec, ts = _time(run, warmup=1, iters=iters)
+  sec, ts = bench.median_time(run, warmup=1, iters=iters)
   return sec, ts, compile_s
 
 
@@ -153,7 +142,7 @@ def bench_torch(s, t, b, l, iters):
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-  sec, ts = _time(run, warmup=1, iters=iters)
+  sec, ts = bench.median_time(run, warmup=1, iters=iters)
   return sec, ts, torch.get_num_threads()
 
 
