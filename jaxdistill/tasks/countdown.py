@@ -12,7 +12,9 @@ target with the right multiset of numbers earns the reward, e.g. `(7/2)*4`.
 Splits keep evaluation targets disjoint from training ones: a hash of the
 TARGET value decides its split (`target_split`), so no test target is ever seen
 in training, whatever the seed. Roughly `test_fraction` of target values are
-test targets.
+test targets. Small spaces (numbers up to ~10) can instead be enumerated whole
+(`enumerate_problems`) and split by PROBLEM (`problem_split`): a test problem
+is a combination of numbers and target never trained on.
 
 `reward` reads the last `<answer>...</answer>` in the final MAX_SCAN_CHARS
 characters of a completion (an answer has to close there; generation budgets in
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import random
 from collections.abc import Sequence
 from fractions import Fraction
@@ -112,6 +115,80 @@ def generate_problems(n_numbers: int, count: int, seed: int, *,
     seen.add(key)
     out.append(Problem(tuple(numbers), target, text))
   return out
+
+
+def problem_split(numbers: Sequence[int], target: int,
+                  test_fraction: float = 0.1) -> str:
+  """'test' for a fixed, seed-independent subset of PROBLEMS (the multiset of
+  numbers with the target), else 'train'. Unlike `target_split`, a test
+  problem's target and numbers occur in training, only never together."""
+  key = f"countdown-problem:{sorted(int(n) for n in numbers)}->{int(target)}"
+  u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+  return "test" if u < test_fraction else "train"
+
+
+def enumerate_problems(n_numbers: int, seed: int, *, split: str = "train",
+                       min_number: int = 1, max_number: int = 9,
+                       max_target: int = 100, max_intermediate: int = 100_000,
+                       test_fraction: float = 0.1) -> list[Problem]:
+  """Every Countdown-`n_numbers` problem of a small space, split by problem.
+
+  A problem is a multiset of numbers in [min_number, max_number] and a target
+  in [1, max_target] that some expression reaches under the generator's rules
+  (positive integer intermediates up to max_intermediate, exact division, no
+  division by 1). All of a split's problems are returned, in an order
+  shuffled by `seed`, each with one of its solutions drawn by `seed`. Meant for
+  spaces small enough to enumerate (3-4 numbers up to ~10); it is what lets a
+  test split hold out problems rather than whole targets.
+  """
+  if not MIN_NUMBERS <= n_numbers <= 4:
+    raise ValueError(f"n_numbers: enumeration is for 3 or 4 numbers, got {n_numbers}")
+  if split not in ("train", "test"):
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+  if not 1 <= min_number <= max_number <= 20:
+    raise ValueError(f"need 1 <= min_number <= max_number <= 20, got "
+                     f"{min_number}, {max_number}")
+  if max_target < 1 or max_intermediate < max_target:
+    raise ValueError(f"need 1 <= max_target <= max_intermediate, got "
+                     f"{max_target}, {max_intermediate}")
+  if not 0.0 < test_fraction < 1.0:
+    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+  rng = random.Random(f"countdown-enum/{n_numbers}/{split}/{seed}")
+  out = []
+  for nums in itertools.combinations_with_replacement(
+      range(min_number, max_number + 1), n_numbers):
+    sols: dict[int, set[str]] = {}
+    for value, text in _all_trees([(n, (str(n), 3)) for n in nums],
+                                  max_intermediate):
+      if value <= max_target and problem_split(nums, value, test_fraction) == split:
+        sols.setdefault(value, set()).add(text)
+    for target in sorted(sols):
+      order = list(nums)
+      rng.shuffle(order)
+      out.append(Problem(tuple(order), target, rng.choice(sorted(sols[target]))))
+  rng.shuffle(out)
+  return out
+
+
+def _all_trees(items, cap):
+  """(value, text) of every expression over `items` ((value, rendered) pairs),
+  with the operator options of `_random_tree`."""
+  if len(items) == 1:
+    yield items[0][0], items[0][1][0]
+    return
+  for i, j in itertools.combinations(range(len(items)), 2):
+    (a, ta), (b, tb) = items[i], items[j]
+    rest = items[:i] + items[i + 1:j] + items[j + 1:]
+    options = [("+", a + b, ta, tb), ("*", a * b, ta, tb)]
+    if a != b:
+      options.append(("-", a - b, ta, tb) if a > b else ("-", b - a, tb, ta))
+    if b > 1 and a % b == 0:
+      options.append(("/", a // b, ta, tb))
+    if a > 1 and b % a == 0 and a != b:
+      options.append(("/", b // a, tb, ta))
+    for op, value, x, y in options:
+      if value <= cap:
+        yield from _all_trees(rest + [(value, expr_lib.combine(op, x, y))], cap)
 
 
 def _random_tree(rng, nums, cap):

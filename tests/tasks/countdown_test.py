@@ -247,3 +247,24 @@ def test_normalize_answer_identifies_reorderings_only():
 def test_prompt_mentions_numbers_target_and_format():
   text = cd.build_prompt([3, 17, 4], 55)
   assert "[3, 17, 4]" in text and "55" in text and "<answer>" in text
+
+
+def test_enumerate_problems_splits_by_problem_and_is_deterministic():
+  train = cd.enumerate_problems(3, 0, max_number=6, max_target=30)
+  test = cd.enumerate_problems(3, 0, split="test", max_number=6,
+                                      max_target=30, test_fraction=0.2)
+  again = cd.enumerate_problems(3, 0, max_number=6, max_target=30)
+  assert train == again
+  assert cd.enumerate_problems(3, 1, max_number=6, max_target=30) != train
+  key = lambda p: (tuple(sorted(p.numbers)), p.target)
+  assert len({key(p) for p in train}) == len(train)
+  for p in train[:50] + test[:50]:
+    assert cd.reward(f"<answer>{p.solution}</answer>", p.numbers,
+                            p.target) == 1.0
+    assert cd.problem_split(p.numbers, p.target,
+                                   0.2 if p in test else 0.1) == (
+                                       "test" if p in test else "train")
+  with pytest.raises(ValueError, match="n_numbers"):
+    cd.enumerate_problems(5, 0)
+  with pytest.raises(ValueError, match="split"):
+    cd.enumerate_problems(3, 0, split="dev")
