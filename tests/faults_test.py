@@ -214,7 +214,8 @@ def test_cli_checkpoints_path_that_is_a_file_exits(tmp_path):
   cmd = [sys.executable, "-m", "jaxdistill.train", "--config",
          str(ROOT / "configs" / "distill.py") + ":runlocal", "--workdir",
          str(tmp_path), "--config.progress=False"]
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env = dict(os.environ, PYTHONPATH=str(ROOT),
+             XLA_FLAGS="--xla_force_host_platform_device_count=1")
   # The timeout only keeps a hang from blocking the suite; it asserts nothing.
   res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=600)

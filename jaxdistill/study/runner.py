@@ -242,15 +242,15 @@ def stale_changes(run: grid_lib.Run, run_dir: str, workdir: str) -> list[str]:
 
 def _handle_stale(runs, workdir: str, rerun_stale: bool) -> None:
   """Refuses (or, with rerun_stale, moves aside) runs done under another config."""
-  stale = {}
+  stale = []
   for run in runs:
     changes = stale_changes(run, os.path.join(workdir, run.dirname), workdir)
     if changes:
-      stale[run] = changes
+      stale.append((run, changes))
   if not stale:
     return
   if not rerun_stale:
-    first, changes = next(iter(stale.items()))
+    first, changes = stale[0]
     raise ValueError(
         f"{workdir}: {len(stale)} run(s) were trained under a different "
         f"config than the grid now gives, e.g. {first.name!r}: "
@@ -258,7 +258,7 @@ def _handle_stale(runs, workdir: str, rerun_stale: bool) -> None:
         f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them")
   aside = os.path.join(workdir, STALE_DIR)
   os.makedirs(aside, exist_ok=True)
-  for run, changes in stale.items():
+  for run, changes in stale:
     dst = os.path.join(aside, f"{run.dirname}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.replace(os.path.join(workdir, run.dirname), dst)
     log(f"{run.name}: config changed ({'; '.join(changes[:3])}); "
