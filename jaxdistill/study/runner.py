@@ -187,6 +187,7 @@ def _check_runnable(runs, workdir):
       continue
     try:
       config_lib.validate(run.config)
+      config_lib.validate_run(run.config)
       train.model_config(run.config.student, "student")
       if run.config.loss.kind != "ce":
         train.model_config(run.config.teacher, "teacher")
