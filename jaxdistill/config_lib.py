@@ -114,3 +114,68 @@ def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     elif va != vb:
       out.append(f"{key}: {va!r} -> {vb!r}")
   return out
+
+
+# --- Run-level checks shared by train, rl.train and the sweep (issue 20). ---
+# Kept apart from validate() so that loss/rollout checks can grow there
+# independently.
+
+DATA_TASKS = ("synthetic", "countdown", "mcq", "records")
+
+
+def _number(config, field: str):
+  node = config
+  for part in field.split("."):
+    node = node[part]
+  try:
+    return float(node)
+  except (TypeError, ValueError):
+    _err(field, f"must be a number, got {node!r}")
+
+
+def validate_run(config, mesh=None) -> None:
+  """Values that would otherwise be accepted silently or fail only after the
+  first step: intervals, checkpoint retention, optimizer constants, the data
+  task, and (given the mesh) the batch's split over the data axes."""
+  for field in ("ckpt_every", "eval_every", "log_every", "keep_ckpts"):
+    if field in config:
+      v = config[field]
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        _err(field, f"must be an integer >= 1, got {v!r}")
+  opt = config.optim
+  for field in ("b1", "b2"):
+    if field in opt:
+      v = _number(config, f"optim.{field}")
+      if not 0.0 <= v < 1.0:
+        _err(f"optim.{field}", f"must be in [0, 1), got {v}")
+  for field in ("eps", "weight_decay"):
+    if field in opt and not _number(config, f"optim.{field}") >= 0.0:
+      _err(f"optim.{field}", f"must be >= 0, got {opt[field]}")
+  if "final_lr_frac" in opt:
+    v = _number(config, "optim.final_lr_frac")
+    if not 0.0 <= v <= 1.0:
+      _err("optim.final_lr_frac", f"must be in [0, 1], got {v}")
+  if opt.get("clip_norm") is not None:
+    if not _number(config, "optim.clip_norm") > 0:
+      _err("optim.clip_norm", f"must be > 0 or None, got {opt.clip_norm}")
+  if "loss" in config and config.loss.get("iw_clip") is not None:
+    if not _number(config, "loss.iw_clip") > 0:
+      _err("loss.iw_clip", "must be > 0 (a cap on the importance weights) or "
+           f"None, got {config.loss.iw_clip}")
+  task = config.data.get("task")
+  if task not in DATA_TASKS:
+    _err("data.task", f"unknown task {task!r}; choose from {DATA_TASKS}")
+  b = config.data.get("batch_size")
+  if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+    _err("data.batch_size", f"must be an integer >= 1, got {b!r}")
+  if mesh is not None:
+    from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
+    rules = dict(config.get("rules", sharding.DEFAULT_RULES))
+    axes = rules.get("batch") or ()
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    n = 1
+    for a in axes:
+      n *= int(mesh.shape.get(a, 1))
+    if b % n:
+      _err("data.batch_size", f"{b} is not divisible by the {n} devices of "
+           f"the mesh's data axes {dict((a, mesh.shape[a]) for a in axes)}")

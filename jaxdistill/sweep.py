@@ -53,7 +53,7 @@ def main(argv):
       write_snapshot(run, os.path.join(f.workdir, run.dirname))
       print(command(grid, run, f.workdir))
     return
-  run_sweep(grid, f.workdir, only=f.only)
+  run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
   print(open(f"{f.workdir}/summary/results.md").read())
   sys.stdout.flush()
 
@@ -68,6 +68,9 @@ def _define_flags():
   flags.DEFINE_bool("print_commands", False,
                     "Print one launch command per run instead of running.")
   flags.DEFINE_string("only", None, "Only runs whose name contains this.")
+  flags.DEFINE_bool("rerun_stale", False,
+                    "Rerun runs trained under a config other than the grid's "
+                    "now (moved into <workdir>/stale/); default: refuse.")
   flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -9,6 +9,11 @@ Reads top to bottom: config -> mesh -> models (sharded) -> data ->
 jax.eval_shape(init) -> shardings -> jit(init) or restore -> jit(update) ->
 loop (rollout, update, log, checkpoint) -> export as a Hugging Face directory.
 Re-running with the same --workdir resumes from the newest good checkpoint.
+
+SIGTERM (a TPU VM preemption) or SIGINT: the step in flight finishes, a
+checkpoint is written, and the run stops with `Preempted` (the CLI exits with
+status 128 + signal); the same command resumes it. One process per workdir
+(<workdir>/.lock names the holder).
 """
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ import logging
 import math
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -49,7 +57,19 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
     if not os.path.isdir(path):
       raise ValueError(
           f"config.{name}.path: checkpoint directory {path!r} does not exist")
-    cfg = models.checkpoint.read_config(path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+      hint = (f"; it is a training workdir: use {os.path.join(path, 'hf_student')}"
+              if os.path.isfile(os.path.join(path, "hf_student", "config.json"))
+              else "")
+      raise ValueError(f"config.{name}.path: {path} is not a Hugging Face "
+                       f"checkpoint directory (no config.json){hint}")
+    try:
+      cfg = models.checkpoint.read_config(path)
+    except (ValueError, KeyError, TypeError) as e:
+      msg = str(e).strip("'\"")
+      raise ValueError(f"config.{name}.path: {msg}"
+                       if path in msg else f"config.{name}.path: {path}: {msg}"
+                       ) from None
   elif mcfg.get("preset") or mcfg.get("init"):
     cfg = (models.get_preset(mcfg.preset) if mcfg.get("preset")
            else models.ModelConfig())
@@ -103,8 +123,12 @@ def prepare_workdir(config, workdir: str, overwrite: bool):
   path = os.path.join(workdir, "config.json")
   new = json.loads(config_lib.to_json(config))
   if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
+    try:
+      with open(path) as f:
+        old = json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path}: not valid JSON ({e}); move the workdir "
+                       "aside or pass --overwrite") from None
     changed = [d for d in config_lib.diff(old, new)
                if d.split(":")[0] not in RESUMABLE_FIELDS]
     if changed and not overwrite:
@@ -117,7 +141,7 @@ def prepare_workdir(config, workdir: str, overwrite: bool):
       aside = os.path.join(workdir, time.strftime("replaced-%Y%m%d-%H%M%S"))
       os.makedirs(aside)
       for entry in os.listdir(workdir):
-        if not entry.startswith("replaced-"):
+        if not entry.startswith("replaced-") and entry != ckpt_lib.WorkdirLock.NAME:
           shutil.move(os.path.join(workdir, entry), aside)
       logging.warning("moved the previous run of %s into %s", workdir, aside)
   with open(path, "w") as f:
@@ -185,12 +209,19 @@ def train(config, workdir: str, *, overwrite: bool = False,
   `devices` restricts the mesh to these devices (default: all).
   """
   config_lib.validate(config)
+  config_lib.validate_run(config)
   try:
     mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
+  config_lib.validate_run(config, mesh)
   rules = tuple((k, tuple(v) if isinstance(v, list) else v)
                 for k, v in config.get("rules", sharding.DEFAULT_RULES))
+  with locked_workdir(workdir):
+    return _train(config, workdir, overwrite, mesh, rules)
+
+
+def _train(config, workdir, overwrite, mesh, rules):
   # Everything that can be checked without weights is checked first.
   scfg = model_config(config.student, "student")
   # Supervised fine-tuning ('ce') needs no teacher.
@@ -199,8 +230,10 @@ def train(config, workdir: str, *, overwrite: bool = False,
   tokenizer = train_data.load_tokenizer(config)
   vocab = shared_vocab(config, scfg, tcfg, tokenizer)
   batches = train_data.make_batches(config, tokenizer, vocab)
+  report_dropped(batches)
   if jax.process_index() == 0:
     prepare_workdir(config, workdir, overwrite)
+  ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
 
   seed_key = jax.random.key(config.seed)
   s_key, t_key = jax.random.split(jax.random.fold_in(seed_key, 1 << 20))
@@ -235,9 +268,11 @@ def train(config, workdir: str, *, overwrite: bool = False,
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
                          log_every=config.log_every)
+  init_norm = param_norm(state["params"]) if start == 0 else None
   last = {}
+  stop = StopOnSignal()
   try:
-    for step in range(start, config.total_steps):
+    for step in stop.steps(start, config.total_steps):
       rng = jax.random.fold_in(seed_key, step)
       t0 = time.perf_counter()
       batch, ro_metrics = make_sequences(
@@ -248,10 +283,8 @@ def train(config, workdir: str, *, overwrite: bool = False,
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       metrics.update(ro_metrics)
       if not math.isfinite(metrics["train/loss"]):
-        raise FloatingPointError(
-            f"step {step + 1}: loss is {metrics['train/loss']}; stopping. "
-            f"The last good checkpoint (step {ckpt.steps()[-1] if ckpt.steps() else 'none'}) "
-            "is kept in the workdir.")
+        raise FloatingPointError(nan_stop_message(
+            step + 1, metrics["train/loss"], ckpt, state, init_norm))
       dt = time.perf_counter() - t0
       metrics["perf/step_time_s"] = dt
       metrics["perf/tokens_per_s"] = metrics["rollout/tokens"] / dt
@@ -262,16 +295,156 @@ def train(config, workdir: str, *, overwrite: bool = False,
                                                    scfg))
       log.write(done, metrics)
       last = metrics
-      if done % config.ckpt_every == 0 or done == config.total_steps:
+      stopping = stop.requested(done)  # every step: a multi-host sync point
+      if (done % config.ckpt_every == 0 or done == config.total_steps
+          or stopping):
         ckpt.save(done, state, {"step": done, "data_position": done,
                                 "seed": int(config.seed)})
     ckpt.wait()
+    stop.raise_if_stopped(ckpt)
   finally:
+    stop.restore()
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
     export_hf(scfg, state["params"], tokenizer, workdir)
   return last
+
+
+class Preempted(RuntimeError):
+  """The run stopped on SIGTERM/SIGINT after writing a checkpoint."""
+
+  def __init__(self, msg: str, signum: int):
+    super().__init__(msg)
+    self.exit_code = 128 + int(signum)
+
+
+class StopOnSignal:
+  """SIGTERM/SIGINT -> stop after the step in flight, with a checkpoint.
+
+  Handlers are installed only in the main thread and restored by `restore()`
+  (train() runs many times in one process in tests and the demo). On several
+  hosts the decision comes from JAX's preemption sync point, so every host
+  stops after the same step; a second SIGINT interrupts at once.
+  """
+
+  def __init__(self):
+    self.signum = None
+    self.stopped_at = None
+    self._prev = {}
+    self._multi = jax.process_count() > 1
+    if threading.current_thread() is not threading.main_thread():
+      return
+    sigs = (signal.SIGINT,) if self._multi else (signal.SIGTERM, signal.SIGINT)
+    for sig in sigs:
+      self._prev[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signum = signum
+    print(f"received {signal.Signals(signum).name}: finishing the step in "
+          "flight, then writing a checkpoint (Ctrl-C again to stop at once)",
+          file=sys.stderr, flush=True)
+
+  def requested(self, done: int) -> bool:
+    """True (once) when the run must stop after step `done`."""
+    stop = self.signum is not None
+    if self._multi:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      try:
+        if multihost_utils.reached_preemption_sync_point(done):
+          stop, self.signum = True, self.signum or signal.SIGTERM
+      except RuntimeError:  # no preemption service: the local signal only
+        pass
+    if stop:
+      self.stopped_at = done
+    return stop
+
+  def steps(self, start: int, total: int):
+    for step in range(start, total):
+      if self.stopped_at is not None:
+        return
+      yield step
+
+  def raise_if_stopped(self, ckpt):
+    if self.stopped_at is not None:
+      raise Preempted(
+          f"stopped by {signal.Signals(self.signum).name} after step "
+          f"{self.stopped_at}; checkpoint {self.stopped_at} written to "
+          f"{ckpt.directory}; run the same command to resume", self.signum)
+
+  def restore(self):
+    for sig, prev in self._prev.items():
+      signal.signal(sig, prev)
+    self._prev = {}
+
+
+class locked_workdir:  # pylint: disable=invalid-name
+  """Holds <workdir>/.lock (process 0) for the duration of a run."""
+
+  def __init__(self, workdir: str):
+    self._lock = None
+    if jax.process_index() == 0:
+      ckpt_lib.check_writable_dir(workdir)
+      self._lock = ckpt_lib.WorkdirLock(workdir)
+
+  def __enter__(self):
+    if self._lock is not None:
+      self._lock.acquire()
+    return self
+
+  def __exit__(self, *exc):
+    if self._lock is not None:
+      self._lock.release()
+
+
+def report_dropped(batches) -> None:
+  """Says, visibly, how many training examples the length limits dropped."""
+  n = getattr(batches, "num_dropped", 0)
+  if n:
+    total = len(getattr(batches, "records", ())) or "?"
+    msg = (f"data: dropped {n} of {total} training examples longer than "
+           "data.max_prompt_len (or rollout.max_new_tokens for a dataset "
+           "response)")
+    logging.warning(msg)
+    if jax.process_index() == 0:
+      print(msg, file=sys.stderr, flush=True)
+
+
+def param_norm(params) -> float:
+  import optax  # pylint: disable=g-import-not-at-top
+  return float(jax.device_get(optax.global_norm(
+      jax.tree.map(lambda x: x.astype(jnp.float32), params))))
+
+
+# A kept checkpoint looks sane when its weights are finite and their norm is
+# within this factor of the initial weights' norm.
+SANE_NORM_FACTOR = 10.0
+
+
+def nan_stop_message(step, loss, ckpt, state, init_norm) -> str:
+  """The NaN stop's message: the kept checkpoints with their parameter norms
+  and the last one whose weights look sane."""
+  ckpt.wait()
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      state)
+  norms = ckpt.param_norms(abstract)
+  if init_norm is None and norms and norms[0][1] is not None:
+    init_norm = norms[0][1]  # resumed: the oldest kept one is the yardstick
+  sane = [s for s, n in norms if n is not None and math.isfinite(n) and
+          (init_norm is None or n <= SANE_NORM_FACTOR * max(init_norm, 1e-6))]
+  kept = ", ".join(f"{s} (param norm {n:.4g})" if n is not None else
+                   f"{s} (unreadable)" for s, n in norms) or "none"
+  if sane:
+    verdict = f"resume from step {sane[-1]}, the last whose weights look sane"
+  else:
+    verdict = "no kept checkpoint has sane weights: start again"
+  ref = f"; initial norm {init_norm:.4g}" if init_norm else ""
+  return (f"step {step}: loss is {loss}; stopping. Kept checkpoints in "
+          f"{ckpt.directory}: {kept}{ref}; {verdict}.")
 
 
 def main(argv):
@@ -280,7 +453,11 @@ def main(argv):
   f = flags.FLAGS
   if f.distributed:
     jax.distributed.initialize()
-  train(f.config, f.workdir, overwrite=f.overwrite)
+  try:
+    train(f.config, f.workdir, overwrite=f.overwrite)
+  except Preempted as e:
+    print(e, file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
 
 
 def define_flags():
@@ -298,7 +475,44 @@ def define_flags():
   flags.mark_flags_as_required(["config", "workdir"])
 
 
+def parse_flags(argv):
+  """absl's flag parsing, plus: `--config.x.y=None` sets an optional field to
+  None (ml_collections would parse 'None' as the field's type), and an
+  override of a field the config does not have is a one-line error."""
+  import re  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  pat = re.compile(r"--config\.([A-Za-z_][\w.]*)=(None|none)$")
+  nones = [m.group(1) for m in map(pat.match, argv[1:]) if m]
+  rest = [a for a in argv if not pat.match(a)]
+  saved, sys.argv = sys.argv, rest  # config_flags reads sys.argv
+  try:
+    out = app.parse_flags_with_usage(rest)
+  except (AttributeError, KeyError) as e:
+    key = str(e).strip("'\"")
+    bad = [a for a in rest if a.startswith("--config.") and
+           f".{key}" in a.split("=")[0]]
+    print(f"FATAL Flags parsing error: {bad[0] if bad else '--config'}: the "
+          f"config has no field {key!r}", file=sys.stderr)
+    sys.exit(1)
+  finally:
+    sys.argv = saved
+  config = flags.FLAGS.config
+  for path in nones:
+    node, *parents, leaf = [config] + path.split(".")
+    try:
+      for p in parents:
+        node = node[p]
+      node[leaf]  # pylint: disable=pointless-statement
+      node[leaf] = None
+    except (AttributeError, KeyError, TypeError):
+      print(f"FATAL Flags parsing error: --config.{path}: the config has no "
+            f"field {path!r}", file=sys.stderr)
+      sys.exit(1)
+  return out
+
+
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

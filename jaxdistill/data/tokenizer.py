@@ -9,6 +9,7 @@ special tokens below and a chat template, saved so that
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -35,7 +36,23 @@ def load_tokenizer(path: str):
   import transformers  # Heavy; only callers that tokenize pay for it.
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
-  tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  files = ("tokenizer.json", "tokenizer.model", "vocab.json")
+  if not any(os.path.isfile(os.path.join(path, f)) for f in files):
+    raise ValueError(f"{path}: no tokenizer files (none of {', '.join(files)})")
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    f = os.path.join(path, name)
+    if os.path.isfile(f):
+      try:
+        with open(f, encoding="utf-8") as fh:
+          json.load(fh)
+      except ValueError as e:
+        raise ValueError(f"{f}: malformed JSON ({e})") from None
+  try:
+    tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    raise ValueError(f"{path}: cannot load the tokenizer "
+                     f"({type(e).__name__}: {first})") from None
   if tok.pad_token_id is None:
     # Llama 3 ships without a pad token; padding is masked out anyway, so
     # reuse EOS rather than growing the vocabulary.

@@ -176,8 +176,8 @@ def read_config(path) -> ModelConfig:
     raise FileNotFoundError(f"config.json not found in {path}")
   try:
     d = json.loads(f.read_text())
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{f}: malformed JSON: {e}") from e
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise ValueError(f"{f}: malformed JSON: {e}") from None
   return config_from_hf(d, str(f))
 
 
@@ -374,12 +374,15 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
   axes = logical_axes(cfg)
   params = {}
   files = {}
+  nonfinite = []  # tensors holding NaN/inf: warned about, not refused
 
   def read(name, kind, pshape, rows):
     info = infos[name]
     if info.file not in files:
       files[info.file] = open(info.file, "rb")  # pylint: disable=consider-using-with
     w = st.read_rows(info, *(rows or (0, None)), f=files[info.file])
+    if w.dtype.kind == "f" and name not in nonfinite and not np.isfinite(w).all():
+      nonfinite.append(name)
     return _piece(w.astype(np_dtype, copy=False), kind, pshape, rows)
 
   try:
@@ -425,6 +428,10 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
   finally:
     for f in files.values():
       f.close()
+  if nonfinite:
+    logging.warning("%s: %d tensor(s) hold NaN or inf values: %s", path,
+                    len(nonfinite), ", ".join(nonfinite[:5]) +
+                    (" ..." if len(nonfinite) > 5 else ""))
   return cfg, params
 
 

@@ -55,12 +55,19 @@ def read_header(path: str) -> dict[str, TensorInfo]:
       raise ValueError(f"{path}: corrupt safetensors header length {n}")
     try:
       header = json.loads(f.read(n))
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: corrupt safetensors header: {e}") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+      raise ValueError(f"{path}: corrupt safetensors header: "
+                       f"{type(e).__name__}: {e}") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: corrupt safetensors header (not a JSON object)")
   out = {}
   for name, h in header.items():
     if name == "__metadata__":
       continue
+    if (not isinstance(h, dict) or
+        not {"dtype", "shape", "data_offsets"} <= set(h)):
+      raise ValueError(f"{path}: corrupt safetensors header entry for "
+                       f"tensor {name!r}")
     if h["dtype"] not in DTYPES:
       raise ValueError(f"{path}: tensor {name!r} has unsupported dtype "
                        f"{h['dtype']}; supported: {sorted(DTYPES)}")

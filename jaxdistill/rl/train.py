@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 
 import jax
@@ -135,12 +136,19 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
   """
   config = resolve_paths(config)
   validate(config)
+  config_lib.validate_run(config)
   try:
     mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
+  config_lib.validate_run(config, mesh)
   rules = tuple((k, tuple(v) if isinstance(v, list) else v)
                 for k, v in config.get("rules", sharding.DEFAULT_RULES))
+  with train_lib.locked_workdir(workdir):
+    return _train(config, workdir, overwrite, mesh, rules, reward_fn)
+
+
+def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   scfg = train_lib.model_config(config.student, "student")
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
@@ -163,6 +171,8 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
     raise ValueError(f"config.tokenizer: {len(tokenizer)} tokens do not fit "
                      f"the model's vocabulary ({scfg.vocab_size})")
   batches = train_data.make_batches(config, tokenizer, scfg.vocab_size)
+  train_lib.report_dropped(batches)
+  ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
   eos = set(scfg.eos_token_id) | {int(tokenizer.eos_token_id)}
   eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
 
@@ -204,9 +214,11 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
                          log_every=config.log_every, prefix="grpo")
+  init_norm = train_lib.param_norm(state["params"]) if start == 0 else None
   last = {}
+  stop = train_lib.StopOnSignal()
   try:
-    for step in range(start, config.total_steps):
+    for step in stop.steps(start, config.total_steps):
       t0 = time.perf_counter()
       r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
       batch, metrics = collect(batches[step], state["params"], r_roll)
@@ -214,10 +226,8 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
       state, upd = update(state, batch, r_upd)
       metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})
       if not math.isfinite(metrics["train/loss"]):
-        kept = ckpt.steps()[-1] if ckpt.steps() else "none"
-        raise FloatingPointError(
-            f"step {step + 1}: loss is {metrics['train/loss']}; stopping. The "
-            f"last good checkpoint (step {kept}) is kept in the workdir.")
+        raise FloatingPointError(train_lib.nan_stop_message(
+            step + 1, metrics["train/loss"], ckpt, state, init_norm))
       dt = time.perf_counter() - t0
       metrics.update({"perf/step_time_s": dt, "perf/rollout_time_s": t1 - t0,
                       "perf/tokens_per_s": metrics["rollout/tokens"] / dt})
@@ -228,12 +238,16 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
                                                    scfg))
       log.write(done, metrics)
       last = metrics
-      if done % config.ckpt_every == 0 or done == config.total_steps:
+      stopping = stop.requested(done)  # every step: a multi-host sync point
+      if (done % config.ckpt_every == 0 or done == config.total_steps
+          or stopping):
         ckpt.save(done, state, {
             "step": done, "data_position": done, "seed": int(config.seed),
             "rng": [int(x) for x in jax.random.key_data(seed_key).ravel()]})
     ckpt.wait()
+    stop.raise_if_stopped(ckpt)
   finally:
+    stop.restore()
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
@@ -247,10 +261,14 @@ def main(argv):
   f = flags.FLAGS
   if f.distributed:
     jax.distributed.initialize()
-  train(f.config, f.workdir, overwrite=f.overwrite)
+  try:
+    train(f.config, f.workdir, overwrite=f.overwrite)
+  except train_lib.Preempted as e:
+    print(e, file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
   train_lib.define_flags()
-  app.run(main)
+  app.run(main, flags_parser=train_lib.parse_flags)

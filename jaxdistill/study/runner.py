@@ -187,6 +187,7 @@ def _check_runnable(runs, workdir):
       continue
     try:
       config_lib.validate(run.config)
+      config_lib.validate_run(run.config)
       train.model_config(run.config.student, "student")
       if run.config.loss.kind != "ce":
         train.model_config(run.config.teacher, "teacher")
@@ -194,14 +195,91 @@ def _check_runnable(runs, workdir):
       raise ValueError(f"run {run.name!r}: {e}") from None
 
 
+# Settings that do not change a finished run's result: a finished arm whose
+# config differs from the new one only in these is reused.
+DISPLAY_FIELDS = ("progress", "log_every", "ckpt_every", "keep_ckpts")
+STALE_DIR = "stale"
+
+
+def _config_changes(old, new, workdir: str, prefix: str = "") -> list[str]:
+  """Dotted fields whose values differ between two config dicts. A path
+  inside the sweep's own workdir (e.g. local_assets' tokenizer and student)
+  matches the old run's path with the same relative part, so a moved sweep
+  directory is not stale."""
+  out = []
+  root = os.path.abspath(workdir) + os.sep
+  for k in sorted(set(old) | set(new)):
+    key = f"{prefix}{k}"
+    a, b = old.get(k, "<missing>"), new.get(k, "<missing>")
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += _config_changes(a, b, workdir, key + ".")
+    elif a != b:
+      if (isinstance(a, str) and isinstance(b, str) and b.startswith(root)
+          and a.endswith(os.sep + b[len(root):])):
+        continue
+      out.append(f"{key}: {a!r} -> {b!r}")
+  return out
+
+
+def stale_changes(run: grid_lib.Run, run_dir: str, workdir: str) -> list[str]:
+  """How the config `run_dir` was trained with differs from `run.config`
+  ([] when it matches, or nothing was trained there yet)."""
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    return []
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except ValueError as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from None
+  new = json.loads(config_lib.to_json(run.config))
+  # An unfinished run resumes, and may then change what resuming allows.
+  ignore = DISPLAY_FIELDS if is_finished(run_dir) else train.RESUMABLE_FIELDS
+  return [c for c in _config_changes(old, new, workdir)
+          if c.split(":")[0] not in ignore]
+
+
+def _handle_stale(runs, workdir: str, rerun_stale: bool) -> None:
+  """Refuses (or, with rerun_stale, moves aside) runs done under another config."""
+  stale = []
+  for run in runs:
+    changes = stale_changes(run, os.path.join(workdir, run.dirname), workdir)
+    if changes:
+      stale.append((run, changes))
+  if not stale:
+    return
+  if not rerun_stale:
+    first, changes = stale[0]
+    raise ValueError(
+        f"{workdir}: {len(stale)} run(s) were trained under a different "
+        f"config than the grid now gives, e.g. {first.name!r}: "
+        f"{'; '.join(changes[:5])}; pass rerun_stale=True (--rerun_stale) to "
+        f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them")
+  aside = os.path.join(workdir, STALE_DIR)
+  os.makedirs(aside, exist_ok=True)
+  for run, changes in stale:
+    dst = os.path.join(aside, f"{run.dirname}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(os.path.join(workdir, run.dirname), dst)
+    log(f"{run.name}: config changed ({'; '.join(changes[:3])}); "
+        f"old run moved to {dst}")
+
+
 def run_sweep(grid, workdir: str, *, only: str | None = None,
               evaluate_fn: Callable | None = None, devices=None,
-              summarize: bool = True) -> list[dict]:
+              summarize: bool = True, rerun_stale: bool = False) -> list[dict]:
   """Runs every unfinished run of `grid` in turn; returns all results.
 
   Then writes <workdir>/summary/: results.csv, results.md and the figures.
   `evaluate_fn(grid, run, run_dir) -> flat metrics | None` replaces the
   default evaluation (jaxdistill.evaluate with grid.eval).
+
+  A run directory trained under a config other than the run's (a setting
+  changed outside the grid's axes) is refused, naming the fields, unless
+  `rerun_stale`, which moves it into <workdir>/stale/ and runs it again.
+  Fields in DISPLAY_FIELDS, and paths inside `workdir` that differ only by
+  where the sweep directory lives, are not differences.
   """
   os.makedirs(workdir, exist_ok=True)
   if grid.get("local_assets"):
@@ -209,6 +287,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   runs = grid_lib.expand(grid, only)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
+  _handle_stale(runs, workdir, rerun_stale)
   _check_runnable(runs, workdir)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
