@@ -270,6 +270,8 @@ def train(config, workdir: str, *, overwrite: bool = False,
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
+    if tokenizer is None and config.get("tokenizer_build"):  # runlocal
+      tokenizer = train_data.tiny_tokenizer(config, workdir)
     export_hf(scfg, state["params"], tokenizer, workdir)
   return last
 
@@ -299,6 +301,5 @@ def define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  define_flags()
-  app.run(main)
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run_absl(main, define_flags)
