@@ -2,7 +2,7 @@ r"""KL-gradient analysis: what forward and reverse KL ask of the student logits.
 
 For rollouts (tokens + masks) from some policy and a (student, teacher) pair,
 at every response position, with q = softmax(z / tau) (student), p =
-softmax(u / tau) (teacher) over the shared vocabulary (METHOD.md):
+softmax(u / tau) (teacher) over the shared vocabulary (docs/method.md):
 
   g_F = dFKL/dz = (q - p) / tau
   g_R = dRKL/dz = q (log q - log p - RKL) / tau

@@ -196,7 +196,7 @@ def test_sweep_help_and_readme_examples_parse(monkeypatch):
 
 
 def test_conftest_appends_the_device_count_to_existing_xla_flags(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_cpu_use_thunk_runtime=true",
+  env = dict(os.environ, XLA_FLAGS="--xla_dump_hlo_as_text=false",
              JAX_PLATFORMS="cpu")
   r = subprocess.run(
       [sys.executable, "-c",
@@ -205,7 +205,7 @@ def test_conftest_appends_the_device_count_to_existing_xla_flags(tmp_path):
       env=env, capture_output=True, text=True, cwd=tmp_path)
   assert r.returncode == 0, r.stderr
   flags_line, count = r.stdout.split("\n")[:2]
-  assert flags_line.startswith("--xla_cpu_use_thunk_runtime=true ")
+  assert flags_line.startswith("--xla_dump_hlo_as_text=false ")
   assert int(count) == 8
 
 
@@ -214,9 +214,12 @@ def test_runlocal_train_then_evaluate_from_another_directory(tmp_path):
   """The README's local pair: quiet logs, a tokenizer in hf_student/, and
   jaxdistill.evaluate accepting the workdir."""
   work = tmp_path / "jd"
+  # One device: runlocal's batch of 4 does not split over the 8 test devices.
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   r = _run(["jaxdistill.train", "--config", "configs/distill.py:runlocal",
             "--config.total_steps=2", "--config.ckpt_every=2",
-            "--config.progress=False", "--workdir", str(work)], cwd=tmp_path)
+            "--config.progress=False", "--workdir", str(work)], cwd=tmp_path,
+           env=env)
   assert r.returncode == 0, r.stderr[-3000:]
   # absl-formatted INFO lines ('I1130 12:00:00.000 123 file.py:12] ...'):
   # before, Orbax alone wrote about 100 per run; jaxdistill's own may stay.
@@ -229,6 +232,6 @@ def test_runlocal_train_then_evaluate_from_another_directory(tmp_path):
   assert (hf / "tokenizer.json").is_file() and (hf / "tokenizer_config.json").is_file()
   e = _run(["jaxdistill.evaluate", "--config", "configs/eval.py:runlocal",
             "--config.progress=False", "--checkpoint", str(work),
-            "--out", str(tmp_path / "eval.json")], cwd=tmp_path)
+            "--out", str(tmp_path / "eval.json")], cwd=tmp_path, env=env)
   assert e.returncode == 0, e.stderr[-3000:]
   assert "countdown3" in e.stdout and (tmp_path / "eval.json").is_file()
