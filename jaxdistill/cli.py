@@ -40,6 +40,8 @@ def quiet_library_logs(verbose: bool = False) -> None:
   """INFO/DEBUG records from outside jaxdistill are dropped by every handler
   on the root logger (absl's included, which Orbax and TFDS write through)."""
   if verbose:
+    if not logging.getLogger().handlers:
+      logging.basicConfig(level=logging.INFO)
     logging.getLogger().setLevel(logging.INFO)
     return
   handlers = list(logging.getLogger().handlers)
@@ -162,6 +164,8 @@ def run_absl(main: Callable[[list[str]], object], define_flags: Callable[[], Non
     except flags.Error as e:
       _fail(e, verbose)
     except (KeyError, AttributeError) as e:  # ml_collections: no such field
+      if verbose:
+        raise
       _fail(_unknown_override(args) or e, verbose)
 
   def wrapped(args):
