@@ -17,6 +17,9 @@ setuptools.setup(
         "ml-collections>=0.1.1",
         "transformers>=4.46",
         "tokenizers>=0.20",
+        # transformers' apply_chat_template (every prompt) needs it; torch
+        # brings it along, so only an install without torch shows it missing.
+        "jinja2>=3.1",
         "safetensors>=0.4",
         "tensorflow-datasets>=4.9.7",
         "grain>=0.2.2",

@@ -19,7 +19,7 @@ from jaxdistill import config_lib
 
 # Tiny random models for runlocal: a bigger "teacher" and a smaller student
 # sharing one vocabulary.
-TINY_TEACHER = dict(family="llama", vocab_size=256, hidden_size=64,
+TINY_TEACHER = dict(family="llama", vocab_size=320, hidden_size=64,
                     intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                     eos_token_id=(2,), max_position_embeddings=512)
@@ -78,6 +78,9 @@ def get_config(arg=None):
     c.student.update(init=TINY_STUDENT, dtype="float32")
     c.teacher.update(init=TINY_TEACHER, dtype="float32", param_dtype="float32")
     c.data.update(task="synthetic", batch_size=4, max_prompt_len=8)
+    # Written with the export (hf_student/), for jaxdistill.evaluate; the
+    # synthetic prompts are random token ids and do not use it.
+    c.tokenizer_build = dict(vocab_size=300)
     c.rollout.update(max_new_tokens=8)
     c.loss.update(chunk_size=16)
     c.optim.update(lr=max(arg.lr, 1e-3), warmup_steps=1)

@@ -7,7 +7,7 @@ Variants, each against both rollout policies:
                             tokens (importance-weighted off-policy)
   rkl_k3                    the k3 estimator back-propagated: its expected
                             gradient on student samples is the FORWARD KL's
-                            (METHOD.md), kept as the known trap
+                            (docs/method.md), kept as the known trap
   fkl_long, rkl_long        longer reasoning chains: Countdown-4 and 4x the
                             generation budget (train and eval)
 

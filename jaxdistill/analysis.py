@@ -2,7 +2,7 @@ r"""KL-gradient analysis: what forward and reverse KL ask of the student logits.
 
 For rollouts (tokens + masks) from some policy and a (student, teacher) pair,
 at every response position, with q = softmax(z / tau) (student), p =
-softmax(u / tau) (teacher) over the shared vocabulary (METHOD.md):
+softmax(u / tau) (teacher) over the shared vocabulary (docs/method.md):
 
   g_F = dFKL/dz = (q - p) / tau
   g_R = dRKL/dz = q (log q - log p - RKL) / tau
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -184,8 +185,17 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
   return rows
 
 
-def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
-  """kl_gradients.csv / .md / .png of `lambda_spectrum` rows."""
+PLUMBING_NOTE = ("random models (no checkpoint path): a plumbing check of the "
+                 "analysis, its numbers say nothing about distillation")
+
+
+def write_spectrum(rows: Sequence[dict], out_dir: str, *,
+                   note: str | None = None) -> list[str]:
+  """kl_gradients.csv / .md / .png of `lambda_spectrum` rows.
+
+  `note` (e.g. PLUMBING_NOTE) heads the Markdown and titles the figure. The
+  figure's axes span the quantities' ranges (shares [0, 1], cosine [-1, 1],
+  norms from 0), so that noise between lambdas is not drawn as a trend."""
   if not rows:
     raise ValueError("rows: nothing to write")
   os.makedirs(out_dir, exist_ok=True)
@@ -196,7 +206,8 @@ def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
     w.writerow(cols)
     for r in rows:
       w.writerow([r[c] for c in cols])
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  lines = [f"**Note: {note}.**", ""] if note else []
+  lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   lines += ["| " + " | ".join(f"{r[c]:.4g}" for c in cols) + " |" for r in rows]
   lines += ["", "fkl/rkl: mean token KL; *_norm: mean L2 norm of the gradient "
             "w.r.t. the student logits; cos: mean cosine between the two; "
@@ -212,8 +223,11 @@ def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
   for k, label in (("fkl_norm", "forward KL"), ("rkl_norm", "reverse KL")):
     ax[0].plot(lam, [r[k] for r in rows], "o-", label=label)
   ax[0].set_ylabel("mean ||grad|| w.r.t. logits")
+  top = max([r[k] for r in rows for k in ("fkl_norm", "rkl_norm")] + [0.0])
+  ax[0].set_ylim(0.0, 1.1 * top if top > 0 else 1.0)
   ax[1].plot(lam, [r["cos"] for r in rows], "o-")
   ax[1].set_ylabel("cos(grad FKL, grad RKL)")
+  ax[1].set_ylim(-1.05, 1.05)
   for k, label in (("fkl_under", "forward KL, q < p"),
                    ("rkl_under", "reverse KL, q < p"),
                    ("fkl_over", "forward KL, q > p"),
@@ -221,11 +235,14 @@ def write_spectrum(rows: Sequence[dict], out_dir: str) -> list[str]:
     ax[2].plot(lam, [r[k] for r in rows], "o-" if "under" in k else "s--",
                label=label)
   ax[2].set_ylabel("share of squared gradient norm")
+  ax[2].set_ylim(-0.02, 1.02)
   for a in ax:
     a.set_xlabel("lambda (share of student tokens)")
+    a.set_xlim(-0.05, 1.05)
   ax[0].legend(fontsize=8)
   ax[2].legend(fontsize=7)
-  fig.suptitle("KL gradients w.r.t. the student logits along the rollout spectrum")
+  fig.suptitle("KL gradients w.r.t. the student logits along the rollout "
+               "spectrum" + (f"\n({note})" if note else ""))
   fig.tight_layout()
   fig.savefig(paths[2], dpi=120)
   plt.close(fig)
@@ -261,8 +278,12 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
       loss_temperature=float(config.loss.temperature), vocab_size=vocab,
       eos_token_ids=tuple(sorted(eos)),
       pad_token_id=getattr(tok, "pad_token_id", None) or 0)
+  note = None
+  if not (config.student.get("path") and config.teacher.get("path")):
+    note = PLUMBING_NOTE
+    logging.warning("%s", note)
   if out_dir:
-    write_spectrum(rows, out_dir)
+    write_spectrum(rows, out_dir, note=note)
   return rows
 
 
@@ -289,6 +310,5 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  _define_flags()
-  app.run(main)
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run_absl(main, _define_flags)

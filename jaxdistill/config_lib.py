@@ -8,14 +8,35 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 
 import ml_collections
+
+# The checkout jaxdistill runs from (pip install -e): its configs/ directory is
+# where a relative config path falls back to, so commands work from any cwd.
+PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOSS_KINDS = ("forward", "reverse", "jsd", "sampled", "ce")
 ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 POLICIES = ("student", "teacher", "mixture", "dataset")
 REDUCTIONS = ("token_mean", "sequence_mean", "sum")
 SCHEDULES = ("constant", "cosine")
+
+
+def find_config(path: str) -> str:
+  """A config file's path: as given if it exists (absolute, or relative to the
+  working directory), else relative to PROJECT_DIR (`configs/distill.py`
+  works from anywhere). Raises FileNotFoundError saying where it looked."""
+  given = os.path.expanduser(path)
+  if os.path.isfile(given):
+    return given
+  fallback = os.path.join(PROJECT_DIR, given)
+  if not os.path.isabs(given) and os.path.isfile(fallback):
+    return fallback
+  where = (given if os.path.isabs(given) else
+           f"{os.path.abspath(given)} and {fallback}")
+  raise FileNotFoundError(f"config file {path!r} not found (looked for {where}; "
+                          f"the project's configs are in {PROJECT_DIR}/configs)")
 
 
 def parse_arg(arg: str | None, **defaults):

@@ -235,6 +235,5 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  _define_flags()
-  app.run(main)
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run_absl(main, _define_flags)

@@ -1,5 +1,5 @@
 """Evaluation metrics: accuracy, coverage (pass@k, distinct answers),
-forgetting and update sparsity. Definitions follow shared/METHOD.md.
+forgetting and update sparsity. Definitions: docs/method.md.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@ r"""Run a grid of distillation runs, or print their launch commands.
 
   # Every arm, one after another, then the table and figures:
   python -m jaxdistill.sweep --config configs/grid_main.py \
-      --config.families.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
-      --config.families.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
+      --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
+      --config.presets.family.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
       --workdir /runs/main
   # One launch command per run, for a cluster or a TPU pod:
   python -m jaxdistill.sweep --config configs/grid_spectrum.py ... \
@@ -75,6 +75,5 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  _define_flags()
-  app.run(main)
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run_absl(main, _define_flags)

@@ -307,6 +307,8 @@ def _train(config, workdir, overwrite, mesh, rules):
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
+    if tokenizer is None and config.get("tokenizer_build"):  # runlocal
+      tokenizer = train_data.tiny_tokenizer(config, workdir)
     export_hf(scfg, state["params"], tokenizer, workdir)
   return last
 
@@ -475,44 +477,6 @@ def define_flags():
   flags.mark_flags_as_required(["config", "workdir"])
 
 
-def parse_flags(argv):
-  """absl's flag parsing, plus: `--config.x.y=None` sets an optional field to
-  None (ml_collections would parse 'None' as the field's type), and an
-  override of a field the config does not have is a one-line error."""
-  import re  # pylint: disable=g-import-not-at-top
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  pat = re.compile(r"--config\.([A-Za-z_][\w.]*)=(None|none)$")
-  nones = [m.group(1) for m in map(pat.match, argv[1:]) if m]
-  rest = [a for a in argv if not pat.match(a)]
-  saved, sys.argv = sys.argv, rest  # config_flags reads sys.argv
-  try:
-    out = app.parse_flags_with_usage(rest)
-  except (AttributeError, KeyError) as e:
-    key = str(e).strip("'\"")
-    bad = [a for a in rest if a.startswith("--config.") and
-           f".{key}" in a.split("=")[0]]
-    print(f"FATAL Flags parsing error: {bad[0] if bad else '--config'}: the "
-          f"config has no field {key!r}", file=sys.stderr)
-    sys.exit(1)
-  finally:
-    sys.argv = saved
-  config = flags.FLAGS.config
-  for path in nones:
-    node, *parents, leaf = [config] + path.split(".")
-    try:
-      for p in parents:
-        node = node[p]
-      node[leaf]  # pylint: disable=pointless-statement
-      node[leaf] = None
-    except (AttributeError, KeyError, TypeError):
-      print(f"FATAL Flags parsing error: --config.{path}: the config has no "
-            f"field {path!r}", file=sys.stderr)
-      sys.exit(1)
-  return out
-
-
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  define_flags()
-  app.run(main, flags_parser=parse_flags)
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run_absl(main, define_flags)

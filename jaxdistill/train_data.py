@@ -61,6 +61,24 @@ def load_tokenizer(config):
   return tok_lib.load_tokenizer(os.path.expanduser(path))
 
 
+def tiny_tokenizer(config, workdir):
+  """runlocal (config.tokenizer_build set): a byte-level BPE trained on
+  Countdown text into <workdir>/tokenizer, so that the tiny random models'
+  exports carry a tokenizer and jaxdistill.evaluate runs on them."""
+  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
+  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
+  out = os.path.join(workdir, "tokenizer")
+  if not os.path.isfile(os.path.join(out, "tokenizer.json")):
+    recs = [p.to_record() for p in countdown.generate_problems(
+        int(config.data.get("n_numbers") or 3), 64, seed=0)]
+    texts = [tasks.prompt_text(r) + " " + tasks.reference_response(r)
+             for r in recs]
+    tok_lib.train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size),
+                                out)
+  return tok_lib.load_tokenizer(out)
+
+
 def save_tokenizer(tokenizer, out_dir):
   if tokenizer is not None:
     tokenizer.save_pretrained(out_dir)

@@ -102,3 +102,23 @@ def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
   with pytest.raises(ValueError, match="lams"):
     analysis.lambda_spectrum((scfg, sp), (tcfg, tp), [batch], lams=(1.5,),
                              rng=jax.random.key(0), max_new_tokens=3)
+
+
+def test_figure_spans_full_ranges_and_names_random_models(tmp_path, monkeypatch):
+  """Numbers that differ in the 4th decimal must not fill the plot as a trend."""
+  import matplotlib.figure
+  figs = []
+  save = matplotlib.figure.Figure.savefig
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                      lambda self, *a, **k: (figs.append(self), save(self, *a, **k))[1])
+  rows = [dict(lam=l, student_fraction=l, tokens=10.0, fkl=0.5, rkl=0.5,
+               fkl_norm=0.3 + 1e-4 * l, rkl_norm=0.3, cos=0.9 - 1e-4 * l,
+               fkl_under=0.5 + 1e-4 * l, fkl_over=0.5 - 1e-4 * l,
+               rkl_under=0.5, rkl_over=0.5) for l in (0.0, 0.5, 1.0)]
+  paths = analysis.write_spectrum(rows, str(tmp_path), note=analysis.PLUMBING_NOTE)
+  norm_ax, cos_ax, share_ax = figs[-1].axes
+  assert norm_ax.get_ylim()[0] <= 0.0 and norm_ax.get_ylim()[1] >= 0.3
+  assert cos_ax.get_ylim()[0] <= -1.0 and cos_ax.get_ylim()[1] >= 1.0
+  assert share_ax.get_ylim()[0] <= 0.0 and share_ax.get_ylim()[1] >= 1.0
+  assert "plumbing check" in figs[-1]._suptitle.get_text()  # pylint: disable=protected-access
+  assert "plumbing check" in open(paths[1]).read().splitlines()[0]

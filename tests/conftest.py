@@ -4,7 +4,11 @@ and share compiled programs between tests through JAX's persistent cache
 import os
 
 # Must happen before JAX initialises its backends; subprocesses inherit these.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA_FLAGS is often set already (GPU machines): add the device count to it.
+_DEVICES = "--xla_force_host_platform_device_count"
+if _DEVICES not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(
+      f for f in (os.environ.get("XLA_FLAGS", ""), f"{_DEVICES}=8") if f)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser(
     "~/.cache/jaxdistill/jax-compile-cache-tests"))

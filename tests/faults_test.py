@@ -392,8 +392,8 @@ def test_tokenizer_errors_name_the_directory_or_file(tmp_path):
 # -- 6. flags -----------------------------------------------------------------------
 
 def _parse(*overrides):
-  script = ("import sys; from absl import flags; from jaxdistill import train;"
-            "train.define_flags(); train.parse_flags(sys.argv);"
+  script = ("import sys; from absl import flags; from jaxdistill import cli, train;"
+            "train.define_flags(); cli.parse_flags(sys.argv);"
             "c = flags.FLAGS.config; print(repr(c.optim.clip_norm), "
             "repr(c.rollout.lam))")
   cmd = [sys.executable, "-c", script, "--config",
@@ -408,11 +408,15 @@ def test_config_flags_none_and_unknown_fields():
   res = _parse("--config.optim.clip_norm=None", "--config.rollout.lam=0.25")
   assert res.returncode == 0, res.stderr[-2000:]
   assert res.stdout.split() == ["None", "0.25"]
-  res = _parse("--config.foo=1")
-  assert res.returncode != 0
-  assert res.stderr.strip().splitlines()[-1] == (
-      "FATAL Flags parsing error: --config.foo=1: the config has no field "
-      "'foo'")
+  for bad in ("--config.foo=1", "--config.foo=None"):
+    res = subprocess.run(
+        [sys.executable, "-m", "jaxdistill.train", "--config",
+         str(ROOT / "configs" / "distill.py"), "--workdir", "/tmp/x", bad],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --config.foo: the config has no field 'foo'"), last
 
 
 # -- 7. one process per workdir --------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -31,9 +32,28 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
+def import_transformers():
+  """transformers, imported without its "PyTorch was not found. Models won't
+  be available" notice: jaxdistill uses its tokenizers and configs only. The
+  import is heavy, so only callers that tokenize pay for it."""
+  if "transformers" in sys.modules:
+    return sys.modules["transformers"]
+  key = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+  old = os.environ.get(key)
+  os.environ[key] = "1"
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+  finally:
+    if old is None:
+      del os.environ[key]
+    else:
+      os.environ[key] = old
+  return transformers
+
+
 def load_tokenizer(path: str):
   """A transformers tokenizer from a local checkpoint directory."""
-  import transformers  # Heavy; only callers that tokenize pay for it.
+  transformers = import_transformers()
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
   files = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -72,7 +92,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
   `vocab_size` must exceed 256 + len(SPECIAL_TOKENS); the rest are merges.
   """
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-  import transformers
+  transformers = import_transformers()
   floor = 256 + len(SPECIAL_TOKENS)
   if vocab_size <= floor:
     raise ValueError(f"vocab_size must be > {floor} (bytes + special tokens), "

@@ -1,6 +1,5 @@
-import sys
-
 from jaxdistill.demo.cli import main
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

@@ -61,4 +61,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

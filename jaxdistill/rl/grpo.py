@@ -32,7 +32,7 @@ optimises in expectation is its GRADIENT, not its value:
   k3         r - 1 - log r (DeepSeekMath) grad KL(pi_ref || pi_theta)  'forward'
 
 So GRPO's usual k3 penalty, whose VALUE estimates the reverse KL, pulls along
-the FORWARD KL (the same trap as in distillation, METHOD.md). The table is
+the FORWARD KL (the same trap as in distillation, docs/method.md). The table is
 exact for samples of pi_theta, i.e. on the first update of a fresh batch;
 later mini-batch steps use pi_old's samples without reweighting the KL term
 (as GRPO does), which is close while the clip keeps pi_theta near pi_old.

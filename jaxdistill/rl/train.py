@@ -16,6 +16,7 @@ optimizer steps on it (state['step'] counts those).
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -101,22 +102,6 @@ def validate(config) -> None:
     _err("total_steps", f"must be >= 1, got {config.total_steps}")
 
 
-def _tiny_tokenizer(config, workdir):
-  """runlocal: a byte-level BPE trained on Countdown text, in the workdir."""
-  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
-  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
-  out = os.path.join(workdir, "tokenizer")
-  if not os.path.isfile(os.path.join(out, "tokenizer.json")):
-    recs = [p.to_record() for p in countdown.generate_problems(
-        int(config.data.n_numbers), 64, seed=0)]
-    texts = [tasks.prompt_text(r) + " " + tasks.reference_response(r)
-             for r in recs]
-    tok_lib.train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size),
-                                out)
-  return tok_lib.load_tokenizer(out)
-
-
 def resolve_paths(config):
   """A copy of `config` whose model paths point at loadable HF directories."""
   config = config.copy_and_resolve_references()
@@ -150,6 +135,12 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
 
 def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   scfg = train_lib.model_config(config.student, "student")
+  if not config.student.get("path"):
+    logging.warning(
+        "config.student has no path: a randomly initialised policy (runlocal). "
+        "Its rewards and loss will be 0 at nearly every step: this run checks "
+        "the plumbing (sampling, rewards, updates, checkpoints, export), not "
+        "learning.")
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
   rmcfg = rcfg = None
@@ -166,7 +157,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   if jax.process_index() == 0:
     train_lib.prepare_workdir(config, workdir, overwrite)
   if build_tok:
-    tokenizer = _tiny_tokenizer(config, workdir)
+    tokenizer = train_data.tiny_tokenizer(config, workdir)
   if len(tokenizer) > scfg.vocab_size:
     raise ValueError(f"config.tokenizer: {len(tokenizer)} tokens do not fit "
                      f"the model's vocabulary ({scfg.vocab_size})")
@@ -269,6 +260,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  train_lib.define_flags()
-  app.run(main, flags_parser=train_lib.parse_flags)
+  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
+  cli.run_absl(main, train_lib.define_flags)

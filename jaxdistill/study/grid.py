@@ -37,8 +37,6 @@ import ml_collections
 
 from jaxdistill import config_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 @dataclasses.dataclass
 class Run:
@@ -48,19 +46,12 @@ class Run:
   config: ml_collections.ConfigDict
 
 
-def resolve_path(path: str) -> str:
-  """A config path as given, else relative to the repository root."""
-  if os.path.isabs(path) or os.path.exists(path):
-    return path
-  return os.path.join(REPO, path)
-
-
 def load_config(spec: str):
-  """`path/to/config.py[:arg]` -> get_config(arg), like --config does."""
+  """`path/to/config.py[:arg]` -> get_config(arg), like --config does; a
+  relative path missing from the working directory is taken from the
+  project's own (config_lib.find_config)."""
   path, _, arg = spec.partition(":")
-  full = resolve_path(path)
-  if not os.path.isfile(full):
-    raise FileNotFoundError(f"config file not found: {path!r} (from {spec!r})")
+  full = config_lib.find_config(path)
   name = "_jd_config_" + re.sub(r"\W", "_", os.path.abspath(full))
   mod_spec = importlib.util.spec_from_file_location(name, full)
   module = importlib.util.module_from_spec(mod_spec)

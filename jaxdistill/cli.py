@@ -1,0 +1,206 @@
+"""What every command line entry point shares (train, rl.train, evaluate,
+sweep, analysis, demo, models.inspect):
+
+- `--config configs/x.py[:arg]` is found from any working directory: a relative
+  path missing there is taken from the project's configs (config_lib.find_config);
+- libraries log warnings and errors only (Orbax, absl, JAX, TFDS, grain ...
+  write INFO lines by the hundred); jaxdistill's own INFO lines stay;
+- transformers' "PyTorch was not found" notice is not printed: jaxdistill
+  uses transformers for tokenizers and configs only;
+- an error is printed as one line, `error: <message>`, exit status 1; with
+  `--verbose` (or JAXDISTILL_DEBUG=1) the full traceback and library INFO logs.
+
+  if __name__ == "__main__":
+    cli.run_absl(main, define_flags)     # absl flags + ml_collections --config
+    cli.run(main)                        # main(argv) parses argv itself
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+VERBOSE_ARGS = ("--verbose", "--verbose=true", "--verbose=True", "--debug")
+_QUIET_TRANSFORMERS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def is_verbose(argv: Sequence[str]) -> bool:
+  return (any(a in VERBOSE_ARGS for a in argv) or
+          os.environ.get("JAXDISTILL_DEBUG", "") not in ("", "0"))
+
+
+def _own_or_important(record: logging.LogRecord) -> bool:
+  return (record.levelno >= logging.WARNING or
+          os.path.abspath(record.pathname).startswith(_OWN_DIR))
+
+
+def quiet_library_logs(verbose: bool = False) -> None:
+  """INFO/DEBUG records from outside jaxdistill are dropped by every handler
+  on the root logger (absl's included, which Orbax and TFDS write through)."""
+  if verbose:
+    if not logging.getLogger().handlers:
+      logging.basicConfig(level=logging.INFO)
+    logging.getLogger().setLevel(logging.INFO)
+    return
+  handlers = list(logging.getLogger().handlers)
+  try:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    handlers.append(absl_logging.get_absl_handler())
+  except ImportError:
+    pass
+  for h in handlers:
+    if _own_or_important not in h.filters:
+      h.addFilter(_own_or_important)
+
+
+def resolve_config_args(argv: Sequence[str]) -> list[str]:
+  """`--config SPEC` / `--config=SPEC` with SPEC's file resolved (see
+  config_lib.find_config); `--config.x=y` overrides are left alone."""
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+
+  def resolve(spec):
+    path, sep, arg = spec.partition(":")
+    return config_lib.find_config(path) + sep + arg
+
+  out = list(argv)
+  for i, a in enumerate(out):
+    if a == "--config" and i + 1 < len(out):
+      out[i + 1] = resolve(out[i + 1])
+    elif a.startswith("--config="):
+      out[i] = "--config=" + resolve(a[len("--config="):])
+  return out
+
+
+def one_line(e: BaseException) -> str:
+  """The exception's message on one line. A message that embeds a traceback
+  (absl's flag errors do) is cut to its first and last lines."""
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  if not lines:
+    return type(e).__name__
+  if any(l.startswith("Traceback") for l in lines):
+    lines = [lines[0], lines[-1]] if len(lines) > 1 else lines
+  msg = " ".join(lines)
+  # Our messages name the field or file; a bare KeyError('x') needs its type.
+  if isinstance(e, (KeyError, AttributeError, TypeError, IndexError)):
+    msg = f"{type(e).__name__}: {msg}"
+  return msg
+
+
+def _unknown_override(argv: Sequence[str]) -> ValueError | None:
+  """Names the first `--config.a.b=v` flag whose field the config lacks."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from jaxdistill.study import grid  # pylint: disable=g-import-not-at-top
+  specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+  specs += [a[len("--config="):] for a in argv if a.startswith("--config=")]
+  if len(specs) != 1:
+    return None
+  try:
+    node0 = grid.load_config(specs[0])
+  except Exception:  # pylint: disable=broad-except
+    return None
+  for a in argv:
+    if not a.startswith("--config."):
+      continue
+    field = a[len("--config."):].split("=")[0]
+    node = node0
+    for i, part in enumerate(field.split(".")):
+      if not isinstance(node, (dict, ml_collections.ConfigDict)) or part not in node:
+        have = (sorted(node.keys()) if isinstance(
+            node, (dict, ml_collections.ConfigDict)) else None)
+        where = ".".join(field.split(".")[:i]) or "the config"
+        return ValueError(f"--config.{field}: {where} has no field {part!r}" +
+                          (f" (it has {', '.join(map(str, have))})" if have else ""))
+      node = node[part]
+  return None
+
+
+def _fail(e: BaseException, verbose: bool):
+  if verbose:
+    raise e
+  if isinstance(e, KeyboardInterrupt):
+    print("interrupted", file=sys.stderr, flush=True)
+    sys.exit(130)
+  print(f"error: {one_line(e)}  (--verbose shows the traceback)",
+        file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def _prepare(argv):
+  os.environ.setdefault(_QUIET_TRANSFORMERS, "1")
+  argv = list(sys.argv if argv is None else argv)
+  return argv, is_verbose(argv)
+
+
+def run(main: Callable[[list[str]], object], argv=None) -> None:
+  """main(args) for an entry point that parses its own arguments (argparse);
+  `--verbose`/`--debug` are taken out of the arguments it sees."""
+  argv, verbose = _prepare(argv)
+  args = [a for a in argv[1:] if a not in VERBOSE_ARGS]
+  quiet_library_logs(verbose)
+  try:
+    main(resolve_config_args(args))
+  except SystemExit:
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    _fail(e, verbose)
+
+
+def parse_flags(argv: Sequence[str]):
+  """absl's flag parsing, plus `--config.x.y=None`, which sets an optional
+  field to None (ml_collections would parse 'None' as the field's type)."""
+  import re  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  pat = re.compile(r"--config\.([A-Za-z_][\w.]*)=(None|none)$")
+  nones = [m.group(1) for m in map(pat.match, argv[1:]) if m]
+  rest = [a for a in argv if not pat.match(a)]
+  saved, sys.argv = sys.argv, rest  # config_flags reads sys.argv
+  try:
+    out = flags.FLAGS(rest)
+  finally:
+    sys.argv = saved
+  for path in nones:
+    node, *parents, leaf = [flags.FLAGS.config] + path.split(".")
+    try:
+      for p in parents:
+        node = node[p]
+      node[leaf]  # pylint: disable=pointless-statement
+    except (AttributeError, KeyError, TypeError):
+      raise KeyError(path) from None  # named by _unknown_override
+    node[leaf] = None
+  return out
+
+
+def run_absl(main: Callable[[list[str]], object], define_flags: Callable[[], None],
+             argv=None) -> None:
+  """absl's app.run(main) after define_flags(), with a `--verbose` flag."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  argv, verbose = _prepare(argv)
+  define_flags()
+  flags.DEFINE_bool("verbose", False, "Print the full traceback of an error and "
+                    "the libraries' INFO logs.")
+  flags.DEFINE_alias("debug", "verbose")
+
+  def parse(args):
+    try:
+      return parse_flags(args)
+    except flags.Error as e:
+      _fail(e, verbose)
+    except (KeyError, AttributeError) as e:  # ml_collections: no such field
+      if verbose:
+        raise
+      _fail(_unknown_override(args) or e, verbose)
+
+  def wrapped(args):
+    quiet_library_logs(verbose)
+    return main(args)
+
+  quiet_library_logs(verbose)
+  try:
+    app.run(wrapped, argv=resolve_config_args(argv), flags_parser=parse)
+  except SystemExit:
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    _fail(e, verbose)

@@ -1,0 +1,237 @@
+"""The command lines as a newcomer meets them: configs found from any working
+directory, errors in one line, quiet library logs, no torch notice, a help
+example that parses, a runlocal workdir that jaxdistill.evaluate accepts."""
+import io
+import logging
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from jaxdistill import cli
+from jaxdistill import config_lib
+from jaxdistill.study import grid as grid_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(args, cwd, timeout=600, env=None):
+  """`python -m <args>` in `cwd` with this checkout first on the path."""
+  env = dict(os.environ if env is None else env)
+  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+  return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _lines(text):
+  # tqdm redraws with \r; a progress bar is not an error line.
+  return [l for l in re.split(r"[\r\n]", text) if l.strip()]
+
+
+def test_config_paths_resolve_from_another_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert not (tmp_path / "configs").exists()
+  found = config_lib.find_config("configs/distill.py")
+  assert pathlib.Path(found).resolve() == ROOT / "configs" / "distill.py"
+  # The loader the demo and the grid configs use ('configs/distill.py').
+  cfg = grid_lib.load_config("configs/distill.py:runlocal")
+  assert cfg.total_steps > 0
+  # A file in the working directory wins over the project's.
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "distill.py").write_text(
+      "def get_config(arg=None):\n  return {'mine': True}\n")
+  assert grid_lib.load_config("configs/distill.py") == {"mine": True}
+  with pytest.raises(FileNotFoundError) as e:
+    config_lib.find_config("configs/nope.py")
+  assert str(tmp_path / "configs" / "nope.py") in str(e.value)
+  assert str(ROOT / "configs" / "nope.py") in str(e.value)
+  args = cli.resolve_config_args(["--config", "configs/eval.py:runlocal",
+                                  "--config.seed=1", "--workdir", "w",
+                                  "--config=configs/distill.py:x"])
+  assert args[1] == str(ROOT / "configs" / "eval.py") + ":runlocal"
+  assert args[2:] == ["--config.seed=1", "--workdir", "w",
+                      "--config=configs/distill.py:x"]
+
+
+def test_one_line_keeps_first_and_last_line_of_an_embedded_traceback():
+  e = ValueError("flag --config=x: Error whilst parsing config file:\n\n"
+                 "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                 "ValueError: config arg: unknown key 'foo'\n")
+  assert cli.one_line(e) == ("flag --config=x: Error whilst parsing config file: "
+                             "ValueError: config arg: unknown key 'foo'")
+  assert cli.one_line(KeyError("families")) == "KeyError: 'families'"
+  assert cli.one_line(ValueError("a\n  b")) == "a b"
+
+
+def test_library_info_logs_are_dropped_own_and_warnings_kept():
+  stream = io.StringIO()
+  handler = logging.StreamHandler(stream)
+  root = logging.getLogger()
+  old_level = root.level
+  root.addHandler(handler)
+  root.setLevel(logging.INFO)
+  try:
+    cli.quiet_library_logs()
+    own = os.path.join(ROOT, "jaxdistill", "train.py")
+    lib = os.path.join(os.path.dirname(logging.__file__), "orbax_like.py")
+    for name, level, path, msg in (
+        ("absl", logging.INFO, lib, "library info"),
+        ("jax._src.xla_bridge", logging.INFO, lib, "backend info"),
+        ("absl", logging.WARNING, lib, "library warning"),
+        ("root", logging.INFO, own, "own info")):
+      handler.handle(logging.LogRecord(name, level, path, 1, msg, None, None))
+  finally:
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+    from absl import logging as absl_logging
+    absl_logging.get_absl_handler().removeFilter(cli._own_or_important)  # pylint: disable=protected-access
+  out = stream.getvalue()
+  assert "library info" not in out and "backend info" not in out
+  assert "library warning" in out and "own info" in out
+
+
+BAD = {  # entry point -> arguments with one bad setting, and the message
+    "jaxdistill.train": (["--config", "configs/distill.py:runlocal",
+                          "--config.loss.kind=bogus", "--workdir", "w"],
+                         "config.loss.kind"),
+    "jaxdistill.rl.train": (["--config", "configs/grpo_countdown.py:runlocal",
+                             "--config.grpo.clip_low=2.0", "--workdir", "w"],
+                            "config.grpo.clip_low"),
+    "jaxdistill.evaluate": (["--config", "configs/eval.py:task=bogus",
+                             "--checkpoint", "x"], "task"),
+    "jaxdistill.sweep": (["--config", "configs/grid_main.py",
+                          "--config.families.llama.student.path=/x",
+                          "--workdir", "w"], "families"),
+    "jaxdistill.analysis": (["--config", "configs/distill.py:runlocal",
+                             "--batches", "0"], "--batches"),
+    "jaxdistill.demo": (["--config", "configs/nope.py"], "configs/nope.py"),
+    "jaxdistill.models.inspect": (["no/such/checkpoint"], "no/such/checkpoint"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(BAD))
+def test_cli_error_is_one_line_from_another_directory(module, tmp_path):
+  args, needle = BAD[module]
+  r = _run([module, *args], cwd=tmp_path)
+  assert r.returncode != 0
+  lines = _lines(r.stderr)
+  assert len(lines) == 1, r.stderr
+  assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+  assert "Traceback" not in r.stderr
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+  args, _ = BAD["jaxdistill.train"]
+  r = _run(["jaxdistill.train", *args, "--verbose"], cwd=tmp_path)
+  assert r.returncode != 0
+  assert "Traceback" in r.stderr and "config.loss.kind" in r.stderr
+
+
+def test_transformers_torch_notice_is_silenced(tmp_path):
+  hide_torch = (
+      "import importlib.util as u\n"
+      "_find = u.find_spec\n"
+      "u.find_spec = lambda n, *a, **k: None if n == 'torch' else _find(n, *a, **k)\n")
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+  plain = subprocess.run([sys.executable, "-c", hide_torch + "import transformers"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+  assert "PyTorch was not found" in plain.stderr  # the notice exists
+  ours = subprocess.run(
+      [sys.executable, "-c", hide_torch +
+       "from jaxdistill.data import tokenizer\n"
+       "t = tokenizer.import_transformers()\n"
+       "import os; assert 'TRANSFORMERS_NO_ADVISORY_WARNINGS' not in os.environ\n"],
+      env=env, capture_output=True, text=True, cwd=tmp_path)
+  assert ours.returncode == 0, ours.stderr
+  assert "PyTorch was not found" not in ours.stderr
+
+
+def _doc_commands(text, module):
+  """The `python -m <module> ...` commands of a docstring or README block."""
+  joined = re.sub(r"\\\n\s*", " ", text)
+  out = []
+  for line in joined.splitlines():
+    line = line.split("#")[0].strip()
+    if line.startswith(f"python -m {module} ") and " ... " not in line:
+      line = re.sub(r"\[[^\]]*\]", "", line)  # optional flags in brackets
+      out.append(shlex.split(line)[3:])
+  return out
+
+
+def _field(cfg, dotted):
+  for part in dotted.split("."):
+    cfg = cfg[part]
+  return cfg
+
+
+def test_sweep_help_and_readme_examples_parse(monkeypatch):
+  from absl import flags
+  from ml_collections import config_flags
+  from jaxdistill import sweep
+  readme = (ROOT / "README.md").read_text()
+  examples = (_doc_commands(sweep.__doc__, "jaxdistill.sweep") +
+              _doc_commands(readme, "jaxdistill.sweep"))
+  assert len(examples) >= 3
+  for args in examples:
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=fv,
+                                     lock_config=False)
+    flags.DEFINE_string("workdir", None, "", flag_values=fv)
+    flags.DEFINE_bool("print_commands", False, "", flag_values=fv)
+    flags.DEFINE_string("only", None, "", flag_values=fv)
+    argv = ["sweep", *cli.resolve_config_args(args)]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads overrides there
+    fv(argv)
+    grid = fv.config
+    for a in args:
+      if a.startswith("--config."):
+        field, _, value = a[len("--config."):].partition("=")
+        assert str(_field(grid, field)) == value, (args, field)
+    assert sweep.expand(grid, fv.only), args
+
+
+def test_conftest_appends_the_device_count_to_existing_xla_flags(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="--xla_dump_hlo_as_text=false",
+             JAX_PLATFORMS="cpu")
+  r = subprocess.run(
+      [sys.executable, "-c",
+       f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'conftest.py')!r})\n"
+       "import os, jax; print(os.environ['XLA_FLAGS']); print(jax.device_count())"],
+      env=env, capture_output=True, text=True, cwd=tmp_path)
+  assert r.returncode == 0, r.stderr
+  flags_line, count = r.stdout.split("\n")[:2]
+  assert flags_line.startswith("--xla_dump_hlo_as_text=false ")
+  assert int(count) == 8
+
+
+@pytest.mark.slow
+def test_runlocal_train_then_evaluate_from_another_directory(tmp_path):
+  """The README's local pair: quiet logs, a tokenizer in hf_student/, and
+  jaxdistill.evaluate accepting the workdir."""
+  work = tmp_path / "jd"
+  # One device: runlocal's batch of 4 does not split over the 8 test devices.
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  r = _run(["jaxdistill.train", "--config", "configs/distill.py:runlocal",
+            "--config.total_steps=2", "--config.ckpt_every=2",
+            "--config.progress=False", "--workdir", str(work)], cwd=tmp_path,
+           env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  # absl-formatted INFO lines ('I1130 12:00:00.000 123 file.py:12] ...'):
+  # before, Orbax alone wrote about 100 per run; jaxdistill's own may stay.
+  info = [l for l in _lines(r.stderr) if re.match(r"I\d{4} ", l)]
+  assert len(info) <= 3, info[:5]
+  assert not [l for l in info if re.search(
+      r"orbax|checkpoint_manager|CheckpointManager|xla_bridge|Metadata", l)]
+  assert "checkpoint_manager" not in r.stderr
+  hf = work / "hf_student"
+  assert (hf / "tokenizer.json").is_file() and (hf / "tokenizer_config.json").is_file()
+  e = _run(["jaxdistill.evaluate", "--config", "configs/eval.py:runlocal",
+            "--config.progress=False", "--checkpoint", str(work),
+            "--out", str(tmp_path / "eval.json")], cwd=tmp_path, env=env)
+  assert e.returncode == 0, e.stderr[-3000:]
+  assert "countdown3" in e.stdout and (tmp_path / "eval.json").is_file()
