@@ -13,10 +13,10 @@ Prompt batch (`make_prompt_batches`), for rollouts::
 
   prompt       int32 [B, P]  chat-templated prompt, LEFT-padded: ends at P-1
   prompt_mask  int32 [B, P]  1 on prompt tokens
-  task         int32 [B]     jaxdistill.tasks.COUNTDOWN / MCQ
-  numbers      int32 [B, 6]  Countdown numbers, padded with -1 (-1 for MCQ)
-  target       int32 [B]     Countdown target (-1 for MCQ)
-  gold         int32 [B]     gold option index, A = 0 (-1 for Countdown)
+  task         int32 [B]     jaxdistill.tasks.COUNTDOWN / MCQ / ARITH
+  numbers      int32 [B, 6]  Countdown numbers, padded with -1 (else -1)
+  target       int32 [B]     Countdown target, arithmetic value (-1 for MCQ)
+  gold         int32 [B]     gold option index, A = 0 (-1 for the others)
   index        int32 [B]     position of the record in `records`
   valid        int32 [B]     0 on rows that pad a finite pass's last batch
 
@@ -47,6 +47,7 @@ import numpy as np
 from jaxdistill import tasks
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.tasks import countdown as countdown_lib
+from jaxdistill.tasks import expr as expr_lib
 from jaxdistill.tasks import mcq
 
 MAX_NUMBERS = 6
@@ -140,6 +141,8 @@ def _metadata(records) -> dict[str, np.ndarray]:
         raise ValueError(f"record {i}: {len(nums)} numbers > {MAX_NUMBERS}")
       meta["numbers"][i, :len(nums)] = nums
       meta["target"][i] = int(r["target"])
+    elif t == tasks.ARITH:
+      meta["target"][i] = int(r["value"])  # the gold value
     else:
       meta["gold"][i] = mcq.letter_index(r["answer"])
   return meta
@@ -318,6 +321,12 @@ def read_records(path: str) -> list[dict]:
             or not isinstance(row["target"], int)):
           raise ValueError(f"Countdown record needs 1-{MAX_NUMBERS} integer "
                            "numbers and an integer target")
+      elif kind == tasks.ARITH:
+        if not isinstance(row["value"], int) or row["value"] < 0:
+          raise ValueError("arithmetic record needs a non-negative integer value")
+        if expr_lib.evaluate(expr_lib.parse(row["expression"])) != row["value"]:
+          raise ValueError(f"arithmetic record: {row['expression']} is not "
+                           f"{row['value']}")
       else:
         sources.validate_record(row["question"], row["options"], row["answer"])
     except (ValueError, TypeError, KeyError) as e:

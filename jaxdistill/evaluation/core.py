@@ -43,7 +43,7 @@ import numpy as np
 from jaxdistill import metrics
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import tasks
-from jaxdistill.tasks import countdown, mcq
+from jaxdistill.tasks import arith, countdown, mcq
 
 Generator = Callable[..., tuple[Sequence[str], np.ndarray, np.ndarray]]
 MODES = ("greedy", "sampled")
@@ -230,7 +230,8 @@ def _run(generate, batches, *, n, temperature, rng, desc, progress) -> dict:
 
 
 def _answer_key(task: int):
-  return countdown.normalize_answer if task == tasks.COUNTDOWN else mcq.extract_answer
+  return {tasks.COUNTDOWN: countdown.normalize_answer,
+          tasks.ARITH: arith.extract_answer}.get(task, mcq.extract_answer)
 
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,

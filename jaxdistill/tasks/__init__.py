@@ -1,7 +1,8 @@
 """Tasks: prompts and verifiers, and the glue from a batch row to its verifier.
 
 A record is a plain dict. Countdown records carry `numbers`, `target` (and
-`solution`); multiple-choice records carry `question`, `options`, `answer`.
+`solution`); multiple-choice records carry `question`, `options`, `answer`;
+arithmetic records carry `expression` and `value`.
 `task_of(record)` tells them apart, and batches from
 jaxdistill.data.pipeline carry the same information as arrays ('task',
 'numbers', 'target', 'gold'), so `score_batch(texts, batch)` needs nothing
@@ -13,10 +14,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxdistill.tasks import countdown, mcq
+from jaxdistill.tasks import arith, countdown, mcq
 
-COUNTDOWN, MCQ = 0, 1
-TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq"}
+COUNTDOWN, MCQ, ARITH = 0, 1, 2
+TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq", ARITH: "arith"}
 
 
 def task_of(record: Mapping) -> int:
@@ -25,15 +26,21 @@ def task_of(record: Mapping) -> int:
     return COUNTDOWN
   if "question" in record and "options" in record and "answer" in record:
     return MCQ
+  if "expression" in record and "value" in record:
+    return ARITH
   raise ValueError(
-      "record: expected Countdown fields (numbers, target) or multiple-choice "
-      f"fields (question, options, answer), got keys {sorted(record)}")
+      "record: expected Countdown fields (numbers, target), multiple-choice "
+      "fields (question, options, answer) or arithmetic fields (expression, "
+      f"value), got keys {sorted(record)}")
 
 
 def prompt_text(record: Mapping) -> str:
   """The user message for a record (before the chat template)."""
-  if task_of(record) == COUNTDOWN:
+  t = task_of(record)
+  if t == COUNTDOWN:
     return countdown.build_prompt(record["numbers"], record["target"])
+  if t == ARITH:
+    return arith.build_prompt(record["expression"])
   return mcq.build_prompt(record["question"], record["options"])
 
 
@@ -42,11 +49,14 @@ def reference_response(record: Mapping) -> str:
   present, else the Countdown solution's worked steps, else the MCQ answer line."""
   if record.get("response") is not None:
     return str(record["response"])
-  if task_of(record) == COUNTDOWN:
+  t = task_of(record)
+  if t == COUNTDOWN:
     if not record.get("solution"):
       raise ValueError("record: Countdown record has no 'solution' or 'response'")
     return countdown.reference_completion(
         record["numbers"], record["target"], record["solution"])
+  if t == ARITH:
+    return arith.reference_completion(record["expression"])
   return mcq.reference_completion(record["answer"])
 
 
@@ -74,6 +84,10 @@ def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
       nums = [int(n) for n in numbers[row] if n >= 0]
       out["reward"][i] = countdown.reward(text, nums, int(target[row]))
       out["format"][i] = countdown.format_score(text)
+      out["parsed"][i] = out["format"][i] == 1.0
+    elif task[row] == ARITH:
+      out["reward"][i] = arith.reward(text, int(target[row]))
+      out["format"][i] = arith.format_score(text)
       out["parsed"][i] = out["format"][i] == 1.0
     elif task[row] == MCQ:
       letter = mcq.LETTERS[int(gold[row])]

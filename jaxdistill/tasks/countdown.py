@@ -387,11 +387,18 @@ def reference_completion(numbers: Sequence[int], target: int, solution: str) -> 
   if sorted(expr_lib.literals(tree)) != sorted(_check_numbers(numbers)) or (
       expr_lib.evaluate(tree) != int(target)):
     raise ValueError(f"solution {solution!r} does not solve {list(numbers)} -> {target}")
-  steps: list[str] = []
-  _steps(tree, steps)
+  steps = worked_steps(tree)
   return ("Let me combine the numbers step by step. " + " ".join(steps) +
           f" This reaches {int(target)} using each number once.\n"
           f"<answer>{solution}</answer>")
+
+
+def worked_steps(tree) -> list[str]:
+  """["a op b = c.", ...] for every operation of a parsed expression, in
+  evaluation order (left operand first)."""
+  out: list[str] = []
+  _steps(tree, out)
+  return out
 
 
 def _steps(node, out) -> Fraction:
