@@ -17,6 +17,7 @@ Prompt batch (`make_prompt_batches`), for rollouts::
   numbers      int32 [B, 6]  Countdown numbers, padded with -1 (-1 for MCQ)
   target       int32 [B]     Countdown target (-1 for MCQ)
   gold         int32 [B]     gold option index, A = 0 (-1 for Countdown)
+  num_options  int32 [B]     number of options offered (-1 for Countdown)
   index        int32 [B]     position of the record in `records`
   valid        int32 [B]     0 on rows that pad a finite pass's last batch
 
@@ -130,7 +131,8 @@ def _metadata(records) -> dict[str, np.ndarray]:
   meta = {"task": np.zeros(n, np.int32),
           "numbers": np.full((n, MAX_NUMBERS), -1, np.int32),
           "target": np.full(n, -1, np.int32),
-          "gold": np.full(n, -1, np.int32)}
+          "gold": np.full(n, -1, np.int32),
+          "num_options": np.full(n, -1, np.int32)}
   for i, r in enumerate(records):
     t = tasks.task_of(r)
     meta["task"][i] = t
@@ -142,6 +144,7 @@ def _metadata(records) -> dict[str, np.ndarray]:
       meta["target"][i] = int(r["target"])
     else:
       meta["gold"][i] = mcq.letter_index(r["answer"])
+      meta["num_options"][i] = len(r["options"])
   return meta
 
 
