@@ -14,7 +14,7 @@ import ml_collections
 LOSS_KINDS = ("forward", "reverse", "jsd", "sampled", "ce")
 ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 POLICIES = ("student", "teacher", "mixture", "dataset")
-REDUCTIONS = ("token_mean", "sequence_mean", "sum")
+REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
 SCHEDULES = ("constant", "cosine")
 
 

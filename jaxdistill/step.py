@@ -30,10 +30,20 @@ PyTree = Any
 
 
 def loss_weights(loss_mask: jax.Array, reduction: str) -> jax.Array:
-  """[B, L] 0/1 mask -> [B, L] float32 weights implementing `reduction`."""
+  """[B, L] 0/1 mask -> [B, L] float32 weights implementing `reduction`.
+
+  token_mean: every response token of the batch counts the same;
+  sequence_mean: token mean within each sequence, then mean over sequences;
+  sequence_sum: sum within each sequence, then mean over sequences;
+  sum: sum over every response token of the whole batch (scale grows with the
+  batch size). Sequences without response tokens are not counted.
+  """
   m = loss_mask.astype(jnp.float32)
   if reduction == "sum":
     return m
+  if reduction == "sequence_sum":
+    n_seq = jnp.maximum((m.sum(-1) > 0).sum(), 1)
+    return m / n_seq
   if reduction == "token_mean":
     return m / jnp.maximum(m.sum(), 1.0)
   if reduction == "sequence_mean":

@@ -31,12 +31,16 @@ def _batch(seed=0, b=4, l=12, v=64):
           "loss_mask": loss.astype(np.int32)}
 
 
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sum"])
+@pytest.mark.parametrize("reduction",
+                         ["token_mean", "sequence_mean", "sequence_sum", "sum"])
 def test_loss_weights_match_numpy(reduction):
   m = _batch()["loss_mask"].astype(np.float64)
+  m[1] = 0  # a row without response tokens is not counted
   w = np.asarray(step_lib.loss_weights(jnp.asarray(m), reduction))
   if reduction == "sum":
     ref = m
+  elif reduction == "sequence_sum":  # sum within each row, mean over rows
+    ref = m / (m.sum(1) > 0).sum()
   elif reduction == "token_mean":
     ref = m / m.sum()
   else:

@@ -64,7 +64,8 @@ def sampled_kl(student_logprobs, teacher_logprobs, mask, *,
       which divergence's gradient each follows.
     importance_weight: optional [B, T] per-token constant weight, e.g.
       q(y)/p(y) for teacher-sampled tokens.
-    reduction: 'token_mean' | 'sequence_mean' | 'sum'.
+    reduction: 'token_mean' | 'sequence_mean' | 'sequence_sum' | 'sum'
+      (see losses.divergence).
 
   Returns:
     (loss, metrics) with 'distill/loss', 'distill/k1', 'distill/k2',

@@ -34,6 +34,7 @@ def _fused(hs, ws, ht, wt, mask, **kw):
     ("forward", 0.5, "token_mean", 4),      # 4 chunks, last one padded
     ("reverse", 0.5, "sequence_mean", 5),
     ("jsd", 0.3, "sum", 16),                # one chunk longer than T
+    ("forward", 0.5, "sequence_sum", 4),
 ])
 def test_fused_matches_plain(kind, beta, reduction, chunk):
   hs, ws, ht, wt, mask = _inputs(0)

@@ -88,7 +88,8 @@ def test_value_estimates_of_reverse_kl():
     assert abs(vals.mean() - D["reverse"]) < 5 * vals.std() / np.sqrt(N)
 
 
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sum"])
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean",
+                                       "sequence_sum", "sum"])
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "rkl_surrogate"])
 def test_values(estimator, reduction):
   rng = np.random.default_rng(3)
