@@ -230,7 +230,7 @@ def train(config, workdir: str, *, overwrite: bool = False,
       out_shardings=(state_shard, None),
       donate_argnums=0)
   make_sequences = train_data.SequenceMaker(config, scfg, tcfg, mesh, rules,
-                                            tokenizer)
+                                            tokenizer, vocab_size=vocab)
 
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),

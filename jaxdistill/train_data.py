@@ -82,8 +82,18 @@ class SequenceMaker:
   """Host batch + current params -> device batch of sequences, rollout metrics."""
 
   def __init__(self, config, student_cfg, teacher_cfg, mesh, rules,
-               tokenizer=None):
+               tokenizer=None, vocab_size=None):
+    """`vocab_size`: the shared real vocabulary rollouts sample over (train.py
+    passes the one the loss compares over); default len(tokenizer), else the
+    models' smallest embedding width."""
     self.ro = config.rollout
+    if vocab_size is None and tokenizer is not None:
+      vocab_size = len(tokenizer)
+    self.vocab = None if vocab_size is None else int(vocab_size)
+    # Only the sampled estimators' importance weights need the mixture's
+    # log-probs (exact KLs take the full vocabulary at every prefix).
+    self.behaviour = (config.loss.kind == "sampled"
+                      and config.rollout.policy != "student")
     self.scfg, self.tcfg = student_cfg, teacher_cfg
     self.mesh, self.rules = mesh, rules
     # Pad with what the data pipeline pads with; stop on the models' EOS ids
@@ -123,9 +133,13 @@ class SequenceMaker:
         max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
-        return_logprobs=False)
+        return_logprobs=self.behaviour, vocab_size=self.vocab)
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}
+    if self.behaviour:  # [B, P+N], aligned with tokens (0 on the prompt)
+      batch["behaviour_logprobs"] = jnp.concatenate(
+          [jnp.zeros(r.prompt_mask.shape, jnp.float32), r.behaviour_logprobs],
+          axis=1)
     stats = jax.device_get({"len": r.lengths.mean(), "frac": r.student_fraction,
                             "ended": r.ended.mean(),
                             "tokens": batch["attention_mask"].sum()})

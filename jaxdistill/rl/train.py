@@ -193,13 +193,14 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
 
   update = jax.jit(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
-                          rules=rules),
+                          rules=rules, vocab_size=len(tokenizer)),
       in_shardings=(state_shard, None, None),
       out_shardings=(state_shard, None), donate_argnums=0)
   collect = rl_step.Collector(
       config, scfg, reward_fn or rl_step.task_reward_fn(tokenizer), mesh=mesh,
       rules=rules, reference=reference,
-      pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos)
+      pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos,
+      vocab_size=len(tokenizer))
 
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
