@@ -220,6 +220,8 @@ def train(config, workdir: str, *, overwrite: bool = False,
   if not track_sparsity:
     del params0
     params0 = None
+  else:  # compared in the dtype the base student is stored in
+    sparsity_dtype = train_data.base_dtype(config.student, scfg)
 
   loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab)
   update = jax.jit(
@@ -259,7 +261,7 @@ def train(config, workdir: str, *, overwrite: bool = False,
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
         metrics.update(train_data.sparsity_metrics(params0, state["params"],
-                                                   scfg))
+                                                   scfg, sparsity_dtype))
       log.write(done, metrics)
       last = metrics
       if done % config.ckpt_every == 0 or done == config.total_steps:

@@ -149,14 +149,36 @@ class SequenceMaker:
                    "rollout/tokens": float(stats["tokens"])}
 
 
-def sparsity_metrics(params0, params1, cfg) -> dict:
-  """Update sparsity against the initial student (METHOD.md definition),
-  compared in the student's parameter dtype."""
+def base_dtype(mcfg, cfg) -> str:
+  """The dtype the base student is stored in: its checkpoint's (config.student
+  .path), else the params dtype of a from-scratch init. Sparsity is compared
+  in it by default (METHOD.md)."""
   from jaxdistill import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  res = metrics_lib.update_sparsity(params0, params1, atol=1e-5,
-                                    dtype=jnp.dtype(cfg.param_dtype))
+  if mcfg.get("path"):
+    return metrics_lib.checkpoint_dtype(os.path.expanduser(mcfg.path))
+  return jnp.dtype(cfg.param_dtype).name
+
+
+def sparsity_metrics(params0, params1, cfg, dtype=None) -> dict:
+  """Update sparsity against the initial student (METHOD.md definition).
+
+  Compared in `dtype` (pass base_dtype(...): the base checkpoint's stored
+  dtype; default the params dtype) for sparsity/whole, sparsity/whole_exact
+  and sparsity/layer_XX; the whole-model figures are also logged under keys
+  naming the dtype, for it and for the other of bfloat16 / float32:
+  sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}.
+  """
+  from jaxdistill import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  dtype = jnp.dtype(dtype if dtype is not None else cfg.param_dtype).name
+  res = metrics_lib.update_sparsity(params0, params1, atol=1e-5, dtype=dtype)
+  other_dtype = metrics_lib.other_sparsity_dtype(dtype)
+  other = metrics_lib.update_sparsity(params0, params1, atol=1e-5,
+                                      dtype=other_dtype)
   out = {"sparsity/whole": res["sparsity"],
          "sparsity/whole_exact": res["exact_sparsity"]}
+  for name, r in ((dtype, res), (other_dtype, other)):
+    out[f"sparsity/whole_{name}"] = r["sparsity"]
+    out[f"sparsity/whole_exact_{name}"] = r["exact_sparsity"]
   for i, v in res["per_layer"].items():
     out[f"sparsity/layer_{int(i):02d}"] = v["sparsity"]
   return out

@@ -190,6 +190,8 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
     reference = (scfg, params0)
   if not config.get("track_sparsity", True):
     params0 = None
+  else:  # compared in the dtype the base student is stored in
+    sparsity_dtype = train_data.base_dtype(config.student, scfg)
 
   update = jax.jit(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
@@ -226,7 +228,7 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
         metrics.update(train_data.sparsity_metrics(params0, state["params"],
-                                                   scfg))
+                                                   scfg, sparsity_dtype))
       log.write(done, metrics)
       last = metrics
       if done % config.ckpt_every == 0 or done == config.total_steps:
