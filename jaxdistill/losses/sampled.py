@@ -21,8 +21,9 @@ the rollout policy b with the constant weight w(y) = q(y) / b(y)
   rkl_surrogate  grad RKL                 grad RKL          grad RKL
 
 (FKL = KL(p||q), RKL = KL(q||p), gradients w.r.t. the student parameters;
-each cell is checked by exact enumeration over a small vocabulary in
-tests/losses/sampled_test.py and tests/step_test.py.) k3 is the trap:
+checked by Monte Carlo in tests/losses/sampled_test.py and, every cell, by
+exact enumeration over a small vocabulary through the training step's own
+weighting in tests/step_test.py.) k3 is the trap:
 back-propagating the unbiased, low-variance RKL VALUE estimator trains the
 FORWARD KL. WITHOUT the weight, teacher samples give none of these: k1 then
 follows -grad FKL (it pushes q away from the teacher's tokens), and k2, k3
