@@ -6,8 +6,10 @@ Variants, each against both rollout policies:
   rkl_sampled               single-sample reverse-KL surrogate on the sampled
                             tokens (importance-weighted off-policy)
   rkl_k3                    the k3 estimator back-propagated: its expected
-                            gradient on student samples is the FORWARD KL's
-                            (docs/method.md), kept as the known trap
+                            gradient on student samples, and on teacher
+                            samples weighted by q/p (as the training step
+                            does), is the FORWARD KL's (docs/method.md), kept as
+                            the known trap
   fkl_long, rkl_long        longer reasoning chains: Countdown-4 and 4x the
                             generation budget (train and eval)
 

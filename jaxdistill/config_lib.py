@@ -19,7 +19,7 @@ PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOSS_KINDS = ("forward", "reverse", "jsd", "sampled", "ce")
 ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 POLICIES = ("student", "teacher", "mixture", "dataset")
-REDUCTIONS = ("token_mean", "sequence_mean", "sum")
+REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
 SCHEDULES = ("constant", "cosine")
 
 
@@ -74,6 +74,29 @@ def _err(field: str, msg: str):
   raise ValueError(f"config.{field}: {msg}")
 
 
+def _check_sampled_rollout(loss, ro) -> None:
+  """The sampled estimators assume y ~ softmax(z / loss.temperature) over the
+  full vocabulary (reweighted from the teacher or the mixture when the policy
+  is not the student): refuse rollouts drawn from anything else."""
+  if ro.policy == "dataset":
+    _err("rollout.policy", "loss.kind='sampled' needs tokens sampled from the "
+         "student, the teacher or their mixture (importance weights q/b); "
+         "policy='dataset' text has no known sampling distribution: use an "
+         "exact loss (loss.kind='forward'/'reverse'/'jsd') or another policy")
+  if float(ro.temperature) != float(loss.temperature):
+    _err("rollout.temperature", f"{ro.temperature} differs from "
+         f"loss.temperature={loss.temperature}: with loss.kind='sampled' the "
+         "estimators assume the tokens were drawn at the loss temperature")
+  if ro.get("top_k") is not None:
+    _err("rollout.top_k", f"{ro.top_k}: with loss.kind='sampled' the "
+         "estimators assume sampling over the full vocabulary at "
+         "loss.temperature; set rollout.top_k=None")
+  if ro.get("top_p") is not None and float(ro.top_p) < 1.0:
+    _err("rollout.top_p", f"{ro.top_p}: with loss.kind='sampled' the "
+         "estimators assume sampling over the full vocabulary at "
+         "loss.temperature; set rollout.top_p=None (or 1.0)")
+
+
 def validate(config) -> None:
   """Checks a training config before any compute; raises naming the field."""
   loss = config.loss
@@ -102,6 +125,8 @@ def validate(config) -> None:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
   if float(ro.temperature) < 0:
     _err("rollout.temperature", f"must be >= 0, got {ro.temperature}")
+  if loss.kind == "sampled":
+    _check_sampled_rollout(loss, ro)
 
   opt = config.optim
   if not float(opt.lr) > 0:

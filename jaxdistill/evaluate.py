@@ -21,7 +21,10 @@ With --baseline (the student before training):
                accuracy is reported in percentage points per suite and mean.
   sparsity     both checkpoints are read tensor by tensor in their stored
                dtypes (metrics.update_sparsity_from_checkpoints), whole model
-               and per layer, |delta| <= atol and exact.
+               and per layer, |delta| <= atol and exact, compared in the
+               baseline's stored dtype (config.sparsity.dtype overrides it),
+               and whole-model also in the other of bfloat16 / float32;
+               the keys sparsity/whole_{dtype} name the dtype.
 """
 from __future__ import annotations
 
@@ -176,12 +179,17 @@ def run(config, checkpoint: str, baseline: str | None = None,
   flat = {}
   if baseline:
     # Cheap next to evaluation, and it checks that the two models match.
+    # In the baseline's stored dtype (unless configured), and in the other
+    # of bfloat16 / float32 beside it: the two can differ several-fold.
+    atol = float(config.sparsity.atol)
     sp = metrics.update_sparsity_from_checkpoints(
-        baseline, checkpoint, atol=float(config.sparsity.atol),
-        dtype=config.sparsity.get("dtype"))
-    flat.update(report.sparsity_metrics(sp))
-    result["sparsity"] = {"dtype": sp["dtype"], "atol": sp["atol"],
-                          "stored_dtype": sp["stored_dtype"]}
+        baseline, checkpoint, atol=atol, dtype=config.sparsity.get("dtype"))
+    other = metrics.update_sparsity_from_checkpoints(
+        baseline, checkpoint, atol=atol,
+        dtype=metrics.other_sparsity_dtype(sp["dtype"].split(",")[0]))
+    flat.update(report.sparsity_metrics(sp, other))
+    result["sparsity"] = {"dtype": sp["dtype"], "other_dtype": other["dtype"],
+                          "atol": sp["atol"], "stored_dtype": sp["stored_dtype"]}
 
   s = config.sampler
   flat.update(_evaluate("checkpoint", checkpoint, config, mesh, factory, suites,

@@ -251,6 +251,31 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
 
 # ------------------------------------------------------ sparsity of checkpoints
 
+SPARSITY_DTYPES = ("bfloat16", "float32")
+
+
+def other_sparsity_dtype(dtype) -> str:
+  """The dtype reported beside `dtype`: float32 beside anything else, and
+  bfloat16 beside float32 (the study's checkpoints are bfloat16)."""
+  return "bfloat16" if jnp.dtype(dtype) == jnp.float32 else "float32"
+
+
+def checkpoint_dtype(path: str) -> str:
+  """The dtype a Hugging Face checkpoint's floating-point tensors are stored in
+  (from the safetensors headers; config.json's torch_dtype if they hold none,
+  e.g. a mix). ValueError naming the directory if neither says."""
+  infos, _ = _hf_tensors(path)
+  kinds = {np.dtype(i.dtype).name for i in infos.values()
+           if jnp.issubdtype(i.dtype, jnp.floating)}
+  if len(kinds) == 1:
+    return kinds.pop()
+  with open(os.path.join(path, "config.json")) as f:
+    name = json.load(f).get("torch_dtype")
+  if name:
+    return jnp.dtype(str(name)).name
+  raise ValueError(f"{path}: cannot tell the stored dtype (tensors hold "
+                   f"{sorted(kinds)}, config.json has no torch_dtype)")
+
 _HF_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _NEVER_COMPARED = ("rotary_emb.inv_freq",)
 
@@ -294,12 +319,13 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
   Tensors are read straight from the safetensors files in the dtype they are
   stored in, a block of rows at a time, so host memory holds a few times
   chunk_bytes (the blocks and their float64 difference) whatever the model
-  size. Both are rounded to
-  `dtype` before comparing; by default that is the stored dtype of each
-  tensor of `path1` (the trained model): an fp32 export of a bf16 base is
-  then compared in fp32, which the bf16 base converts to exactly, rather than
-  hiding updates smaller than a bf16 step. Pass dtype='bfloat16' to compare
-  on the bf16 grid instead.
+  size. Both are rounded to `dtype` before comparing; by default that is the
+  stored dtype of each tensor of `path0`, the BASE checkpoint (docs/method.md:
+  compare in the dtype the checkpoint is stored in). A float32 export of a
+  bfloat16 base is then compared on the bfloat16 grid, where updates smaller
+  than a bf16 step leave an entry unchanged, as they would in a bf16 release;
+  pass dtype='float32' for the finer comparison (jaxdistill.evaluate reports
+  both).
 
   Per-layer figures use the HF layer index ('model.layers.3.' -> 3); groups
   are tensor names without it ('model.layers.self_attn.q_proj.weight').
@@ -333,7 +359,7 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
                          f"{i1.shape} in {path1}")
       stored0.add(np.dtype(i0.dtype).name)
       stored1.add(np.dtype(i1.dtype).name)
-      cmp_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else i1.dtype))
+      cmp_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else i0.dtype))
       tally.dtypes.add(cmp_dtype.name)
       m = _HF_LAYER.search(name)
       layer = int(m.group(2)) if m else None

@@ -6,8 +6,11 @@ then the response, then right padding):
   tokens          int32  token ids
   attention_mask  int32  1 for real tokens (prompt and response)
   loss_mask       int32  1 where the token is a response token (to be predicted)
-  sampler_is_student  bool, optional: which model sampled each response token
-                  (only the sampled-estimator importance weights need it)
+  behaviour_logprobs  float32, optional: log-prob of each response token under
+                  the policy that sampled it (Rollout.behaviour_logprobs, the
+                  mixture's for a mixture; 0 elsewhere). Only the sampled
+                  estimators' importance weights use it; without it they are
+                  rebuilt from the training logits.
 
 Logits at position t predict token t + 1, so the loss at t is weighted by
 loss_mask[t + 1]. The reduction is turned into per-token weights normalised
@@ -28,12 +31,32 @@ from jaxdistill import models
 
 PyTree = Any
 
+# How train_step merges a loss function's micro-batch metrics. Keys ending in
+# one of ADDITIVE_METRICS are sums over tokens (the loss, with globally
+# normalised weights, and token counts): they add up. Every other metric is a
+# weighted mean over the micro-batch's tokens whose weight the loss function
+# returns under MEAN_WEIGHT (dropped from the result): merged as
+# sum_i m_i W_i / sum_i W_i, exactly the full-batch mean. Without MEAN_WEIGHT
+# the micro-batch means are averaged.
+ADDITIVE_METRICS = ("/loss", "/tokens", "/pg_loss")
+MEAN_WEIGHT = "_mean_weight"
+
 
 def loss_weights(loss_mask: jax.Array, reduction: str) -> jax.Array:
-  """[B, L] 0/1 mask -> [B, L] float32 weights implementing `reduction`."""
+  """[B, L] 0/1 mask -> [B, L] float32 weights implementing `reduction`.
+
+  token_mean: every response token of the batch counts the same;
+  sequence_mean: token mean within each sequence, then mean over sequences;
+  sequence_sum: sum within each sequence, then mean over sequences;
+  sum: sum over every response token of the whole batch (scale grows with the
+  batch size). Sequences without response tokens are not counted.
+  """
   m = loss_mask.astype(jnp.float32)
   if reduction == "sum":
     return m
+  if reduction == "sequence_sum":
+    n_seq = jnp.maximum((m.sum(-1) > 0).sum(), 1)
+    return m / n_seq
   if reduction == "token_mean":
     return m / jnp.maximum(m.sum(), 1.0)
   if reduction == "sequence_mean":
@@ -47,29 +70,67 @@ def _gather(logp: jax.Array, ids: jax.Array) -> jax.Array:
   return jnp.take_along_axis(logp, ids[..., None], axis=-1)[..., 0]
 
 
+def sampled_importance_weights(logq, logp, policy, lam=None, behaviour=None):
+  """[B, T] constant weights q(y) / b(y) for the sampled estimators, or None.
+
+  The estimators' expected gradients (losses/sampled.py) hold for tokens
+  drawn from the student q = softmax(z / tau). Tokens drawn from another
+  policy b are reweighted by q(y) / b(y), which turns the expectation under b
+  into the one under q, for every estimator. `behaviour` ([B, T], log b(y))
+  is the rollout's own `behaviour_logprobs` when available (the mixture's
+  log-prob as sampled); otherwise b is rebuilt from the training logits:
+  p for 'teacher', lam q + (1 - lam) p for 'mixture'.
+
+  Args:
+    logq, logp: [B, T] log q(y), log p(y) at the loss temperature.
+    policy: 'student' (no weight: returns None), 'teacher' or 'mixture'.
+      'dataset' is refused: fixed text was not sampled from any of these, so
+      no q / b weight is known.
+    lam: the mixture's student probability.
+    behaviour: optional [B, T] log b(y).
+  """
+  if policy == "student":
+    return None
+  if policy == "dataset":
+    raise ValueError(
+        "loss.kind='sampled' with rollout.policy='dataset': the sampled "
+        "estimators need tokens drawn from a known policy (student, teacher "
+        "or mixture) to be weighted by q/b; fixed dataset text has none. Use "
+        "an exact loss (loss.kind='forward'/'reverse'/'jsd') on a dataset.")
+  lq = jax.lax.stop_gradient(logq)
+  if behaviour is not None:
+    lb = jax.lax.stop_gradient(behaviour.astype(jnp.float32))
+  elif policy == "teacher":
+    lb = logp
+  elif policy == "mixture":
+    if lam is None or not 0.0 <= float(lam) <= 1.0:
+      raise ValueError(f"rollout.lam: must be in [0, 1] for a mixture, got {lam}")
+    lam = float(lam)
+    lb = (jnp.logaddexp(jnp.log(lam) + lq, jnp.log1p(-lam) + logp)
+          if 0 < lam < 1 else (lq if lam == 1 else logp))
+  else:
+    raise ValueError(f"rollout.policy: unknown {policy!r}")
+  return jax.lax.stop_gradient(jnp.exp(lq - lb))
+
+
 def _sampled_loss(s_logits, t_logits, batch, w, loss_cfg, policy, lam, vocab):
-  """Single-sample estimators on the rollout's own tokens (METHOD.md)."""
+  """Single-sample estimators on the rollout's own tokens (docs/method.md), each
+  importance-weighted when the rollout policy is not the student."""
   tau = loss_cfg.temperature
   s_logits, t_logits = s_logits[..., :vocab], t_logits[..., :vocab]
   logq_all = jax.nn.log_softmax(s_logits.astype(jnp.float32) / tau, axis=-1)
   logp_all = jax.nn.log_softmax(t_logits.astype(jnp.float32) / tau, axis=-1)
   nxt = batch["tokens"][:, 1:]
   logq, logp = _gather(logq_all, nxt), _gather(logp_all, nxt)  # [B, L-1]
-  iw = None
-  if loss_cfg.estimator == "rkl_surrogate" and policy != "student":
-    # The surrogate follows the reverse-KL gradient only on student samples;
-    # tokens from the teacher (or a mixture) get q / (behaviour prob).
-    lq, lp = jax.lax.stop_gradient(logq), logp
-    if policy == "mixture":
-      lb = jnp.logaddexp(jnp.log(lam) + lq, jnp.log1p(-lam) + lp) if 0 < lam < 1 \
-          else (lq if lam == 1 else lp)
-    else:  # teacher rollouts or a fixed dataset of teacher/reference text
-      lb = lp
-    iw = jnp.exp(lq - lb)
-    if loss_cfg.get("iw_clip") is not None:
-      iw = jnp.minimum(iw, loss_cfg.iw_clip)
+  logp = jax.lax.stop_gradient(logp)
+  behaviour = batch.get("behaviour_logprobs")
+  iw = sampled_importance_weights(
+      logq, logp, policy, lam,
+      None if behaviour is None else behaviour[:, 1:])
+  if iw is not None and loss_cfg.get("iw_clip") is not None:
+    iw = jnp.minimum(iw, loss_cfg.iw_clip)
   return losses.sampled_kl(
-      logq, jax.lax.stop_gradient(logp), w, estimator=loss_cfg.estimator,
+      logq, logp, w, estimator=loss_cfg.estimator,
       importance_weight=iw, reduction="sum")
 
 
@@ -80,7 +141,8 @@ def _ce_loss(logits, targets, w, vocab):
   loss = (nll * w).sum()
   n = jnp.maximum((w > 0).sum(), 1)
   return loss, {"sft/nll": jnp.where(w > 0, nll, 0.0).sum() / n,
-                "sft/tokens": (w > 0).sum().astype(jnp.float32)}
+                "sft/tokens": (w > 0).sum().astype(jnp.float32),
+                MEAN_WEIGHT: (w > 0).sum().astype(jnp.float32)}
 
 
 def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
@@ -102,16 +164,21 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   s_out = models.apply(student_cfg, params, tokens, attn,
                        return_hidden=fused)[:, :-1]
   if kind == "sampled":
-    return _sampled_loss(s_out, t_out, batch, w, loss_cfg, policy, lam,
-                         vocab_size)
-  kw = dict(kind=kind, beta=loss_cfg.beta, temperature=loss_cfg.temperature,
-            reduction="sum", vocab_size=vocab_size)
-  if fused:
-    t_head = jax.lax.stop_gradient(models.output_head(teacher_cfg, teacher_params))
-    return losses.fused_divergence(
-        s_out, models.output_head(student_cfg, params), t_out, t_head, w,
-        chunk_size=loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE), **kw)
-  return losses.divergence(s_out, t_out, w, **kw)
+    loss, metrics = _sampled_loss(s_out, t_out, batch, w, loss_cfg, policy,
+                                  lam, vocab_size)
+  else:
+    kw = dict(kind=kind, beta=loss_cfg.beta, temperature=loss_cfg.temperature,
+              reduction="sum", vocab_size=vocab_size)
+    if fused:
+      t_head = jax.lax.stop_gradient(
+          models.output_head(teacher_cfg, teacher_params))
+      loss, metrics = losses.fused_divergence(
+          s_out, models.output_head(student_cfg, params), t_out, t_head, w,
+          chunk_size=loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE), **kw)
+    else:
+      loss, metrics = losses.divergence(s_out, t_out, w, **kw)
+  # The losses' means weight tokens by w: the weight of this micro-batch.
+  return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
 
 
 def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
@@ -142,18 +209,40 @@ def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
   return optax.chain(*chain), sched
 
 
+
+
+def merge_micro_metrics(stacked: dict) -> dict:
+  """[A, ...] metrics of A micro-batches -> the full batch's (see above)."""
+  stacked = dict(stacked)
+  w = stacked.pop(MEAN_WEIGHT, None)
+  out = {}
+  for k, m in stacked.items():
+    if k.endswith(ADDITIVE_METRICS):
+      out[k] = m.sum(0)
+    elif w is None:
+      out[k] = m.mean(0)
+    else:
+      tot = w.sum(0)
+      out[k] = jnp.where(tot > 0, (m * w).sum(0) / jnp.where(tot > 0, tot, 1.0),
+                         0.0)
+  return out
+
+
 def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
                grad_accum: int = 1):
   """state = {'params', 'opt_state', 'step'} -> (new state, metrics).
 
   `loss_fn(params, teacher_params, micro_batch) -> (loss, metrics)` sums over
   tokens with globally normalised weights, so micro-batch losses and
-  gradients add up to the full-batch ones.
+  gradients add up to the full-batch ones; its metrics are merged by
+  `merge_micro_metrics`, so the logged numbers do not depend on grad_accum.
   """
   params = state["params"]
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if grad_accum == 1:
     (loss, metrics), grads = grad_fn(params, teacher_params, batch)
+    metrics = dict(metrics)
+    metrics.pop(MEAN_WEIGHT, None)
   else:
     micro = jax.tree.map(
         lambda x: x.reshape((grad_accum, x.shape[0] // grad_accum) + x.shape[1:]),
@@ -161,16 +250,14 @@ def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
 
     def body(carry, mb):
       (l, m), g = grad_fn(params, teacher_params, mb)
-      return jax.tree.map(jnp.add, carry, (l, m, g)), None
+      return jax.tree.map(jnp.add, carry, (l, g)), m
 
-    zeros = jax.eval_shape(lambda: grad_fn(params, teacher_params,
-                                           jax.tree.map(lambda x: x[0], micro)))
+    shapes = jax.eval_shape(lambda: grad_fn(params, teacher_params,
+                                            jax.tree.map(lambda x: x[0], micro)))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         (zeros[0][0], zeros[0][1], zeros[1]))
-    (loss, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
-    # Loss and grads add up exactly (globally normalised weights); the loss
-    # module's monitoring metrics are per-micro-batch means: average them.
-    metrics = jax.tree.map(lambda m: m / grad_accum, metrics)
+                         (shapes[0][0], shapes[1]))
+    (loss, grads), stacked = jax.lax.scan(body, zeros, micro)
+    metrics = merge_micro_metrics(stacked)
   updates, opt_state = optimizer.update(grads, state["opt_state"], params)
   new_params = optax.apply_updates(params, updates)
   metrics = dict(metrics)

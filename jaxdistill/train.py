@@ -253,6 +253,8 @@ def _train(config, workdir, overwrite, mesh, rules):
   if not track_sparsity:
     del params0
     params0 = None
+  else:  # compared in the dtype the base student is stored in
+    sparsity_dtype = train_data.base_dtype(config.student, scfg)
 
   loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab)
   update = jax.jit(
@@ -263,7 +265,7 @@ def _train(config, workdir, overwrite, mesh, rules):
       out_shardings=(state_shard, None),
       donate_argnums=0)
   make_sequences = train_data.SequenceMaker(config, scfg, tcfg, mesh, rules,
-                                            tokenizer)
+                                            tokenizer, vocab_size=vocab)
 
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
@@ -292,7 +294,7 @@ def _train(config, workdir, overwrite, mesh, rules):
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
         metrics.update(train_data.sparsity_metrics(params0, state["params"],
-                                                   scfg))
+                                                   scfg, sparsity_dtype))
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point

@@ -100,8 +100,18 @@ class SequenceMaker:
   """Host batch + current params -> device batch of sequences, rollout metrics."""
 
   def __init__(self, config, student_cfg, teacher_cfg, mesh, rules,
-               tokenizer=None):
+               tokenizer=None, vocab_size=None):
+    """`vocab_size`: the shared real vocabulary rollouts sample over (train.py
+    passes the one the loss compares over); default len(tokenizer), else the
+    models' smallest embedding width."""
     self.ro = config.rollout
+    if vocab_size is None and tokenizer is not None:
+      vocab_size = len(tokenizer)
+    self.vocab = None if vocab_size is None else int(vocab_size)
+    # Only the sampled estimators' importance weights need the mixture's
+    # log-probs (exact KLs take the full vocabulary at every prefix).
+    self.behaviour = (config.loss.kind == "sampled"
+                      and config.rollout.policy != "student")
     self.scfg, self.tcfg = student_cfg, teacher_cfg
     self.mesh, self.rules = mesh, rules
     # Pad with what the data pipeline pads with; stop on the models' EOS ids
@@ -141,9 +151,13 @@ class SequenceMaker:
         max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
-        return_logprobs=False)
+        return_logprobs=self.behaviour, vocab_size=self.vocab)
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}
+    if self.behaviour:  # [B, P+N], aligned with tokens (0 on the prompt)
+      batch["behaviour_logprobs"] = jnp.concatenate(
+          [jnp.zeros(r.prompt_mask.shape, jnp.float32), r.behaviour_logprobs],
+          axis=1)
     stats = jax.device_get({"len": r.lengths.mean(), "frac": r.student_fraction,
                             "ended": r.ended.mean(),
                             "tokens": batch["attention_mask"].sum()})
@@ -153,14 +167,36 @@ class SequenceMaker:
                    "rollout/tokens": float(stats["tokens"])}
 
 
-def sparsity_metrics(params0, params1, cfg) -> dict:
-  """Update sparsity against the initial student (METHOD.md definition),
-  compared in the student's parameter dtype."""
+def base_dtype(mcfg, cfg) -> str:
+  """The dtype the base student is stored in: its checkpoint's (config.student
+  .path), else the params dtype of a from-scratch init. Sparsity is compared
+  in it by default (docs/method.md)."""
   from jaxdistill import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  res = metrics_lib.update_sparsity(params0, params1, atol=1e-5,
-                                    dtype=jnp.dtype(cfg.param_dtype))
+  if mcfg.get("path"):
+    return metrics_lib.checkpoint_dtype(os.path.expanduser(mcfg.path))
+  return jnp.dtype(cfg.param_dtype).name
+
+
+def sparsity_metrics(params0, params1, cfg, dtype=None) -> dict:
+  """Update sparsity against the initial student (docs/method.md definition).
+
+  Compared in `dtype` (pass base_dtype(...): the base checkpoint's stored
+  dtype; default the params dtype) for sparsity/whole, sparsity/whole_exact
+  and sparsity/layer_XX; the whole-model figures are also logged under keys
+  naming the dtype, for it and for the other of bfloat16 / float32:
+  sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}.
+  """
+  from jaxdistill import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  dtype = jnp.dtype(dtype if dtype is not None else cfg.param_dtype).name
+  res = metrics_lib.update_sparsity(params0, params1, atol=1e-5, dtype=dtype)
+  other_dtype = metrics_lib.other_sparsity_dtype(dtype)
+  other = metrics_lib.update_sparsity(params0, params1, atol=1e-5,
+                                      dtype=other_dtype)
   out = {"sparsity/whole": res["sparsity"],
          "sparsity/whole_exact": res["exact_sparsity"]}
+  for name, r in ((dtype, res), (other_dtype, other)):
+    out[f"sparsity/whole_{name}"] = r["sparsity"]
+    out[f"sparsity/whole_exact_{name}"] = r["exact_sparsity"]
   for i, v in res["per_layer"].items():
     out[f"sparsity/layer_{int(i):02d}"] = v["sparsity"]
   return out

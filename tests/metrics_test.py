@@ -246,8 +246,8 @@ def _ref_counts(before, after, names, dtype):
 
 @pytest.mark.parametrize("before_dtype, after_dtype, cmp", [
     ("float32", "float32", None),
-    ("bfloat16", "float32", None),        # compared in the trained fp32
-    ("bfloat16", "float32", "bfloat16"),  # forced onto the bf16 grid
+    ("bfloat16", "float32", None),        # default: the base's stored bf16
+    ("bfloat16", "float32", "float32"),   # forced onto the fp32 grid
     ("bfloat16", "bfloat16", None),
 ])
 def test_update_sparsity_from_checkpoints_equals_numpy(tmp_path, before_dtype,
@@ -260,7 +260,7 @@ def test_update_sparsity_from_checkpoints_equals_numpy(tmp_path, before_dtype,
   # Tiny chunks: blocks of rows must add up like whole tensors.
   got = metrics.update_sparsity_from_checkpoints(p0, p1, chunk_bytes=100,
                                                  dtype=cmp)
-  want_dtype = dt(cmp or after_dtype)
+  want_dtype = dt(cmp or before_dtype)  # docs/method.md: the stored base dtype
   names = [k for k in before if k != "lm_head.weight"]
   close, exact, n = _ref_counts(before, after, names, want_dtype)
   assert got["num_params"] == n
@@ -297,3 +297,69 @@ def test_update_sparsity_from_checkpoints_errors(tmp_path):
   p2 = _write_hf(tmp_path / "c", after, tied=False)
   got = metrics.update_sparsity_from_checkpoints(p0, p2)
   assert got["num_params"] == sum(v.size for v in before.values())
+
+
+def test_checkpoint_dtype_reads_the_stored_dtype(tmp_path):
+  rng = np.random.default_rng(2)
+  for name in ("bfloat16", "float32"):
+    dt = np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name)
+    before, _ = _hf_pair(rng, dt, dt)
+    assert metrics.checkpoint_dtype(_write_hf(tmp_path / name, before,
+                                              tied=True)) == name
+  assert metrics.other_sparsity_dtype("bfloat16") == "float32"
+  assert metrics.other_sparsity_dtype("float32") == "bfloat16"
+
+
+def test_training_sparsity_defaults_to_the_base_dtype_and_names_both(tmp_path):
+  """train_data: the base checkpoint's stored dtype by default, the other dtype
+  beside it, both named in the keys (float64 NumPy reference)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  from jaxdistill import train_data  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  before, _ = _hf_pair(rng, np.dtype(ml_dtypes.bfloat16),
+                       np.dtype(ml_dtypes.bfloat16))
+  path = _write_hf(tmp_path / "base", before, tied=True)
+  cfg = models.ModelConfig(param_dtype="float32")
+  mcfg = ml_collections.ConfigDict(dict(path=path, init=None))
+  assert train_data.base_dtype(mcfg, cfg) == "bfloat16"
+  mcfg.path = None
+  assert train_data.base_dtype(mcfg, cfg) == "float32"  # from-scratch init
+  # float32 master weights trained from a bf16 base: moves of 1e-3 (below a
+  # bf16 step for |w| >= 0.5) vanish on the bf16 grid but not in float32.
+  w0 = rng.normal(0, 1, (2, 64, 32)).astype(ml_dtypes.bfloat16).astype(np.float32)
+  w1 = w0 + np.where(rng.random(w0.shape) < 0.5, 1e-3, 0.0).astype(np.float32)
+  p0, p1 = {"layers": {"w": jnp.asarray(w0)}}, {"layers": {"w": jnp.asarray(w1)}}
+  out = train_data.sparsity_metrics(p0, p1, cfg, "bfloat16")
+  ref = {d: _ref_counts({"w": w0}, {"w": w1}, ["w"], np.dtype(t))
+         for d, t in (("bfloat16", ml_dtypes.bfloat16), ("float32", "float32"))}
+  for d, (close, exact, _) in ref.items():
+    assert out[f"sparsity/whole_{d}"] == pytest.approx(close, abs=1e-12)
+    assert out[f"sparsity/whole_exact_{d}"] == pytest.approx(exact, abs=1e-12)
+  assert out["sparsity/whole"] == out["sparsity/whole_bfloat16"]
+  assert ref["bfloat16"][0] > ref["float32"][0] + 0.1  # the dtypes disagree
+  assert {"sparsity/layer_00", "sparsity/layer_01"} <= set(out)
+
+
+def test_evaluation_report_names_both_dtypes(tmp_path):
+  from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(4)
+  before, after = _hf_pair(rng, np.dtype(ml_dtypes.bfloat16),
+                           np.dtype("float32"))
+  p0 = _write_hf(tmp_path / "before", before, tied=True)
+  p1 = _write_hf(tmp_path / "after", after, tied=True)
+  sp = metrics.update_sparsity_from_checkpoints(p0, p1)
+  other = metrics.update_sparsity_from_checkpoints(
+      p0, p1, dtype=metrics.other_sparsity_dtype(sp["dtype"]))
+  flat = report.sparsity_metrics(sp, other)
+  names = [k for k in before if k != "lm_head.weight"]
+  for d, t in (("bfloat16", ml_dtypes.bfloat16), ("float32", "float32")):
+    close, exact, _ = _ref_counts(before, after, names, np.dtype(t))
+    assert flat[f"sparsity/whole_{d}"] == pytest.approx(close, abs=1e-12)
+    assert flat[f"sparsity/whole_exact_{d}"] == pytest.approx(exact, abs=1e-12)
+  text = report.format_report({
+      "checkpoint": p1, "metrics": flat,
+      "sparsity": {"dtype": sp["dtype"], "other_dtype": other["dtype"],
+                   "atol": sp["atol"], "stored_dtype": sp["stored_dtype"]}})
+  assert "compared in bfloat16" in text and "exact (bfloat16)" in text
+  assert "exact (float32)" in text

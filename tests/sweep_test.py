@@ -102,7 +102,9 @@ def test_runlocal_sweep_table_figures_skip_and_resume(tmp_path, capsys):
     np.testing.assert_allclose(float(row["accuracy_mean"]), ev["id/greedy_acc"])
     np.testing.assert_allclose(float(row["forgetting_pp_mean"]),
                                ev["forgetting/mean_pp"])
-    np.testing.assert_allclose(float(row["sparsity_mean"]), ev["sparsity/whole"])
+    for dt in ("bfloat16", "float32"):  # both dtypes, named
+      np.testing.assert_allclose(float(row[f"sparsity_{dt}_mean"]),
+                                 ev[f"sparsity/whole_{dt}"])
     assert row["accuracy_n"] == "1"
     recs = [json.loads(l) for l in (work / d / "metrics.jsonl").read_text().split("\n") if l]
     res = json.loads((work / d / "results.json").read_text())

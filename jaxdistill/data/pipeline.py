@@ -17,6 +17,7 @@ Prompt batch (`make_prompt_batches`), for rollouts::
   numbers      int32 [B, 6]  Countdown numbers, padded with -1 (else -1)
   target       int32 [B]     Countdown target, arithmetic value (-1 for MCQ)
   gold         int32 [B]     gold option index, A = 0 (-1 for the others)
+  num_options  int32 [B]     number of options offered (-1 for the others)
   index        int32 [B]     position of the record in `records`
   valid        int32 [B]     0 on rows that pad a finite pass's last batch
 
@@ -131,7 +132,8 @@ def _metadata(records) -> dict[str, np.ndarray]:
   meta = {"task": np.zeros(n, np.int32),
           "numbers": np.full((n, MAX_NUMBERS), -1, np.int32),
           "target": np.full(n, -1, np.int32),
-          "gold": np.full(n, -1, np.int32)}
+          "gold": np.full(n, -1, np.int32),
+          "num_options": np.full(n, -1, np.int32)}
   for i, r in enumerate(records):
     t = tasks.task_of(r)
     meta["task"][i] = t
@@ -145,6 +147,7 @@ def _metadata(records) -> dict[str, np.ndarray]:
       meta["target"][i] = int(r["value"])  # the gold value
     else:
       meta["gold"][i] = mcq.letter_index(r["answer"])
+      meta["num_options"][i] = len(r["options"])
   return meta
 
 

@@ -57,8 +57,14 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
 
   Rows end at any of `eos_token_ids` (default: the config's EOS ids and the
   tokenizer's, since chat templates end the assistant turn with their own
-  token). Texts are decoded without special tokens.
+  token). Texts are decoded without special tokens. Tokens are sampled over
+  the tokenizer's real vocabulary only (len(tokenizer), not the config's
+  padded embedding width).
   """
+  vocab = len(tokenizer)
+  if vocab > cfg.vocab_size:
+    raise ValueError(f"tokenizer: {vocab} tokens do not fit the model's "
+                     f"vocabulary ({cfg.vocab_size})")
   if eos_token_ids is None:
     eos = set(cfg.eos_token_id)
     if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -75,7 +81,8 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
         (cfg, params), None, prompts, prompt_mask, rng=rng, policy="student",
         max_new_tokens=int(max_new_tokens), temperature=float(temperature),
         top_k=top_k, top_p=top_p, eos_token_ids=eos_token_ids,
-        pad_token_id=pad, return_logprobs=False, row_ids=row_ids, mesh=mesh)
+        pad_token_id=pad, return_logprobs=False, row_ids=row_ids, mesh=mesh,
+        vocab_size=vocab)
     texts = rollout_lib.decode_responses(r, tokenizer, skip_special_tokens=True)
     return texts, np.asarray(r.lengths), np.asarray(r.ended)
   return generate

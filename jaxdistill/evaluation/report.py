@@ -7,9 +7,15 @@ Keys added next to the per-suite ones of evaluation.core:
   baseline/{suite}/{metric}   the baseline model's figures
   forgetting/{suite}_pp       100 * (baseline - checkpoint) accuracy, per OOD
   forgetting/mean_pp          suite, and their mean (positive = forgotten)
-  sparsity/whole              fraction of entries with |after - before| <= atol
-  sparsity/whole_exact        fraction bit-equal in the comparison dtype
-  sparsity/layer_{i:02d}[_exact], sparsity/{tensor group}[_exact]
+  sparsity/whole              fraction of entries with |after - before| <= atol,
+                              compared in the default dtype (the base
+                              checkpoint's stored dtype; result['sparsity']
+                              ['dtype'] names it)
+  sparsity/whole_exact        fraction bit-equal in that dtype
+  sparsity/layer_{i:02d}[_exact], sparsity/{tensor group}[_exact]   the same
+  sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}   whole model, named by
+                              the comparison dtype: the default one and the
+                              other (bfloat16 / float32) side by side
   sparsity/num_params
 """
 from __future__ import annotations
@@ -73,11 +79,19 @@ def forgetting_metrics(after: Mapping[str, float], before: Mapping[str, float],
   return out
 
 
-def sparsity_metrics(res: Mapping) -> dict:
-  """Flat sparsity/* numbers from update_sparsity(_from_checkpoints)."""
+def sparsity_metrics(res: Mapping, other: Mapping | None = None) -> dict:
+  """Flat sparsity/* numbers from update_sparsity(_from_checkpoints).
+
+  `res` is the comparison in the default dtype; `other` (optional) the same
+  in the other dtype, whose whole-model figures are added under keys naming
+  it (module docstring)."""
   out = {"sparsity/whole": float(res["sparsity"]),
          "sparsity/whole_exact": float(res["exact_sparsity"]),
          "sparsity/num_params": float(res["num_params"])}
+  for r in (res, other):
+    if r is not None:
+      out[f"sparsity/whole_{r['dtype']}"] = float(r["sparsity"])
+      out[f"sparsity/whole_exact_{r['dtype']}"] = float(r["exact_sparsity"])
   for i, v in res["per_layer"].items():
     out[f"sparsity/layer_{int(i):02d}"] = float(v["sparsity"])
     out[f"sparsity/layer_{int(i):02d}_exact"] = float(v["exact_sparsity"])
@@ -142,15 +156,22 @@ def format_report(result: Mapping) -> str:
                      for k in fkeys])
   sp = result.get("sparsity")
   if sp:
-    lines += ["", f"## update sparsity (compared in {sp['dtype']}, atol "
+    d, o = sp["dtype"], sp.get("other_dtype")
+    lines += ["", f"## update sparsity (compared in {d}, the baseline's stored "
+              f"dtype unless configured{f', and in {o}' if o else ''}; atol "
               f"{sp['atol']:g}; stored: checkpoint {sp['stored_dtype']['after']}, "
               f"baseline {sp['stored_dtype']['before']}; "
               f"{int(m['sparsity/num_params']):,} parameters)", ""]
+    header = ["part", f"|delta| <= {sp['atol']:g} ({d})", f"exact ({d})"]
     rows = [["whole model", _fmt(m["sparsity/whole"], True),
              _fmt(m["sparsity/whole_exact"], True)]]
+    if o:
+      header += [f"|delta| <= {sp['atol']:g} ({o})", f"exact ({o})"]
+      rows[0] += [_fmt(m.get(f"sparsity/whole_{o}"), True),
+                  _fmt(m.get(f"sparsity/whole_exact_{o}"), True)]
     layers = sorted(k for k in m if k.startswith("sparsity/layer_")
                     and not k.endswith("_exact"))
     rows += [[k.split("/")[1], _fmt(m[k], True), _fmt(m[k + "_exact"], True)]
-             for k in layers]
-    lines += _table(["part", f"|delta| <= {sp['atol']:g}", "exact"], rows)
+             + (["-", "-"] if o else []) for k in layers]
+    lines += _table(header, rows)
   return "\n".join(lines)

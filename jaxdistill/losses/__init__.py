@@ -1,5 +1,5 @@
 """Distillation losses: exact token-level divergences, sampled estimators and a
-memory-bounded fused path from hidden states. Definitions: METHOD.md."""
+memory-bounded fused path from hidden states. Definitions: docs/method.md."""
 from jaxdistill.losses.divergence import divergence
 from jaxdistill.losses.divergence import forward_kl
 from jaxdistill.losses.divergence import jsd

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 KINDS = ("forward", "reverse", "jsd")
-REDUCTIONS = ("token_mean", "sequence_mean", "sum")
+REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
 
 
 # --------------------------------------------------------------------------
@@ -129,7 +129,12 @@ def reduction_weights(mask, reduction: str):
   token_mean:    mask / sum(mask)                 (0 if the mask is empty)
   sequence_mean: mask / n_tokens[b] / n_sequences (sequences without response
                  tokens are left out of the mean over sequences)
-  sum:           mask
+  sequence_sum:  mask / n_sequences: each sequence's SUM over its tokens, then
+                 the mean over sequences (docs/method.md's "sum per sequence"; the
+                 scale does not grow with the batch size, it does with length)
+  sum:           mask: the sum over every token of the whole batch, so the
+                 loss and gradient scale grow with the batch size (and change
+                 what a fixed clip_norm clips)
   Float masks act as token weights; bool/int masks as 0/1.
   """
   w = mask.astype(jnp.float32)  # [B, T]
@@ -139,6 +144,9 @@ def reduction_weights(mask, reduction: str):
     per_seq = jnp.sum(w, axis=-1, keepdims=True)  # [B, 1]
     n_seq = jnp.sum((per_seq > 0).astype(jnp.float32))
     return _safe_div(_safe_div(w, per_seq), n_seq)
+  if reduction == "sequence_sum":
+    n_seq = jnp.sum((jnp.sum(w, axis=-1) > 0).astype(jnp.float32))
+    return _safe_div(w, n_seq)
   return w
 
 

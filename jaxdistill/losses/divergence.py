@@ -19,7 +19,10 @@ Per-token values are reduced with weights from `reduction`:
   token_mean (default): sum of values / number of response tokens,
   sequence_mean: mean over sequences (with >= 1 response token) of each
     sequence's token mean,
-  sum: sum over all response tokens of the batch.
+  sequence_sum: mean over sequences (with >= 1 response token) of each
+    sequence's SUM over its tokens (the method's "sum per sequence"),
+  sum: sum over all response tokens of the WHOLE batch (scale grows with the
+    batch size; for a per-sequence sum use sequence_sum).
 An all-zero mask gives loss 0 (not NaN) and zero gradients.
 
 Logits are cast to float32. Widths may differ by embedding padding (Qwen2.5:
@@ -90,7 +93,7 @@ def divergence(student_logits, teacher_logits, mask, *, kind="forward",
     kind: 'forward' = KL(p||q), 'reverse' = KL(q||p), 'jsd' = JSD(beta).
     beta: JSD weight in [0, 1] (0 -> forward, 1 -> reverse); static.
     temperature: tau > 0 applied to both models; static.
-    reduction: 'token_mean' | 'sequence_mean' | 'sum'.
+    reduction: 'token_mean' | 'sequence_mean' | 'sequence_sum' | 'sum'.
     vocab_size: shared real vocabulary; required if V_s != V_t.
 
   Returns:

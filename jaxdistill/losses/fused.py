@@ -41,16 +41,24 @@ class _Static(NamedTuple):
   vocab_size: int
 
 
+def _zero_masked(h, m):
+  """[B, C, D] hidden states with masked positions set to 0.
+
+  Padded positions may hold garbage (inf/NaN) whose NaNs a 0 * would carry
+  into the value and into both gradients (the head gradient multiplies the
+  hidden states by dz): a where on the [B, C, D] inputs, cheaper than on the
+  [B, C, V] logits.
+  """
+  return jnp.where((m != 0)[..., None], h, jnp.zeros((), h.dtype))
+
+
 def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
-  """Both models' logits of one chunk over the shared vocab, float32 / tau."""
+  """Both models' logits of one chunk over the shared vocab, float32 / tau.
+
+  `hs` and `ht` must already be zero at masked positions (_zero_masked).
+  """
   f32 = jnp.float32
   v = cfg.vocab_size
-  # Padded positions may hold garbage (inf/NaN) whose NaNs a 0 * would carry
-  # into the gradient: zero them with a where on the [B, C, D] inputs, which
-  # is cheaper than on the [B, C, V] logits.
-  active = (m != 0)[..., None]
-  hs = jnp.where(active, hs, jnp.zeros((), hs.dtype))
-  ht = jnp.where(active, ht, jnp.zeros((), ht.dtype))
   # Full-width matmuls, then a chunk-sized slice: slicing the head instead
   # would copy a whole [D, V] head (XLA hoists it out of the loop).
   z = jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32)  # [B, C, Vs]
@@ -88,7 +96,8 @@ def _fused(cfg, hs, ws, ht, wt, w, m):
   """Value only (no gradient requested). Chunked inputs: [N, B, C, ...]."""
 
   def step(carry, xs):
-    z, u = _chunk_logits(cfg, xs[0], ws, xs[1], wt, xs[3])
+    hs_c, ht_c = _zero_masked(xs[0], xs[3]), _zero_masked(xs[1], xs[3])
+    z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, xs[3])
     loss, sums, _ = _chunk_loss(cfg, z, u, xs[2], xs[3])
     return (carry[0] + loss, _add(carry[1], sums)), None
 
@@ -136,6 +145,8 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
   def step(carry, xs):
     loss, sums, dws = carry  # dws: [D, G, S, W] (or [D, V] when S == 1)
     hs_c, ht_c, w_c, m_c = xs
+    # Zeroed once here: the head gradient below uses hs_c as well.
+    hs_c, ht_c = _zero_masked(hs_c, m_c), _zero_masked(ht_c, m_c)
     z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, m_c)
     l, s, dz = _chunk_loss(cfg, z, u, w_c, m_c, with_grad=True)
     dz = dz / cfg.temperature  # [B, C, V]: z above is logits / tau

@@ -9,21 +9,32 @@ teacher (constant). With log r = log p(y_t) - log q(y_t):
 
 What matters for training is the EXPECTED GRADIENT of each, not its value.
 Using grad k1 = grad log q, grad k2 = grad rkl_surrogate = -log r grad log q,
-grad k3 = (1 - r) grad log q, and E_q[grad log q] = 0:
+grad k3 = (1 - r) grad log q, and E_q[grad log q] = 0, on tokens drawn from
+the rollout policy b with the constant weight w(y) = q(y) / b(y)
+(E_b[w f] = E_q[f], so every row is the same as for student samples):
 
-  estimator       y ~ q (student samples)       y ~ p with importance_weight = q/p
-  k1              0  (value is unbiased RKL)     0
-  k2              grad RKL (value is biased)     grad RKL
-  k3              grad FKL  <- the trap: back-   grad FKL
-                  propagating the unbiased, low-
-                  variance RKL value estimator
-                  trains the FORWARD KL
-  rkl_surrogate   grad RKL                       grad RKL
+  estimator      student: b = q, w = 1   teacher: b = p,   mixture: b = lam q +
+                                         w = q / p         (1 - lam) p, w = q / b
+  k1             0 (value: unbiased RKL)  0                 0
+  k2             grad RKL (value biased)  grad RKL          grad RKL
+  k3             grad FKL  <- the trap    grad FKL          grad FKL
+  rkl_surrogate  grad RKL                 grad RKL          grad RKL
 
-(FKL = KL(p||q), RKL = KL(q||p), gradients w.r.t. the student parameters.)
-So the reverse-KL objective on student rollouts is 'rkl_surrogate' (or 'k2');
-on teacher-sampled tokens it needs the importance weight q/p. Nothing here
-differentiates through the sampling itself.
+(FKL = KL(p||q), RKL = KL(q||p), gradients w.r.t. the student parameters;
+checked by Monte Carlo in tests/losses/sampled_test.py and, every cell, by
+exact enumeration over a small vocabulary through the training step's own
+weighting in tests/step_test.py.) k3 is the trap:
+back-propagating the unbiased, low-variance RKL VALUE estimator trains the
+FORWARD KL. WITHOUT the weight, teacher samples give none of these: k1 then
+follows -grad FKL (it pushes q away from the teacher's tokens), and k2, k3
+and rkl_surrogate follow neither KL's gradient. So the reverse-KL objective
+is 'rkl_surrogate' (or 'k2'), weighted by q/b whenever b is not the student;
+the training step (jaxdistill.step) applies that weight to every estimator
+and refuses rollout.policy='dataset' (fixed text has no known b). The
+estimators also assume y ~ softmax(z / tau) at the loss temperature over
+the full vocabulary: config validation refuses a sampled loss with another
+rollout temperature, top-k or top-p. Nothing here differentiates through the
+sampling itself.
 
 `importance_weight` [B, T] is treated as a constant (stop-gradient) and
 multiplies each token's estimate; the reduction still normalises by the mask
@@ -62,9 +73,11 @@ def sampled_kl(student_logprobs, teacher_logprobs, mask, *,
     mask: [B, T] response mask.
     estimator: 'k1' | 'k2' | 'k3' | 'rkl_surrogate'; see the module table for
       which divergence's gradient each follows.
-    importance_weight: optional [B, T] per-token constant weight, e.g.
-      q(y)/p(y) for teacher-sampled tokens.
-    reduction: 'token_mean' | 'sequence_mean' | 'sum'.
+    importance_weight: optional [B, T] per-token constant weight q(y)/b(y)
+      for tokens drawn from a policy b other than the student (q/p for the
+      teacher, q/(lam q + (1-lam) p) for the mixture); see the module table.
+    reduction: 'token_mean' | 'sequence_mean' | 'sequence_sum' | 'sum'
+      (see losses.divergence).
 
   Returns:
     (loss, metrics) with 'distill/loss', 'distill/k1', 'distill/k2',

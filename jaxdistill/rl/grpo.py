@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdistill import models
+from jaxdistill import step as step_lib
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Which divergence's gradient each estimator follows when back-propagated.
@@ -169,7 +170,7 @@ def grpo_objective(logp, old_logp, advantages, weights, mask, *,
 
 
 def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
-                   temperature: float = 1.0):
+                   temperature: float = 1.0, vocab_size: int | None = None):
   """Log-probs and entropies of the response tokens under one model.
 
   Args:
@@ -178,10 +179,13 @@ def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
       then the N response slots).
     num_response: N (static).
     temperature: T > 0, as used for sampling.
+    vocab_size: the vocabulary sampled over (rollout.generate's vocab_size);
+      default the model's full width.
 
   Returns:
-    logp [R, N] float32 of tokens[:, P:] under softmax(logits / T), and the
-    entropy [R, N] of that distribution (no gradient through it).
+    logp [R, N] float32 of tokens[:, P:] under softmax(logits / T) over the
+    first vocab_size ids, and the entropy [R, N] of that distribution (no
+    gradient through it).
   """
   n = num_response
   p = tokens.shape[1] - n
@@ -189,6 +193,8 @@ def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
                         return_hidden=True)[:, p - 1:-1]  # [R, N, D]
   # Only response positions need logits: skip the [R, P, V] prompt head.
   head = models.output_head(cfg, params).astype(cfg.dtype)  # [D, V]
+  if vocab_size is not None:
+    head = head[:, :vocab_size]
   logits = jnp.einsum("RND,DV->RNV", hidden, head,
                       preferred_element_type=jnp.float32)
   x = logits / temperature  # [R, N, V]
@@ -203,18 +209,20 @@ def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
 
 
 def grpo_loss(params, unused_teacher, batch, *, cfg, grpo_cfg, kl_cfg,
-              temperature):
+              temperature, vocab_size=None):
   """step.train_step loss: the GRPO objective of one (micro-)batch.
 
   `batch` holds tokens, attention_mask [R, P+N]; loss_mask, old_logp,
   ref_logp, weights [R, N]; advantages [R]. Metrics are means over the
-  micro-batch's response tokens.
+  micro-batch's response tokens (rl/pg_loss a weighted sum), which
+  step.train_step merges over micro-batches into the mini-batch's figures.
   """
   del unused_teacher
   n = batch["loss_mask"].shape[1]
   logp, entropy = token_logprobs(cfg, params, batch["tokens"],
                                  batch["attention_mask"], n,
-                                 temperature=temperature)
+                                 temperature=temperature,
+                                 vocab_size=vocab_size)
   mask = batch["loss_mask"] > 0
   loss, metrics = grpo_objective(
       logp, batch["old_logp"], batch["advantages"], batch["weights"], mask,
@@ -225,4 +233,7 @@ def grpo_loss(params, unused_teacher, batch, *, cfg, grpo_cfg, kl_cfg,
   # |log rho|: sampler/trainer numerics on a fresh batch, then policy drift.
   metrics["rl/abs_log_ratio"] = _masked_mean(
       jnp.abs(jax.lax.stop_gradient(logp) - batch["old_logp"]), mask)
+  # Every mean above is over the response tokens: merged across gradient-
+  # accumulation micro-batches by their token counts (step.train_step).
+  metrics[step_lib.MEAN_WEIGHT] = jnp.sum(mask.astype(jnp.float32))
   return loss, metrics

@@ -57,15 +57,17 @@ def to_host(x):
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "num_response", "chunks"))
+@functools.partial(jax.jit, static_argnames=("cfg", "num_response", "chunks",
+                                             "vocab_size"))
 def reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
-                        num_response, chunks):
+                        num_response, chunks, vocab_size=None):
   """[R, N] log-probs of the response tokens, `chunks` row blocks at a time."""
   split = lambda x: x.reshape((chunks, -1) + x.shape[1:])
 
   def one(xs):
     return grpo.token_logprobs(cfg, params, xs[0], xs[1], num_response,
-                               temperature=temperature)[0]
+                               temperature=temperature,
+                               vocab_size=vocab_size)[0]
   out = jax.lax.map(one, (split(tokens), split(attention_mask)))
   return out.reshape(tokens.shape[0], num_response)
 
@@ -81,7 +83,9 @@ class Collector:
 
   def __init__(self, config, cfg, reward_fn: RewardFn, *, mesh=None,
                rules=sharding.DEFAULT_RULES, reference=None, pad_id: int = 0,
-               eos_ids=None):
+               eos_ids=None, vocab_size=None):
+    """`vocab_size`: the real vocabulary (len(tokenizer)) samples are drawn
+    from; pass the same to make_update. Default: the model's width."""
     self.cfg, self.reward_fn = cfg, reward_fn
     self.ro, self.grpo = config.rollout, config.grpo
     self.g = int(config.rollout.group_size)
@@ -89,6 +93,7 @@ class Collector:
     self.reference, self.pad = reference, int(pad_id)
     self.eos = None if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.chunks = int(config.optim.grad_accum)
+    self.vocab = None if vocab_size is None else int(vocab_size)
 
   def _put(self, x):
     x = np.asarray(x)
@@ -111,7 +116,7 @@ class Collector:
         rng=rng, policy="student", max_new_tokens=int(self.ro.max_new_tokens),
         temperature=temp, pad_token_id=self.pad, eos_token_ids=self.eos,
         row_ids=self._put(np.arange(rows, dtype=np.int32)), mesh=self.mesh,
-        rules=self.rules, return_logprobs=True)
+        rules=self.rules, return_logprobs=True, vocab_size=self.vocab)
     host_ro = jax.tree.map(to_host, ro)
     scores = self.reward_fn(host_ro, host_batch)
     reward = np.asarray(scores["reward"], np.float32)
@@ -128,7 +133,8 @@ class Collector:
       rcfg, rparams = self.reference
       batch["ref_logp"] = reference_logprobs(
           rparams, ro.tokens, ro.attention_mask, jnp.float32(temp), cfg=rcfg,
-          num_response=ro.response_mask.shape[1], chunks=self.chunks)
+          num_response=ro.response_mask.shape[1], chunks=self.chunks,
+          vocab_size=self.vocab)
     metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
     lengths = host_ro.lengths
     metrics.update({
@@ -174,18 +180,21 @@ def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
   return state, jax.tree.map(lambda m: m.mean(0), metrics)
 
 
-def make_loss_fn(config, cfg):
+def make_loss_fn(config, cfg, vocab_size=None):
   return functools.partial(
       grpo.grpo_loss, cfg=cfg, grpo_cfg=config.grpo, kl_cfg=config.kl,
-      temperature=float(config.rollout.temperature))
+      temperature=float(config.rollout.temperature), vocab_size=vocab_size)
 
 
 def make_update(config, cfg, optimizer, schedule, *, mesh=None,
-                rules=sharding.DEFAULT_RULES):
-  """The un-jitted ppo_update of a config (the loop jits it with shardings)."""
+                rules=sharding.DEFAULT_RULES, vocab_size=None):
+  """The un-jitted ppo_update of a config (the loop jits it with shardings).
+
+  `vocab_size`: the vocabulary the Collector sampled over (len(tokenizer)),
+  so that the policy log-probs are those of the distribution sampled."""
   return functools.partial(
       ppo_update, optimizer=optimizer, schedule=schedule,
-      loss_fn=make_loss_fn(config, cfg),
+      loss_fn=make_loss_fn(config, cfg, vocab_size),
       ppo_epochs=int(config.grpo.ppo_epochs),
       num_minibatches=int(config.grpo.num_minibatches),
       grad_accum=int(config.optim.grad_accum),

@@ -191,16 +191,19 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
     reference = (scfg, params0)
   if not config.get("track_sparsity", True):
     params0 = None
+  else:  # compared in the dtype the base student is stored in
+    sparsity_dtype = train_data.base_dtype(config.student, scfg)
 
   update = jax.jit(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
-                          rules=rules),
+                          rules=rules, vocab_size=len(tokenizer)),
       in_shardings=(state_shard, None, None),
       out_shardings=(state_shard, None), donate_argnums=0)
   collect = rl_step.Collector(
       config, scfg, reward_fn or rl_step.task_reward_fn(tokenizer), mesh=mesh,
       rules=rules, reference=reference,
-      pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos)
+      pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos,
+      vocab_size=len(tokenizer))
 
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
@@ -226,7 +229,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
         metrics.update(train_data.sparsity_metrics(params0, state["params"],
-                                                   scfg))
+                                                   scfg, sparsity_dtype))
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point

@@ -8,9 +8,18 @@ Layout of a `Rollout` (P = prompt width as passed, N = max_new_tokens):
   response_mask [B, N]   int32: 1 on generated tokens up to and including the
                 row's EOS, 0 after it (and on slots never generated).
   logprobs      [B, N]   float32: log-prob of each generated token under the
-                distribution it was drawn from (that of the model that
-                sampled it, after temperature / top-k / top-p; for greedy the
-                raw model log_softmax). 0 where response_mask is 0.
+                distribution of the MODEL THAT SAMPLED IT (after temperature /
+                top-k / top-p; for greedy the raw model log_softmax). 0 where
+                response_mask is 0. For a mixture this is NOT the probability
+                of the token under the policy that generated the rollout: use
+                behaviour_logprobs for importance weights.
+  behaviour_logprobs [B, N] float32: log-prob of each token under the policy
+                that generated the rollout: for 'mixture' the mixture
+                log(lam q'(y) + (1 - lam) p'(y)), q' and p' the student's and
+                teacher's sampling distributions (tempered and truncated like
+                the sampler; for greedy, their raw log_softmax); for
+                'student' / 'teacher' equal to logprobs. 0 where
+                response_mask is 0.
   from_student  [B, N]   bool: the student sampled this token.
   lengths       [B]      int32: generated tokens per row (incl. EOS).
   ended         [B]      bool: the row emitted an EOS (else it hit N).
@@ -22,8 +31,11 @@ models should see in training; `loss_mask` marks the response tokens. With
 causal LM logits, the token in column c is predicted by the logits of column
 c - 1.
 
-Models are (config, params) pairs of `jaxdistill.models`. When both a student
-and a teacher are passed, sampling is restricted to their common vocabulary
+Models are (config, params) pairs of `jaxdistill.models`. Sampling is over
+the first `vocab_size` ids (pass the real vocabulary, len(tokenizer): config
+widths include embedding padding that the tokenizer does not have); by
+default over the smallest width of the models given, so that with both a
+student and a teacher it is restricted to their common ids
 (Qwen2.5 sizes pad their embeddings differently) and the default EOS set is the
 union of both configs' eos_token_id, whatever the policy, so that lam = 1 and
 lam = 0 reproduce the pure policies exactly.
@@ -71,6 +83,7 @@ class Rollout:
   lengths: jax.Array
   ended: jax.Array
   student_fraction: jax.Array
+  behaviour_logprobs: jax.Array | None = None
 
   @property
   def prompt_len(self) -> int:
@@ -106,6 +119,7 @@ def _constrainer(mesh, rules, cfgs):
         for cfg, c in zip(cfgs, s.caches))
     return s.replace(
         tokens=batch(s.tokens), logprobs=batch(s.logprobs),
+        behaviour_logprobs=batch(s.behaviour_logprobs),
         from_student=batch(s.from_student), mask=batch(s.mask),
         done=batch(s.done), logits=tuple(batch(l) for l in s.logits),
         caches=caches)
@@ -210,7 +224,8 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
       lengths=jnp.sum(mask, axis=1),
       ended=s.done,
       student_fraction=(jnp.sum(s.from_student & s.mask) /
-                        jnp.maximum(n_gen, 1)).astype(jnp.float32))
+                        jnp.maximum(n_gen, 1)).astype(jnp.float32),
+      behaviour_logprobs=s.behaviour_logprobs)
 
 
 def _check_model(name, m):
@@ -235,7 +250,7 @@ def _eos_of(cfg) -> tuple[int, ...]:
 
 
 def _check_settings(student, teacher, policy, lam, max_new_tokens,
-                    temperature, top_k, top_p):
+                    temperature, top_k, top_p, vocab_size=None):
   """Validates everything but the prompts; returns the models given (by
   name) and the sampling vocabulary size."""
   if policy not in POLICIES:
@@ -259,6 +274,13 @@ def _check_settings(student, teacher, policy, lam, max_new_tokens,
   if not 0.0 <= float(temperature) < math.inf:
     raise ValueError(f"temperature: must be finite and >= 0, got {temperature}")
   vocab = min(int(cfg.vocab_size) for cfg, _ in given.values())
+  if vocab_size is not None:
+    if (isinstance(vocab_size, bool)
+        or not isinstance(vocab_size, (int, np.integer))
+        or not 1 <= vocab_size <= vocab):
+      raise ValueError(f"vocab_size: must be an int in [1, {vocab}] (the "
+                       f"models' embedding width), got {vocab_size!r}")
+    vocab = int(vocab_size)
   if top_k is not None and not (isinstance(top_k, (int, np.integer))
                                 and 1 <= top_k <= vocab):
     raise ValueError(f"top_k: must be an int in [1, {vocab}], got {top_k!r}")
@@ -303,7 +325,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
              pad_token_id: int = 0, return_logprobs: bool = True,
              bucket: str | int | None = None, cache_len: int | None = None,
              row_ids=None, mesh: Mesh | None = None,
-             rules=sharding.DEFAULT_RULES) -> Rollout:
+             rules=sharding.DEFAULT_RULES,
+             vocab_size: int | None = None) -> Rollout:
   """Samples responses to a left-padded prompt batch.
 
   Args:
@@ -321,7 +344,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
     top_p: nucleus mass in (0, 1] (traced; whether it is used is static).
     eos_token_ids: ids that end a row; default the union of the configs'.
     pad_token_id: written after a row's end.
-    return_logprobs: if False, `logprobs` is None in the result.
+    return_logprobs: if False, `logprobs` and `behaviour_logprobs` are None
+      in the result.
     bucket: if set ('pow2' or an int), first left-pad the prompts to
       bucket_length(P) so that nearby widths share a compilation.
     cache_len: KV-cache length; default P + N - 1 (all that is needed).
@@ -330,12 +354,18 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
     mesh: optional device mesh; the batch is split over its data axes,
       params follow models.logical_axes, caches models.cache_logical_axes.
     rules: logical-axis rules for the mesh.
+    vocab_size: sample only token ids below it: the real vocabulary (e.g.
+      len(tokenizer)), so that embedding-padding ids (a Qwen2.5 config's
+      151,936 rows vs its tokenizer's 151,665 tokens) are never drawn;
+      probabilities and log-probs are renormalised over it. Default: the
+      smallest embedding width of the models given.
 
   Returns:
     A Rollout (layout in the module docstring).
   """
   given, vocab = _check_settings(student, teacher, policy, lam,
-                                 max_new_tokens, temperature, top_k, top_p)
+                                 max_new_tokens, temperature, top_k, top_p,
+                                 vocab_size)
   _check_prompts(prompts, prompt_mask, vocab)
   max_new_tokens, temperature = int(max_new_tokens), float(temperature)
   b, p = jnp.shape(prompts)
@@ -398,5 +428,5 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       pad_id=int(pad_token_id), vocab=vocab, cache_len=int(cache_len),
       mesh=mesh, rules=tuple(tuple(r) for r in rules))
   if not return_logprobs:
-    out = out.replace(logprobs=None)
+    out = out.replace(logprobs=None, behaviour_logprobs=None)
   return out

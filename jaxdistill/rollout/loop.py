@@ -41,6 +41,7 @@ class LoopState:
   step: jax.Array          # [] int32: index of the next token to sample
   tokens: jax.Array        # [B, N] int32, pad after a row ends
   logprobs: jax.Array      # [B, N] float32, 0 where not generated
+  behaviour_logprobs: jax.Array  # [B, N] float32: under the mixture; 0 where not generated
   from_student: jax.Array  # [B, N] bool, False where not generated
   mask: jax.Array          # [B, N] bool: generated (up to and incl. EOS)
   done: jax.Array          # [B] bool
@@ -93,16 +94,25 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
   def pick(s: LoopState) -> LoopState:
     i = s.step
     keys = _step_keys(sample_keys, i)
-    proposals = [sampling.sample(sampler, l, keys, temperature, top_p)
-                 for l in s.logits]
+    dists = [sampling.distribution(sampler, l, temperature, top_p)
+             for l in s.logits]
+    proposals = [sampling.draw_from(d, keys) for d in dists]
     if n_models == 2:
       u = jax.vmap(jax.random.uniform)(_step_keys(coin_keys, i))  # [B]
       # u is in [0, 1): lam = 1 always picks the student, lam = 0 never.
       student = u < lam
-      tok = jnp.where(student, proposals[0][0], proposals[1][0])
-      lp = jnp.where(student, proposals[0][1], proposals[1][1])
+      (tok_s, lp_s), (tok_t, lp_t) = proposals
+      tok = jnp.where(student, tok_s, tok_t)
+      lp = jnp.where(student, lp_s, lp_t)
+      # The token's log-prob under each model's (sampling) distribution, then
+      # under the mixture lam q + (1 - lam) p that it was drawn from.
+      lq = jnp.where(student, lp_s, sampling.logprob_of(dists[0], tok_t))
+      lpt = jnp.where(student, sampling.logprob_of(dists[1], tok_s), lp_t)
+      lam32 = jnp.asarray(lam, jnp.float32)
+      lb = jnp.logaddexp(jnp.log(lam32) + lq, jnp.log1p(-lam32) + lpt)
     else:
       tok, lp = proposals[0]
+      lb = lp
       student = jnp.full((b,), student_index == 0)
     live = ~s.done
     tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
@@ -112,6 +122,7 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
         step=i + 1,
         tokens=col(s.tokens, tok),
         logprobs=col(s.logprobs, jnp.where(live, lp, 0.0)),
+        behaviour_logprobs=col(s.behaviour_logprobs, jnp.where(live, lb, 0.0)),
         from_student=col(s.from_student, student & live),
         mask=col(s.mask, live),
         done=s.done | ended))
@@ -130,6 +141,7 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
       step=jnp.zeros((), jnp.int32),
       tokens=jnp.full((b, n), pad_id, jnp.int32),
       logprobs=jnp.zeros((b, n), jnp.float32),
+      behaviour_logprobs=jnp.zeros((b, n), jnp.float32),
       from_student=jnp.zeros((b, n), bool),
       mask=jnp.zeros((b, n), bool),
       done=jnp.zeros((b,), bool),

@@ -115,6 +115,70 @@ def _top_p_threshold(p, top_p):
   return bits(lo)
 
 
+def distribution(sampler: Sampler, logits, temperature, top_p) -> dict:
+  """The per-row distribution tokens are drawn from, as a dict of arrays.
+
+  Tempered, top-k and top-p truncated (the module docstring's order); for
+  greedy decoding just the float32 logits. Consumed by `draw_from` and
+  `logprob_of`, so that a mixture can score one model's token under the
+  other model's distribution without recomputing it.
+  """
+  logits = logits.astype(jnp.float32)
+  if sampler.greedy:
+    return {"logits": logits}
+  x = logits / temperature  # [B, V]
+  if sampler.top_k is None:
+    top = jnp.max(x, axis=-1, keepdims=True)
+    p = jnp.exp(x - top)  # [B, V]
+    if sampler.use_top_p:
+      p = jnp.where(p >= _top_p_threshold(p, top_p)[:, None], p, 0.0)
+    return {"x": x, "top": top[:, 0], "p": p, "total": jnp.sum(p, axis=-1)}
+  # The barrier keeps XLA:CPU from fusing the consumers into the top-k, which
+  # otherwise becomes a full sort of the vocabulary (~100x slower).
+  vals, idx = jax.lax.optimization_barrier(
+      jax.lax.top_k(x, sampler.top_k))  # [B, K] descending
+  p = jnp.exp(vals - vals[:, :1])  # [B, K]
+  if sampler.use_top_p:
+    # Sorted already: keep while the mass before a token is below top_p (the
+    # best token has none before it and is always kept).
+    before = jnp.cumsum(p, axis=-1) - p
+    p = jnp.where(before < top_p * jnp.sum(p, -1, keepdims=True), p, 0.0)
+  return {"vals": vals, "idx": idx, "p": p, "total": jnp.sum(p, axis=-1)}
+
+
+def draw_from(dist: dict, keys):
+  """One token per row from `distribution(...)`: tokens [B] and their log-probs."""
+  if "logits" in dist:
+    tok = _first_argmax(dist["logits"])
+    return tok, _take(jax.nn.log_softmax(dist["logits"], axis=-1), tok)
+  u = jax.vmap(jax.random.uniform)(keys)  # [B] in [0, 1)
+  j, total = draw(dist["p"], u)
+  if "idx" in dist:
+    return (_take(dist["idx"], j),
+            _take(dist["vals"], j) - dist["vals"][:, 0] - jnp.log(total))
+  return j, _take(dist["x"], j) - dist["top"] - jnp.log(total)
+
+
+def logprob_of(dist: dict, tok):
+  """[B] log-probs of tokens `tok` [B] under `distribution(...)`.
+
+  -inf for a token the truncation removed; for greedy decoding the raw
+  model's log_softmax (there is no sampled distribution). Equals the log-prob
+  `draw_from` returns for its own tokens.
+  """
+  if "logits" in dist:
+    return _take(jax.nn.log_softmax(dist["logits"], axis=-1), tok)
+  if "idx" in dist:
+    hit = dist["idx"] == tok[:, None]  # [B, K]
+    kept = jnp.any(hit & (dist["p"] > 0), axis=-1)
+    v = jnp.sum(jnp.where(hit, dist["vals"], 0.0), axis=-1)
+    lp = v - dist["vals"][:, 0] - jnp.log(dist["total"])
+  else:
+    kept = _take(dist["p"], tok) > 0
+    lp = _take(dist["x"], tok) - dist["top"] - jnp.log(dist["total"])
+  return jnp.where(kept, lp, -jnp.inf)
+
+
 def sample(sampler: Sampler, logits, keys, temperature, top_p):
   """Draws one token per row.
 
@@ -128,30 +192,4 @@ def sample(sampler: Sampler, logits, keys, temperature, top_p):
   Returns:
     tokens [B] int32 and logprobs [B] float32 (see module docstring).
   """
-  logits = logits.astype(jnp.float32)
-  if sampler.greedy:
-    tok = _first_argmax(logits)
-    return tok, _take(jax.nn.log_softmax(logits, axis=-1), tok)
-
-  u = jax.vmap(jax.random.uniform)(keys)  # [B] in [0, 1)
-  x = logits / temperature  # [B, V]
-  if sampler.top_k is None:
-    top = jnp.max(x, axis=-1, keepdims=True)
-    p = jnp.exp(x - top)  # [B, V]
-    if sampler.use_top_p:
-      p = jnp.where(p >= _top_p_threshold(p, top_p)[:, None], p, 0.0)
-    tok, total = draw(p, u)
-    return tok, _take(x, tok) - top[:, 0] - jnp.log(total)
-
-  # The barrier keeps XLA:CPU from fusing the consumers into the top-k, which
-  # otherwise becomes a full sort of the vocabulary (~100x slower).
-  vals, idx = jax.lax.optimization_barrier(
-      jax.lax.top_k(x, sampler.top_k))  # [B, K] descending
-  p = jnp.exp(vals - vals[:, :1])  # [B, K]
-  if sampler.use_top_p:
-    # Sorted already: keep while the mass before a token is below top_p (the
-    # best token has none before it and is always kept).
-    before = jnp.cumsum(p, axis=-1) - p
-    p = jnp.where(before < top_p * jnp.sum(p, -1, keepdims=True), p, 0.0)
-  j, total = draw(p, u)
-  return _take(idx, j), _take(vals, j) - vals[:, 0] - jnp.log(total)
+  return draw_from(distribution(sampler, logits, temperature, top_p), keys)

@@ -7,9 +7,12 @@ the metrics below (None when a run has no such figure):
   accuracy        in-distribution greedy accuracy (evaluation 'id/greedy_acc')
   coverage        in-distribution pass@k at the largest k evaluated
   forgetting_pp   mean accuracy drop on the OOD suites, percentage points
-  sparsity        update sparsity, whole model, |delta| <= atol (evaluation on
-                  the stored checkpoints; else the training loop's figure)
-  sparsity_exact  the same, bit-equal entries
+  sparsity_bfloat16, sparsity_float32   update sparsity, whole model,
+                  |delta| <= atol, compared in that dtype (evaluation on the
+                  stored checkpoints; else the training loop's figure)
+  sparsity_exact_bfloat16, sparsity_exact_float32   the same, bit-equal
+  sparsity, sparsity_exact   row fields only (figures): the same in the
+                  run's default dtype, the base checkpoint's stored one
   harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
   acc/<suite>     greedy accuracy per suite
   tokens_generated, flops   compute of the run (runner.compute_record)
@@ -26,8 +29,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
-METRICS = ("accuracy", "coverage", "forgetting_pp", "sparsity",
-           "sparsity_exact", "harder_acc", "tokens_generated", "flops")
+SPARSITY_DTYPES = ("bfloat16", "float32")
+METRICS = ("accuracy", "coverage", "forgetting_pp",
+           *(f"sparsity_{d}" for d in SPARSITY_DTYPES),
+           *(f"sparsity_exact_{d}" for d in SPARSITY_DTYPES),
+           "harder_acc", "tokens_generated", "flops")
 
 
 def _pass_at_max_k(ev: Mapping, group: str = "id"):
@@ -53,6 +59,10 @@ def row_of(result: Mapping) -> dict:
   row["sparsity"] = ev.get("sparsity/whole", tr.get("sparsity/whole"))
   row["sparsity_exact"] = ev.get("sparsity/whole_exact",
                                  tr.get("sparsity/whole_exact"))
+  for d in SPARSITY_DTYPES:  # named by the comparison dtype
+    for part in ("", "exact_"):
+      key = f"sparsity/whole_{part}{d}"
+      row[f"sparsity_{part}{d}"] = ev.get(key, tr.get(key))
   row["harder_acc"] = ev.get("harder/greedy_acc")
   for k, v in sorted(ev.items()):
     suite, _, metric = k.partition("/")
@@ -149,7 +159,9 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "Accuracy, coverage (pass@k) and sparsity in %, forgetting in "
             "percentage points (positive = forgotten); mean ± std over seeds "
-            "(n = seeds with the figure)."]
+            "(n = seeds with the figure). sparsity_<dtype>: share of parameter "
+            "entries with |change| <= atol after both are rounded to <dtype> "
+            "(sparsity_exact_<dtype>: bit-equal)."]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path

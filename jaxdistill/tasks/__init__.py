@@ -75,6 +75,8 @@ def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
                      "need a positive multiple of the batch size")
   g = len(texts) // b
   numbers, target, gold = (np.asarray(batch[k]) for k in ("numbers", "target", "gold"))
+  # Only the offered letters count as answers (absent: any of A..Z).
+  n_opts = batch.get("num_options")
   out = {"reward": np.zeros(len(texts), np.float32),
          "format": np.zeros(len(texts), np.float32),
          "parsed": np.zeros(len(texts), bool)}
@@ -91,8 +93,9 @@ def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
       out["parsed"][i] = out["format"][i] == 1.0
     elif task[row] == MCQ:
       letter = mcq.LETTERS[int(gold[row])]
-      out["reward"][i] = mcq.reward(text, letter)
-      out["format"][i] = mcq.format_score(text)
+      k = None if n_opts is None else int(n_opts[row])
+      out["reward"][i] = mcq.reward(text, letter, k)
+      out["format"][i] = mcq.format_score(text, k)
       out["parsed"][i] = out["format"][i] == 1.0
     else:
       raise ValueError(f"batch['task'][{row}] = {task[row]} is not a known task id")

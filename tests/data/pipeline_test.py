@@ -69,6 +69,7 @@ def test_prompt_batch_contents(tiny_tokenizer):
       else:
         assert x["task"][row] == tasks.MCQ
         assert "ABC"[x["gold"][row]] == rec["answer"]
+        assert x["num_options"][row] == len(rec["options"])
         assert x["target"][row] == -1 and (x["numbers"][row] == -1).all()
     assert (x["valid"] == 1).all()
 

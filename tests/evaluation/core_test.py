@@ -180,3 +180,35 @@ def test_bad_records_name_the_suite(tokenizer):
   with pytest.raises(ValueError, match=r"suites\['y'\]: no problems"):
     core.evaluate_suites(Stub(tokenizer), tokenizer, {"y": []}, batch_size=2,
                          seed=0, num_samples=0, ks=())
+
+
+def test_rollout_generator_samples_only_the_tokenizers_vocabulary(
+    tokenizer, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  from tests.evaluation.conftest import TINY  # pylint: disable=g-import-not-at-top
+  cfg = models.ModelConfig(**TINY)
+  real = len(tokenizer)
+  assert real < cfg.vocab_size
+  params = models.init(cfg, jax.random.key(0))
+  emb = np.array(params["embed_tokens"]["embedding"])  # tied head [V, D]
+  # Padding rows aligned with the final hidden state's scale: they dominate.
+  emb[real:] = 3.0 * np.asarray(params["norm"]["scale"])[None]
+  params["embed_tokens"]["embedding"] = jnp.asarray(emb)
+  seen = []
+  real_generate = core.rollout_lib.generate
+
+  def spy(*a, **kw):
+    r = real_generate(*a, **kw)
+    seen.append(np.asarray(r.tokens)[:, np.asarray(r.prompt_mask).shape[1]:]
+                [np.asarray(r.response_mask) > 0])
+    return r
+  monkeypatch.setattr(core.rollout_lib, "generate", spy)
+  gen = core.rollout_generator(cfg, params, tokenizer, max_new_tokens=6,
+                               eos_token_ids=(2,))
+  prompts = np.array([[0, 5, 6, 7], [0, 0, 8, 9]], np.int32)
+  gen(prompts, (prompts > 0).astype(np.int32), row_ids=np.arange(2),
+      temperature=1.0, rng=jax.random.key(1))
+  toks = np.concatenate(seen)
+  assert toks.size and toks.max() < real

@@ -107,6 +107,11 @@ def test_cli_end_to_end(tiny_ckpt, perturbed, tmp_path):
     assert m[f"sparsity/{k}"] == pytest.approx(v, abs=1e-12), k
   assert 0 < ref["whole_exact"] < ref["whole"] < 1
   assert res["sparsity"]["dtype"] == "float32"
+  # The other dtype beside it, named in the keys and the table.
+  assert res["sparsity"]["other_dtype"] == "bfloat16"
+  assert m["sparsity/whole_float32"] == m["sparsity/whole"]
+  assert 0 <= m["sparsity/whole_exact_bfloat16"] <= m["sparsity/whole_bfloat16"] <= 1
+  assert "exact (bfloat16)" in proc.stdout
   assert res["sparsity"]["stored_dtype"] == {"before": "float32", "after": "float32"}
   # The readable tables.
   assert "## countdown3 (id, 3 problems)" in proc.stdout

@@ -27,7 +27,8 @@ def _loss_and_grad(kind, z, u, mask, **kw):
   return float(loss), metrics, np.asarray(g)
 
 
-@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sum"])
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean",
+                                       "sequence_sum", "sum"])
 @pytest.mark.parametrize("kind", ["forward", "reverse"])
 def test_value_and_closed_form_grad(kind, reduction):
   # Vocab padding (student 11 -> 13 wide, teacher 11 -> 12) and temperature.

@@ -34,6 +34,7 @@ def _fused(hs, ws, ht, wt, mask, **kw):
     ("forward", 0.5, "token_mean", 4),      # 4 chunks, last one padded
     ("reverse", 0.5, "sequence_mean", 5),
     ("jsd", 0.3, "sum", 16),                # one chunk longer than T
+    ("forward", 0.5, "sequence_sum", 4),
 ])
 def test_fused_matches_plain(kind, beta, reduction, chunk):
   hs, ws, ht, wt, mask = _inputs(0)
@@ -107,3 +108,29 @@ def test_bfloat16_and_empty_mask():
                                      vocab_size=60, chunk_size=4)
   assert float(loss) == 0.0 and np.all(gh == 0) and np.all(gw == 0)
   assert all(float(v) == 0.0 for v in metrics.values())
+
+
+@pytest.mark.parametrize("chunk", [4, 16])  # slab loop and one-piece head update
+def test_nan_hidden_at_masked_positions_gives_finite_gradients(chunk):
+  hs, ws, ht, wt, mask = _inputs(5)
+  hs, ht = hs.copy(), ht.copy()
+  hs[~mask] = np.nan
+  ht[~mask] = np.inf
+  kw = dict(kind="forward", temperature=0.7, reduction="token_mean",
+            vocab_size=60, chunk_size=chunk)
+  (loss, _), (gh, gw) = _fused(hs, ws, ht, wt, mask, **kw)
+  # Float64 reference: masked positions do not enter the loss at all, so the
+  # head gradient is sum over response tokens of w h^T (q - p) / tau.
+  h64 = np.where(mask[..., None], hs, 0.0).astype(np.float64)
+  t64 = np.where(mask[..., None], ht, 0.0).astype(np.float64)
+  z, u = h64 @ ws.astype(np.float64), t64 @ wt.astype(np.float64)
+  d = ref.divergences(z[..., :60], u[..., :60], 0.7)
+  w = ref.weights(mask, "token_mean")
+  np.testing.assert_allclose(loss, np.sum(w * d["forward"]), rtol=1e-5)
+  dz = w[..., None] * (d["q"] - d["p"]) / 0.7  # [B, T, 60]
+  want_w = np.einsum("btd,btv->dv", h64, dz)
+  want_h = np.einsum("btv,dv->btd", dz, ws[:, :60].astype(np.float64))
+  assert np.all(np.isfinite(gw)) and np.all(np.isfinite(gh))
+  np.testing.assert_allclose(gw[:, :60], want_w, atol=1e-5 * np.abs(want_w).max())
+  np.testing.assert_array_equal(gw[:, 60:], 0.0)
+  np.testing.assert_allclose(gh, want_h, atol=1e-5 * np.abs(want_h).max())

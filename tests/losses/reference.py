@@ -39,6 +39,9 @@ def weights(mask, reduction):
   w = np.asarray(mask, np.float64)
   if reduction == "sum":
     return w
+  if reduction == "sequence_sum":  # per-sequence sums, mean over sequences
+    n_seq = (w.sum(-1) > 0).sum()
+    return w / n_seq if n_seq else w * 0
   if reduction == "token_mean":
     return w / w.sum() if w.sum() > 0 else w * 0
   per_seq = w.sum(-1, keepdims=True)

@@ -78,3 +78,41 @@ def test_grpo_raises_the_reward_of_a_tiny_model():
   assert np.mean(rewards[-5:]) > 0.4, rewards
   # Mini-batches x epochs optimizer steps per rollout batch.
   assert int(state["step"]) == steps * 4
+
+
+def test_collector_and_update_use_the_real_vocabulary():
+  """Padding ids (>= the tokenizer's size) are never sampled, and the policy
+  log-probs are over the same vocabulary, so the ratio is 1 on a fresh batch."""
+  real = 10
+  config = _config(1)
+  config.rollout.update(max_new_tokens=3, temperature=0.8)
+  config.kl.update(coef=0.1, monitor=True, estimator="k3", direction="forward")
+  prompts = np.stack([np.ones_like(CONTEXTS), CONTEXTS], 1)
+  host = {"prompt": prompts, "prompt_mask": np.ones_like(prompts),
+          "target": TARGETS}
+  params = models.init(CFG, jax.random.key(2))
+  # Make the padding columns of the head dominate.
+  head = np.array(params["lm_head"]["kernel"])
+  head[:, real:] += 3.0
+  params = dict(params, lm_head={"kernel": jnp.asarray(head)})
+  collect = rl_step.Collector(config, CFG, _reward_fn, eos_ids=(),
+                              reference=(CFG, params), vocab_size=real)
+  batch, _ = collect(host, params, jax.random.key(3))
+  resp = np.asarray(batch["tokens"])[:, 2:]
+  assert resp.max() < real
+  # Float64 reference: log softmax(logits / T) over the real vocabulary.
+  logits = np.asarray(models.apply(CFG, params, batch["tokens"],
+                                   batch["attention_mask"]), np.float64)
+  x = logits[:, 1:-1, :real] / 0.8
+  lp = x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+  want = np.take_along_axis(lp, resp[..., None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(batch["old_logp"]), want, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(batch["ref_logp"]), want, atol=2e-5)
+  optimizer, schedule = step_lib.make_optimizer(config.optim, 4)
+  state = {"params": params, "opt_state": optimizer.init(params),
+           "step": jnp.zeros((), jnp.int32)}
+  config.grpo.update(ppo_epochs=1, num_minibatches=1)
+  update = jax.jit(rl_step.make_update(config, CFG, optimizer, schedule,
+                                       vocab_size=real))
+  _, m = update(state, batch, jax.random.key(4))
+  assert float(m["rl/abs_log_ratio"]) < 1e-5

@@ -203,3 +203,37 @@ def test_bad_input_raises_naming_the_argument(student, teacher, batch, kwargs,
   with pytest.raises(ValueError, match=match):
     rollout.generate(student, t, prompts, mask, **kw)
   assert generate_lib._TRACE_COUNT == before  # raised before any compute
+
+
+def _padding_heavy(model, real):
+  """The model with its output-head columns >= `real` (embedding padding) made
+  far more likely than any real token."""
+  cfg, params = model
+  head = np.array(params["lm_head"]["kernel"])
+  head[:, real:] = 0.0
+  bias_dir = np.asarray(params["norm"]["scale"])  # final hidden ~ this sign
+  head[:, real:] += 5.0 * np.sign(bias_dir)[:, None]
+  params = dict(params, lm_head={"kernel": jnp.asarray(head)})
+  return cfg, params
+
+
+def test_vocab_size_keeps_padding_ids_out_of_rollouts(student):
+  real, t = 60, 0.9
+  rng = np.random.default_rng(1)
+  prompts, mask = rollout.pad_prompts(
+      [rng.integers(6, real, n).tolist() for n in rng.integers(1, 8, 32)],
+      bucket=8)
+  model = _padding_heavy(student, real)
+  kw = dict(rng=jax.random.key(4), max_new_tokens=6, temperature=t,
+            eos_token_ids=())
+  # Without the real vocabulary, padding ids are what the model samples.
+  loose = rollout.generate(model, None, prompts, mask, **kw)
+  assert (np.asarray(loose.tokens)[:, prompts.shape[1]:] >= real).mean() > 0.25
+  r = rollout.generate(model, None, prompts, mask, vocab_size=real, **kw)
+  gen = np.asarray(r.tokens)[:, prompts.shape[1]:]
+  assert gen.max() < real
+  # Log-probs renormalised over the real vocabulary (float64 reference).
+  np.testing.assert_allclose(np.asarray(r.logprobs),
+                             _full_logprobs(model, r, t, real), atol=2e-4)
+  with pytest.raises(ValueError, match="vocab_size"):
+    rollout.generate(model, None, prompts, mask, vocab_size=97, **kw)

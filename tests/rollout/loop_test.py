@@ -155,3 +155,42 @@ def test_row_draws_do_not_depend_on_batch_composition():
   other = _run(tables, jnp.arange(8, dtype=jnp.int32), jax.random.key(12),
                jnp.arange(8), 1.0, 1.0, n=10, sampler=sampler, eos=())
   assert (np.asarray(other.tokens) != np.asarray(full.tokens)).any()
+
+
+def _topk_log_probs(table_rows, t, k):
+  """float64 log-probs of softmax(row / t) renormalised over its k largest."""
+  x = np.asarray(table_rows, np.float64) / t
+  kth = -np.sort(-x, axis=-1)[..., k - 1:k]
+  x = np.where(x >= kth, x, -np.inf)
+  return _log_softmax(np.where(np.isfinite(x), x, -1e300))
+
+
+@pytest.mark.parametrize("sampler", [sampling.Sampler(),
+                                     sampling.Sampler(top_k=5)])
+def test_mixture_behaviour_logprobs_are_the_mixture_probability(sampler):
+  """behaviour_logprobs = log(lam q'(y) + (1 - lam) p'(y)), float64 reference."""
+  ts, tt = _tables(8), _tables(9)
+  b, n, lam, t = 256, 8, 0.4, 0.8
+  first = jnp.arange(b, dtype=jnp.int32) % V
+  s = _run((ts, tt), first, jax.random.key(5), jnp.arange(b), lam, t, n=n,
+           sampler=sampler, two=True, eos=())
+  fs, tok = np.asarray(s.from_student), np.asarray(s.tokens)
+  prev = np.concatenate([np.asarray(first)[:, None], tok[:, :-1]], axis=1)
+  k = sampler.top_k or V
+  with np.errstate(divide="ignore"):
+    q = np.exp(_topk_log_probs(ts[prev], t, k))
+    p = np.exp(_topk_log_probs(tt[prev], t, k))
+    pick = lambda a: np.take_along_axis(a, tok[..., None], -1)[..., 0]
+    ref = np.log(lam * pick(q) + (1 - lam) * pick(p))
+  got = np.asarray(s.behaviour_logprobs)
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+  # It is not the sampling model's own log-prob (what `logprobs` holds).
+  assert np.abs(got - np.asarray(s.logprobs)).mean() > 0.1
+  if sampler.top_k:  # some tokens lie outside the other model's top-k
+    assert (pick(q) == 0).any() or (pick(p) == 0).any()
+
+
+def test_single_model_behaviour_logprobs_equal_logprobs():
+  s = _run((_tables(1),), jnp.zeros((8,), jnp.int32), jax.random.key(1),
+           jnp.arange(8), 1.0, 0.9, n=6, sampler=sampling.Sampler(), eos=())
+  np.testing.assert_array_equal(s.behaviour_logprobs, s.logprobs)

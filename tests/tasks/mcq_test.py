@@ -1,6 +1,8 @@
 """Multiple-choice answer extraction and reward."""
 import time
 
+import numpy as np
+
 import pytest
 
 from jaxdistill.tasks import mcq
@@ -61,3 +63,50 @@ def test_prompt_letters_options():
   assert "The answer is: X" in text
   with pytest.raises(ValueError, match="options"):
     mcq.build_prompt("q", [])
+
+
+# Completions with four options (A-D) offered: (text, expected letter or None).
+# Hand-written expectations: a letter counts only if the question offers it
+# and it stands alone as a word.
+TRICKY_4 = [
+    ("The answer is I think C", None),          # 'I' is a word, not an option
+    ("The answer is I", None),
+    ("The answer is: E", None),                 # not offered
+    ("The answer is: D", "D"),
+    ("answer isB", None),                       # glued to 'is'
+    ("The answer isn't clear; the answer is: A", "A"),
+    ("The answer is: C. Wait, the answer is X", "C"),  # X not offered
+    ("The answer is: B. Hmm, the answer is: D", "D"),
+    (r"\boxed{Z} so \boxed{B}", "B"),
+    (r"\boxed{E}", None),
+    ("Answer: **A** and more", "A"),
+    ("The answer is A.", "A"),
+    ("The answer is AB", None),
+    ("The answer is (C)", "C"),
+]
+
+
+@pytest.mark.parametrize("text,expected", TRICKY_4,
+                         ids=[f"tricky{i}" for i in range(len(TRICKY_4))])
+def test_extract_answer_only_offered_letters(text, expected):
+  assert mcq.extract_answer(text, num_options=4) == expected
+  gold = expected or "A"
+  assert mcq.reward(text, gold, 4) == (1.0 if expected else 0.0)
+  assert mcq.format_score(text, 4) == (1.0 if expected else 0.0)
+
+
+def test_extract_answer_rejects_bad_num_options():
+  for bad in (0, 27, 2.0, True):
+    with pytest.raises(ValueError, match="num_options"):
+      mcq.extract_answer("The answer is: A", num_options=bad)
+
+
+def test_score_batch_uses_offered_options():
+  from jaxdistill import tasks
+  batch = {"task": np.array([tasks.MCQ], np.int32),
+           "numbers": np.full((1, 6), -1, np.int32),
+           "target": np.array([-1], np.int32), "gold": np.array([2], np.int32),
+           "num_options": np.array([4], np.int32)}
+  out = tasks.score_batch(["The answer is I think C", "The answer is: C"], batch)
+  np.testing.assert_array_equal(out["parsed"], [False, True])
+  np.testing.assert_array_equal(out["reward"], [0, 1])
