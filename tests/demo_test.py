@@ -28,19 +28,22 @@ def _eval_exact(expr: str) -> Fraction:
   return ev(ast.parse(expr, mode="eval"))
 
 
-@pytest.mark.parametrize("n", [3, 4])
-def test_countdown_records_are_small_solvable_and_split(n):
-  train = demo_tasks.countdown_records(n, 200, 0, "train")
-  test = demo_tasks.countdown_records(n, 30, 0, "test")
-  for r in train + test:
-    assert len(r["numbers"]) == n
-    # The demo's documented ranges: numbers 1-9, targets 1-100.
-    assert all(1 <= x <= 9 for x in r["numbers"])
-    assert 1 <= r["target"] <= 100
-    assert _eval_exact(r["solution"]) == r["target"]
-    used = sorted(int(t) for t in re.findall(r"\d+", r["solution"]))
-    assert used == sorted(r["numbers"])
-  assert not {r["target"] for r in train} & {r["target"] for r in test}
+def test_arith_records_are_chains_in_range_and_split_by_problem():
+  for n in (demo_tasks.ID_NUMBERS, demo_tasks.HARDER_NUMBERS):
+    train = demo_tasks.arith_records(n, 300, 0, "train")
+    test = demo_tasks.arith_records(n, 200, 0, "test")
+    for r in train + test:
+      digits = [int(t) for t in re.findall(r"\d+", r["expression"])]
+      assert len(digits) == n and all(1 <= d <= 9 for d in digits)
+      assert "(" not in r["expression"] and "*" not in r["expression"]
+      # Left to right, every running value stays in 0..99.
+      ops = re.findall(r"[-+]", r["expression"])
+      run = digits[0]
+      for op, d in zip(ops, digits[1:]):
+        run = run + d if op == "+" else run - d
+        assert 0 <= run <= 99
+      assert run == r["value"] == _eval_exact(r["expression"])
+    assert not {r["expression"] for r in train} & {r["expression"] for r in test}
 
 
 def test_addition_records_gold_is_the_parity_of_the_true_sum():
@@ -67,7 +70,7 @@ def test_addition_records_gold_is_the_parity_of_the_true_sum():
 def test_tokenizer_round_trips_and_keeps_digits_apart(tmp_path):
   from jaxdistill import tasks
   from jaxdistill.data import tokenizer as tok_lib
-  recs = (demo_tasks.countdown_records(3, 300, 0) +
+  recs = (demo_tasks.arith_records(4, 300, 0) +
           demo_tasks.addition_records(300, 0))
   tok = build.build_tokenizer(str(tmp_path / "tok"), demo_tasks.corpus(recs), 512)
   assert len(tok) <= 512
@@ -88,7 +91,7 @@ def test_tokenizer_round_trips_and_keeps_digits_apart(tmp_path):
 
 def test_training_configs_read_the_demo_records_from_a_file(tmp_path):
   from jaxdistill.data import pipeline
-  recs = demo_tasks.countdown_records(3, 5, 0) + demo_tasks.addition_records(4, 0)
+  recs = demo_tasks.arith_records(4, 5, 0) + demo_tasks.addition_records(4, 0)
   path = build.write_records(recs, str(tmp_path), "mix")
   assert path == build.write_records(recs, str(tmp_path), "mix")  # by content
   assert path != build.write_records(recs[:-1], str(tmp_path), "mix")
@@ -102,30 +105,36 @@ def _demo_config():
   return grid_lib.load_config("configs/demo.py:quick")
 
 
+ID, HARD = report.ID_S, report.HARD_S
+
+
 def _row(kl, policy, lr, acc3, acc4, add, sp):
   return {"kl": kl, "policy": policy, "lam": {"student": 1.0, "teacher": 0.0}[policy],
-          "lr": lr, "acc/countdown3": acc3, "acc/countdown4": acc4,
+          "lr": lr, f"acc/{ID}": acc3, f"acc/{HARD}": acc4,
           "acc/addition": add, "forgetting_pp": 100 * (0.9 - add), "sparsity": sp}
 
 
 def test_findings_follow_the_numbers():
-  teacher = {"countdown3/greedy_acc": 0.6}
-  student = {"countdown3/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
-  # A run built to agree with every testable headline finding ...
+  teacher = {f"{ID}/greedy_acc": 0.6, f"{HARD}/greedy_acc": 0.3}
+  student = {f"{ID}/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
+  # A run built to agree with every testable headline finding: forward KL
+  # flat, reverse KL moved by the learning rate and better on-policy,
+  # on-policy better on the harder suite, the high lr forgets and is denser ...
   agree = [_row("forward", "student", 1e-4, .50, .30, .90, .9),
            _row("forward", "teacher", 1e-4, .50, .10, .90, .9),
            _row("forward", "student", 5e-4, .52, .30, .40, .5),
            _row("forward", "teacher", 5e-4, .51, .10, .40, .5),
            _row("reverse", "student", 1e-4, .50, .30, .90, .9),
-           _row("reverse", "teacher", 1e-4, .10, .10, .90, .9),
-           _row("reverse", "student", 5e-4, .49, .30, .40, .5),
+           _row("reverse", "teacher", 1e-4, .40, .10, .90, .9),
+           _row("reverse", "student", 5e-4, .30, .30, .40, .5),
            _row("reverse", "teacher", 5e-4, .05, .10, .40, .5)]
   found = {n: ok for n, ok, _ in report.findings(agree, teacher, student, 400)}
-  assert found == {"setup": True, "no on-policy edge": True,
+  assert found == {"setup": True, "distillation moves accuracy": True,
+                   "no on-policy edge": True,
                    "forward KL stable, reverse KL sensitive": True,
                    "reverse KL favours student rollouts": True,
                    "forgetting grows with LR": True, "sparsity falls with LR": True,
-                   "on-policy helps on harder Countdown": True,
+                   "on-policy helps on harder problems": True,
                    "gain survives RLVR": None}
   # ... and one built to disagree with every one of them.
   disagree = [_row("forward", "student", 1e-4, .90, .10, .90, .5),
@@ -136,57 +145,103 @@ def test_findings_follow_the_numbers():
               _row("reverse", "teacher", 1e-4, .10, .30, .90, .5),
               _row("reverse", "student", 5e-4, .10, .10, .90, .9),
               _row("reverse", "teacher", 5e-4, .10, .30, .90, .9)]
-  found = report.findings(disagree, {"countdown3/greedy_acc": 0.1}, student, 400)
+  found = report.findings(disagree, {f"{ID}/greedy_acc": 0.1,
+                                     f"{HARD}/greedy_acc": 0.3}, student, 400)
   assert [ok for _, ok, _ in found] == [False] * 7 + [None]
   text = report.paragraph(found)
   assert text.startswith("This run reproduces 0 of the 6 headline findings")
+  # Seeds: a spread over seeds larger than the binomial error makes a
+  # difference unclear.
+  arms = report.arm_means([dict(r, arm=f"{r['kl']},{r['policy']},{r['lr']}",
+                                seed=0) for r in agree] +
+                          [dict(r, arm=f"{r['kl']},{r['policy']},{r['lr']}",
+                                seed=1, **{f"acc/{HARD}": .0 if
+                                           r["policy"] == "student" else .5})
+                           for r in agree])
+  assert all(a["seeds"] == 2 for a in arms)
+  found = {n: ok for n, ok, _ in report.findings(arms, teacher, student, 400)}
+  assert found["on-policy helps on harder problems"] is False
+
+
+def test_harder_finding_is_untested_when_the_teacher_cannot_do_it():
+  rows = [_row(kl, pol, 1e-4, .5, .0, .9, .9)
+          for kl in ("forward", "reverse") for pol in ("student", "teacher")]
+  teacher = {f"{ID}/greedy_acc": 0.6, f"{HARD}/greedy_acc": 0.0}
+  student = {f"{ID}/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
+  found = report.findings(rows, teacher, student, 400, figures=[])
+  verdicts = {n: ok for n, ok, _ in found}
+  assert verdicts["on-policy helps on harder problems"] is None
+  assert "no harder figure" in verdicts  # the findings say why it is missing
 
 
 def test_bad_arguments_raise_before_any_work(tmp_path):
   from jaxdistill import demo
   with pytest.raises(ValueError, match="--seed"):
     demo.main(["--quick", "--seed", "-1", "--workdir", str(tmp_path)])
+  with pytest.raises(ValueError, match="--seeds"):
+    demo.main(["--quick", "--seeds", "0", "--workdir", str(tmp_path)])
+  with pytest.raises(ValueError, match="--quick, --spectrum"):
+    demo.main(["--quick", "--spectrum", "--workdir", str(tmp_path)])
   with pytest.raises(FileNotFoundError, match="config"):
     demo.main(["--config", "configs/nope.py", "--workdir", str(tmp_path)])
   assert not os.listdir(tmp_path)
 
 
 @pytest.mark.slow
-def test_quick_demo_table_is_complete_and_finite(tmp_path, capsys):
+def test_quick_demo_table_is_complete_finite_and_deterministic(tmp_path, capsys):
+  import shutil
   from jaxdistill import demo
   summary = demo.main(["--quick", "--workdir", str(tmp_path)])
   rows = summary["rows"]
   assert len(rows) == 2 and {r["kl"] for r in rows} == {"forward", "reverse"}
   for r in rows:
-    for key in ("acc/countdown3", "acc/countdown4", "acc/addition", "coverage",
+    for key in (f"acc/{ID}", f"acc/{HARD}", "acc/addition", "coverage",
                 "forgetting_pp", "sparsity", "sparsity_f32"):
       assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r)
       assert -100 <= r[key] <= 100
   for ev in (summary["teacher"], summary["student"]):
     assert all(math.isfinite(v) for v in ev.values())
-  out = tmp_path / "results"
+  out = summary["results_dir"]
+  assert os.path.dirname(out) == str(tmp_path / "results")
+  assert os.path.basename(out).startswith("quick-")
   for name in ("demo_table.md", "findings.md", "results.csv", "results.json"):
-    assert (out / name).stat().st_size > 0
-  assert summary["figures"] and all(os.path.isfile(p) for p in summary["figures"])
+    assert os.path.getsize(os.path.join(out, name)) > 0
+  assert all(os.path.isfile(p) for p in summary["figures"])
   printed = capsys.readouterr().out
   assert "| forward | student |" in printed and "This run reproduces" in printed
-  # The rerun reuses the teacher and student and reproduces the table.
+  assert summary["arms_run"] == 2
+  # A rerun reuses the models and the finished arms: nothing is trained.
   again = demo.main(["--quick", "--workdir", str(tmp_path)])
+  assert again["arms_run"] == 0 and again["results_dir"] == out
   assert json.dumps(again["rows"], sort_keys=True) == json.dumps(rows, sort_keys=True)
-  assert again["seconds"]["models"] < summary["seconds"]["models"]
+  # Determinism: the grid trained again from the cached models gives the
+  # same table.
+  grids = [p for p in os.listdir(tmp_path) if p.startswith("grid-")]
+  assert len(grids) == 1
+  shutil.rmtree(tmp_path / grids[0])
+  third = demo.main(["--quick", "--workdir", str(tmp_path)])
+  assert third["arms_run"] == 2
+  assert json.dumps(third["rows"], sort_keys=True) == json.dumps(rows, sort_keys=True)
+  # Other settings get their own results folder and grid.
+  other = demo.main(["--quick", "--workdir", str(tmp_path),
+                     "--config", "configs/demo.py:arm_steps=2"])
+  assert other["results_dir"] != out and os.path.isdir(out)
+  assert len([p for p in os.listdir(tmp_path) if p.startswith("grid-")]) == 2
 
 
 def test_accuracy_findings_are_untested_when_no_arm_improves():
-  student = {"countdown3/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
+  student = {f"{ID}/greedy_acc": 0.1, "addition/greedy_acc": 0.9}
   flat = [_row(kl, pol, lr, .1, .0, .9 if lr < 3e-4 else .5, .9 if lr < 3e-4 else .5)
           for kl in ("forward", "reverse") for pol in ("student", "teacher")
           for lr in (1e-4, 5e-4)]
   found = {n: ok for n, ok, _ in report.findings(
-      flat, {"countdown3/greedy_acc": 0.6}, student, 400)}
+      flat, {f"{ID}/greedy_acc": 0.6}, student, 400)}
+  assert found["distillation moves accuracy"] is False
   assert found["no on-policy edge"] is None
-  assert found["on-policy helps on harder Countdown"] is None
+  assert found["on-policy helps on harder problems"] is None
+  assert found["accuracy untested"] is None
   assert found["forgetting grows with LR"] is True  # not an accuracy-vs-arm test
   chance = dict(student, **{"addition/greedy_acc": 0.52})
   found = {n: ok for n, ok, _ in report.findings(
-      flat, {"countdown3/greedy_acc": 0.6}, chance, 400)}
+      flat, {f"{ID}/greedy_acc": 0.6}, chance, 400)}
   assert found["forgetting grows with LR"] is None

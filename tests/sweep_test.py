@@ -114,8 +114,13 @@ def test_runlocal_sweep_table_figures_skip_and_resume(tmp_path, capsys):
   md = (work / "summary" / "results.md").read_text()
   assert sum(l.startswith("| ") for l in md.splitlines()) == 1 + 4
   pngs = sorted(p.name for p in (work / "summary").glob("*.png"))
-  assert pngs == ["accuracy_vs_lambda.png", "harder_countdown.png",
-                  "lr_sparsity_forgetting.png"]
+  # Random tiny models solve no harder problem: that figure would be empty.
+  harder = [float(r[k]) for r in table.values() for k in r
+            if k.startswith("acc/countdown") and k.endswith("_mean")
+            and not k.startswith("acc/countdown3") and r[k]]
+  assert pngs == ["accuracy_vs_lambda.png"] + (
+      ["harder_countdown.png"] if any(harder) else []) + [
+          "lr_sparsity_forgetting.png"]
 
   # Second invocation: nothing trains or evaluates, no run file changes.
   before = _mtimes(work)
@@ -158,6 +163,34 @@ def test_figures_say_what_is_missing(tmp_path, capsys):
   assert figures.make_figures(rows, str(tmp_path)) == []
   err = capsys.readouterr().err
   assert "accuracy_vs_lambda: skipped" in err and "harder_countdown: skipped" in err
+
+
+def test_figures_draw_references_and_binomial_error_bars(tmp_path, capsys,
+                                                        monkeypatch):
+  rows = [{"name": f"{kl},{lam}", "arm": f"{kl},{lam}", "kl": kl,
+           "policy": "mixture", "lam": lam, "lr": 1e-4, "task": "records",
+           "seed": 0, "accuracy": acc, "acc/countdown4": 0.0}
+          for kl, lam, acc in (("forward", 0.0, 0.4), ("forward", 1.0, 0.5),
+                               ("reverse", 0.0, 0.2), ("reverse", 1.0, 0.3))]
+  drawn = {}
+  plt = figures._plt()  # pylint: disable=protected-access
+  real = plt.Axes.errorbar
+  def spy(ax, x, y, yerr=None, **kw):
+    drawn.setdefault("errorbar", []).append((list(y), list(yerr)))
+    return real(ax, x, y, yerr=yerr, **kw)
+  monkeypatch.setattr(plt.Axes, "errorbar", spy)
+  paths = figures.make_figures(
+      rows, str(tmp_path), refs={"accuracy": {"teacher": 0.6, "student": 0.1},
+                                 "acc/countdown4": {"teacher": 0.0}},
+      n_test={"accuracy": 100})
+  assert [p.split("/")[-1] for p in paths] == ["accuracy_vs_lambda.png"]
+  # Error bars: binomial s.e. sqrt(p (1 - p) / n) in %, with one seed.
+  (y, err), _ = drawn["errorbar"]
+  np.testing.assert_allclose(y, [40.0, 50.0])
+  np.testing.assert_allclose(err, [100 * np.sqrt(.4 * .6 / 100),
+                                   100 * np.sqrt(.5 * .5 / 100)])
+  # Everyone at 0 on the harder suite: no empty figure, and a line says so.
+  assert "harder_countdown: skipped (every model scores 0" in capsys.readouterr().err
 
 
 def test_linear_fit_r2_matches_numpy():

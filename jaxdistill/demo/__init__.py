@@ -3,7 +3,7 @@
   from jaxdistill import demo
   result = demo.main(['--quick', '--workdir', '/tmp/demo'])   # same as the CLI
 
-Modules: tasks (small-number Countdown, the addition suite), build (tokenizer,
+Modules: tasks (step-by-step arithmetic, the addition suite), build (tokenizer,
 teacher and student, cached), study (the grid through jaxdistill.sweep and the
 evaluation), report (table, figures, findings).
 """

@@ -52,8 +52,8 @@ def build_tokenizer(out_dir: str, texts, vocab_size: int):
   """A byte-level BPE whose merges may cross word boundaries (but not digits).
 
   jaxdistill.data.tokenizer.train_bpe_tokenizer splits at spaces first, so the
-  fixed Countdown instruction costs ~70 tokens; letting merges span words
-  turns it into ~15 while every digit stays its own token (which keeps
+  fixed task instruction costs dozens of tokens; letting merges span words
+  turns it into a few while every digit stays its own token (which keeps
   arithmetic learnable). Special tokens and chat template are the shared
   ones, so loading and prompting follow the real-checkpoint path.
   """
@@ -130,6 +130,7 @@ def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
   c.loss.kind = "ce"
   c.rollout.policy = "dataset"
   c.total_steps = int(steps)
+  c.progress = True  # minutes of training: show step, loss and ETA
   c.ckpt_every = min(int(steps), 100)
   c.track_sparsity = False
   c.optim.update(lr=float(lr), schedule="cosine", warmup_steps=max(1, steps // 20),

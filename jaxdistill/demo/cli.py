@@ -1,7 +1,9 @@
-"""`python -m jaxdistill.demo [--quick] [--workdir DIR] [--seed N] [--config SPEC]`.
+"""`python -m jaxdistill.demo [--quick | --spectrum] [--seeds N] [--workdir DIR] [--config SPEC]`.
 
-Writes <workdir>/results/{results.md, results.csv, results.json, findings.md,
-*.png} and prints the table and the findings to stdout (progress to stderr).
+Writes <workdir>/results/<settings>/{demo_table.md, findings.md, results.csv,
+results.md, results.json, *.png} and prints the table and the findings to
+stdout (progress to stderr). <settings> names the variant and a hash of every
+setting, so runs of different settings never overwrite each other's results.
 """
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ def parse(argv):
                               description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true",
                  help="smaller grid and models (< 2 min; used by the tests)")
+  p.add_argument("--spectrum", action="store_true",
+                 help="lambda in {0, .25, .5, .75, 1} x KL direction at one "
+                 "learning rate instead of the default grid")
+  p.add_argument("--seeds", type=int, default=1,
+                 help="run every arm with this many seeds (table: mean and "
+                 "spread; figures: spread over seeds)")
   p.add_argument("--workdir", default=None,
                  help=f"cache and outputs (default {DEFAULT_WORKDIR}, or "
                  "<workdir>-quick with --quick)")
@@ -31,47 +39,66 @@ def load_config(args):
   from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
   path, _, arg = args.config.partition(":")
   extra = [a for a in (arg, "quick" if args.quick else "",
-                       f"seed={args.seed}") if a]
+                       "spectrum" if args.spectrum else "",
+                       f"seed={args.seed}", f"seeds={args.seeds}") if a]
   return grid_lib.load_config(f"{path}:{','.join(extra)}")
+
+
+def results_name(args, cfg) -> str:
+  """'<variant>-<hash of every setting>', e.g. 'default-1a2b3c4d5e6f'."""
+  from jaxdistill.demo import build  # pylint: disable=g-import-not-at-top
+  parts = [p for p, on in (("quick", args.quick), ("spectrum", args.spectrum),
+                           (f"seeds{args.seeds}", args.seeds > 1)) if on]
+  return "-".join(parts or ["default"]) + "-" + build.cache_key(cfg.to_dict())
 
 
 def main(argv=None) -> dict:
   args = parse(sys.argv[1:] if argv is None else argv)
-  cfg = load_config(args)
   if args.seed < 0:
     raise ValueError(f"--seed: must be >= 0, got {args.seed}")
+  if args.seeds < 1:
+    raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
+  if args.quick and args.spectrum:
+    raise ValueError("--quick, --spectrum: choose one")
+  cfg = load_config(args)
   workdir = args.workdir or (DEFAULT_WORKDIR + ("-quick" if args.quick else ""))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   from jaxdistill.demo import report  # pylint: disable=g-import-not-at-top
   from jaxdistill.demo import study  # pylint: disable=g-import-not-at-top
-  from jaxdistill.study import figures, table  # pylint: disable=g-import-not-at-top
-  res = study.run(cfg, workdir)
-  out = os.path.join(workdir, "results")
-  os.makedirs(out, exist_ok=True)
-  rows = report.rows_with_extras(res["rows"], res["grid_dir"])
-  table.write_table(res["rows"], out)  # results.csv / results.md per arm
-  figs = figures.make_figures(res["rows"], out)
-  md = report.table_markdown(rows, res["teacher"], res["student"])
   from jaxdistill.demo import tasks  # pylint: disable=g-import-not-at-top
-  found = report.findings(rows, res["teacher"], res["student"],
-                          int(cfg.data.test_problems), chance=tasks.CHANCE)
+  from jaxdistill.study import table  # pylint: disable=g-import-not-at-top
+  res = study.run(cfg, workdir)
+  out = os.path.join(workdir, "results", results_name(args, cfg))
+  os.makedirs(out, exist_ok=True)
+  runs = report.rows_with_extras(res["rows"], res["grid_dir"])
+  arms = report.arm_means(runs)
+  table.write_table(res["rows"], out)  # results.csv / results.md per arm
+  n_test = res["n_test"]
+  figs = report.make_figures(runs, res["teacher"], res["student"], n_test, out)
+  md = report.table_markdown(arms, res["teacher"], res["student"], n_test)
+  found = report.findings(arms, res["teacher"], res["student"], n_test,
+                          chance=tasks.CHANCE, figures=figs)
   text = report.paragraph(found)
   with open(os.path.join(out, "demo_table.md"), "w") as f:
     f.write(md + "\n")
   with open(os.path.join(out, "findings.md"), "w") as f:
     f.write(text + "\n")
-  summary = {"rows": rows, "teacher": res["teacher"], "student": res["student"],
+  summary = {"rows": runs, "arms": arms, "teacher": res["teacher"],
+             "student": res["student"], "n_test": n_test,
              "findings": [{"finding": n, "reproduced": ok, "sentence": s}
                           for n, ok, s in found],
              "figures": figs, "seconds": res["seconds"],
+             "arms_run": res["arms_run"], "results_dir": out,
              "config": cfg.to_dict()}
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(summary, f, indent=2, sort_keys=True, default=str)
+  s = res["seconds"]
   print(md)
   print()
   print(text)
   print(f"\nfiles: {out} (figures: {', '.join(os.path.basename(p) for p in figs)})")
-  print(f"time: {res['seconds']['total']:.0f} s (models {res['seconds']['models']:.0f}"
-        f" s, grid {res['seconds']['grid']:.0f} s)")
+  print(f"time: {s['total']:.0f} s (teacher and student {s['models']:.0f} s, "
+        f"grid training {s['grid_training']:.0f} s, evaluation "
+        f"{s['evaluation']:.0f} s; {res['arms_run']} arms run, the rest cached)")
   sys.stdout.flush()
   return summary

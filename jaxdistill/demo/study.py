@@ -1,16 +1,22 @@
 """The miniature study: assets -> grid (jaxdistill.sweep) -> evaluation -> report.
 
 Every arm is one run of the study's grid machinery (jaxdistill.study:
-expand, run_sweep, aggregate, write_table, make_figures) with the demo's
-evaluation: greedy and sampled accuracy on Countdown-3 (in distribution) and
-Countdown-4 (harder), pass@k, forgetting on the addition suite (the student's
-second task) and update sparsity against the student it started from.
+expand, run_sweep, aggregate) with the demo's evaluation: greedy and sampled
+accuracy on 4-number arithmetic (in distribution) and 6-number arithmetic
+(harder), pass@k,
+forgetting on the addition suite (the student's second task) and update
+sparsity against the student it started from.
+
+Everything is cached by the settings that made it: the tokenizer, the teacher
+and the student under <workdir>/models/, the grid's arms under
+<workdir>/grid-<key>/ (a finished arm is skipped, an interrupted one resumes),
+so a rerun of the same settings trains nothing and other settings never
+overwrite these.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import jax
@@ -19,39 +25,51 @@ import ml_collections
 from jaxdistill.demo import build
 from jaxdistill.demo import tasks as demo_tasks
 
-ID, HARDER, OOD = ("countdown3",), ("countdown4",), ("addition",)
+ID = (f"arith{demo_tasks.ID_NUMBERS}",)
+HARDER = (f"arith{demo_tasks.HARDER_NUMBERS}",)
+OOD = ("addition",)
 
 
 def records(cfg) -> dict:
-  """Training records and test suites (test targets/pairs never trained on)."""
-  d, n = cfg.data, int(cfg.data.test_problems)
-  cd3 = demo_tasks.countdown_records(3, int(d.countdown_train), d.data_seed)
-  add = demo_tasks.addition_records(int(d.addition_train), d.data_seed)
-  share = int(len(cd3) * float(cfg.student.countdown_share))
-  # The student's mix: a slice of Countdown and all of addition, interleaved
-  # by the pipeline's shuffle.
+  """Training records and test suites (no test problem is ever trained on)."""
+  d, seed = cfg.data, int(cfg.data.data_seed)
+  n_id, n_hard = demo_tasks.ID_NUMBERS, demo_tasks.HARDER_NUMBERS
+  # The teacher knows chains of 3 to 6 numbers; the student only the
+  # shortest (a share of the 3-number ones) and the addition facts, mixed by
+  # the pipeline's shuffle: it can do the steps but has never written a chain
+  # as long as the in-distribution one. Distillation runs on the
+  # in-distribution training prompts.
+  lengths = range(3, n_hard + 1)
+  teacher = {n: demo_tasks.arith_records(n, int(d.arith_train), seed)
+             for n in lengths}
+  k = int(int(d.arith_train) * float(cfg.student.arith_share))
+  add = demo_tasks.addition_records(int(d.addition_train), seed)
   return {
-      "teacher": cd3,
-      "student": cd3[:share] + add,
+      "teacher": [r for n in lengths for r in teacher[n]],
+      "student": [r for n in lengths if n < n_id for r in teacher[n][:k]] + add,
+      "distill": demo_tasks.arith_records(n_id, int(d.distill_prompts), seed + 1),
       "suites": {
-          "countdown3": demo_tasks.countdown_records(3, n, d.data_seed, "test"),
-          "countdown4": demo_tasks.countdown_records(4, n, d.data_seed, "test"),
-          "addition": demo_tasks.addition_records(n, d.data_seed, "test")}}
+          ID[0]: demo_tasks.arith_records(n_id, int(d.id_test), seed, "test"),
+          HARDER[0]: demo_tasks.arith_records(n_hard, int(d.harder_test), seed,
+                                              "test"),
+          OOD[0]: demo_tasks.addition_records(int(d.addition_test), seed,
+                                              "test")}}
 
 
-def evaluate(cfg, model_dir: str, tokenizer, suites, *, cache: bool = True
-             ) -> tuple[dict, object]:
+def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
+             cache: bool = True) -> tuple[dict, object]:
   """Flat metrics of one HF directory on the suites; returns (metrics, params).
 
-  Countdown suites are scored greedily and with samples (pass@k); the
+  The arithmetic suites are scored greedily and with samples (pass@k); the
   addition suite greedily (forgetting is measured on greedy accuracy).
   """
   from jaxdistill import models  # pylint: disable=g-import-not-at-top
   from jaxdistill.evaluation import core  # pylint: disable=g-import-not-at-top
   from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
+  seed = int(cfg.seed if seed is None else seed)
   mcfg, params = models.load_pretrained(model_dir, dtype="float32")
   path = os.path.join(model_dir, "demo_eval.json")
-  key = build.cache_key(cfg.eval.to_dict(), cfg.max_new_tokens, cfg.seed,
+  key = build.cache_key(cfg.eval.to_dict(), cfg.max_new_tokens, seed,
                         {k: v[:3] for k, v in suites.items()},
                         {k: len(v) for k, v in suites.items()})
   if cache and os.path.isfile(path):
@@ -61,7 +79,7 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, cache: bool = True
       return saved["metrics"], params
   e = cfg.eval
   common = dict(max_new_tokens=int(cfg.max_new_tokens),
-                batch_size=int(e.batch_size), seed=int(cfg.seed),
+                batch_size=int(e.batch_size), seed=seed,
                 max_prompt_len=int(cfg.max_prompt_len), prompt_bucket=8,
                 progress=False, temperature=float(cfg.grid.temperature))
   flat = core.evaluate_model(
@@ -94,7 +112,7 @@ def sparsity(cfg, params0, params1) -> dict:
 
 
 def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
-  """A jaxdistill.study grid: KL x rollout policy x learning rate."""
+  """A jaxdistill.study grid: KL x rollout policy x learning rate x seed."""
   g = cfg.grid
   base = build.base_train_config(cfg, tok_dir=tok_dir, records=records_file,
                                  seed=cfg.seed)
@@ -110,16 +128,27 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
   grid = ml_collections.ConfigDict()
   grid.base = base
   grid.base_spec = "configs/distill.py"
-  # Preset names are the rollout policy; 'mixture' carries its lambda.
+  # Preset names are the rollout policy; a mixture's name carries its lambda.
   grid.presets = {"policy": {
-      name: {"rollout": {"policy": name, "lam": float(lam)}}
+      name: {"rollout": {"policy": {0.0: "teacher", 1.0: "student"}.get(
+          float(lam), "mixture"), "lam": float(lam)}}
       for name, lam in g.policy}}
   grid.axes = (("kl", "loss.kind", tuple(g.kl)),
                ("policy", None, tuple(grid.presets.policy.keys())),
                ("lr", "optim.lr", tuple(float(x) for x in g.lrs)))
-  grid.seeds = (int(cfg.seed),)
+  grid.seeds = tuple(int(cfg.seed) + i for i in range(int(cfg.seeds)))
   grid.eval = None
   return grid
+
+
+def _arm_line(i, n, name, flat, student_eval, seconds):
+  def pct(d, k):
+    v = d.get(f"{k}/greedy_acc")
+    return "-" if v is None else f"{100 * v:.1f} %"
+  return (f"arm {i}/{n} {name}: {ID[0]} {pct(flat, ID[0])} (student before "
+          f"{pct(student_eval, ID[0])}), {HARDER[0]} {pct(flat, HARDER[0])}, "
+          f"addition {pct(flat, OOD[0])} (before {pct(student_eval, OOD[0])}); "
+          f"{seconds:.0f} s")
 
 
 def run(cfg, workdir: str) -> dict:
@@ -135,14 +164,15 @@ def run(cfg, workdir: str) -> dict:
   recs = records(cfg)
   suites = recs["suites"]
 
-  # (1) Tokenizer, (2) teacher, (3) student: cached by their settings.
-  # Countdown-4 training problems too, so harder prompts tokenize alike.
-  texts = demo_tasks.corpus(recs["teacher"] + recs["student"] +
-                            demo_tasks.countdown_records(4, 200, cfg.data.data_seed))
-  tok_dir = os.path.join(workdir, "models",
+  # (1) Tokenizer, (2) teacher, (3) student: cached by their settings. The
+  # tokenizer sees every training text (the student's are a subset of the
+  # teacher's and the addition facts), so the student's share never changes it.
+  texts = demo_tasks.corpus(recs["teacher"] + [
+      r for r in recs["student"] if "question" in r])
+  models_root = os.path.join(workdir, "models")
+  tok_dir = os.path.join(models_root,
                          "tokenizer-" + build.cache_key(texts, cfg.vocab_size))
   tok = build.build_tokenizer(tok_dir, texts, int(cfg.vocab_size))
-  models_root = os.path.join(workdir, "models")
   teacher_dir = build.train_model(
       "teacher", cfg, models_root, arch=dict(cfg.teacher.arch), tokenizer=tok,
       tok_dir=tok_dir, records=recs["teacher"], steps=int(cfg.teacher.steps),
@@ -153,33 +183,54 @@ def run(cfg, workdir: str) -> dict:
       lr=float(cfg.student.lr), seed=int(cfg.seed), devices=devices)
   t_models = time.time() - t0
   build.log(f"teacher and student ready ({t_models:.0f} s); evaluating them")
+  t1 = time.time()
   teacher_eval, _ = evaluate(cfg, teacher_dir, tok, suites)
   student_eval, params0 = evaluate(cfg, student_dir, tok, suites)
+  t_eval = time.time() - t1
 
   # (4) The grid, every arm with the real loop; (5) evaluated per arm.
   grid = grid_config(cfg, teacher_dir=teacher_dir, student_dir=student_dir,
                      tok_dir=tok_dir, records_file=build.write_records(
-                         recs["teacher"], models_root, "teacher"))  # reused
-  grid_dir = os.path.join(workdir, "grid")
-  shutil.rmtree(grid_dir, ignore_errors=True)  # the grid always reruns
+                         recs["distill"], models_root, "distill"))
+  # The arms' directory is named by everything that makes them, so a rerun
+  # reuses finished arms and other settings never touch them.
+  grid_dir = os.path.join(workdir, "grid-" + build.cache_key(
+      grid.to_dict(), cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}))
+  runs = sweep.expand(grid)
+  spent = {"eval": 0.0, "arms": 0}
 
   def evaluate_fn(grid_, run_, run_dir):
-    del grid_, run_
+    del grid_
     from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
+    t = time.time()
     flat, params = evaluate(cfg, os.path.join(run_dir, "hf_student"), tok,
-                            suites, cache=False)
+                            suites, seed=int(run_.config.seed), cache=False)
     flat.update({f"baseline/{k}": v for k, v in student_eval.items()})
     flat.update(report.forgetting_metrics(flat, student_eval, OOD))
     flat.update(sparsity(cfg, params0, params))
-    return flat
+    spent["eval"] += time.time() - t
+    spent["arms"] += 1
+    i = [r.name for r in runs].index(run_.name) + 1
+    build.log(_arm_line(i, len(runs), run_.name, flat, student_eval,
+                        time.time() - arm_start[0]))
+    arm_start[0] = time.time()  # the next arm starts now (finished ones are
+    return flat                 # skipped without calling this)
 
-  t1 = time.time()
+  t2 = time.time()
+  arm_start = [t2]
+  done = sum(os.path.isfile(os.path.join(grid_dir, r.dirname, "results.json"))
+             for r in runs)
+  build.log(f"grid: {len(runs)} arms, {done} already finished, in {grid_dir}")
   sweep.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
                   summarize=False)
-  t_grid = time.time() - t1
+  t_grid = time.time() - t2
   rows = sweep.aggregate(grid_dir)
   return {"rows": rows, "teacher": teacher_eval, "student": student_eval,
           "grid_dir": grid_dir, "workdir": workdir, "teacher_dir": teacher_dir,
           "student_dir": student_dir, "tokenizer_dir": tok_dir,
+          "n_test": {k: len(v) for k, v in suites.items()},
+          "arms_run": spent["arms"],
           "seconds": {"models": t_models, "grid": t_grid,
+                      "grid_training": t_grid - spent["eval"],
+                      "evaluation": t_eval + spent["eval"],
                       "total": time.time() - t0}}

@@ -1,9 +1,13 @@
-"""The miniature study's data: small-number Countdown and a second task.
+"""The miniature study's data: step-by-step arithmetic and a second task.
 
-Countdown here is the study's task with small numbers (1..9) and targets up to
-MAX_TARGET, so that a model trained for minutes on a CPU solves a useful share
-of it. Problems, splits (test targets never seen in training), prompts,
-reference solutions and the verifier are jaxdistill.tasks.countdown's.
+The in-distribution task is a chain of additions and subtractions over four
+digits, "Compute 7+8+4-9", answered with worked steps ("7 + 8 = 15. 15 + 4 =
+19. 19 - 9 = 10.") and the value inside <answer></answer>
+(jaxdistill.tasks.arith). It is the arithmetic reasoning of the study's
+Countdown without Countdown's search, which a model trained for minutes on a
+CPU learns well, where Countdown stays near 20 % (see the README). The harder
+variant has six numbers: a longer reasoning chain, as Countdown-N grows with N.
+Test problems are held out by problem: no test expression is trained on.
 
 The second task, the student's out-of-distribution suite for forgetting, is
 single-digit addition asked as a multiple-choice question, so the
@@ -15,22 +19,23 @@ from __future__ import annotations
 
 import random
 
-from jaxdistill.tasks import countdown
+from jaxdistill.tasks import arith
 from jaxdistill.tasks import mcq
 
 MAX_NUMBER = 9
-MAX_TARGET = 100
+MAX_VALUE = 99  # of every running value of an arithmetic problem
+ID_NUMBERS, HARDER_NUMBERS = 4, 6  # numbers per in-distribution / harder problem
 ADD_RANGE = (0, 9)
 CHANCE = 0.5  # accuracy of guessing on the addition suite
 
 
-def countdown_records(n_numbers: int, count: int, seed: int,
-                      split: str = "train") -> list[dict]:
-  """Small-number Countdown-`n_numbers` problems (with solver solutions)."""
-  problems = countdown.generate_problems(
+def arith_records(n_numbers: int, count: int, seed: int,
+                  split: str = "train") -> list[dict]:
+  """Left-to-right chains of + and - over `n_numbers` digits 1-9 (every
+  running value in 0..MAX_VALUE), split by problem (jaxdistill.tasks.arith)."""
+  return [p.to_record() for p in arith.generate_problems(
       n_numbers, count, seed, split=split, max_number=MAX_NUMBER,
-      max_target=MAX_TARGET)
-  return [p.to_record() for p in problems]
+      max_value=MAX_VALUE, ops="+-", chain=True)]
 
 
 def addition_answer(question: str) -> int:

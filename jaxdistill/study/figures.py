@@ -2,12 +2,13 @@
 
   accuracy_vs_lambda.png      in-distribution accuracy against lambda
                               (0 = teacher rollouts, 1 = on-policy), one line
-                              per KL direction, error bars = std over seeds
+                              per KL direction (and lr), error bars = std over
+                              seeds, or binomial s.e. with one seed
   lr_sparsity_forgetting.png  update sparsity and forgetting against the
-                              learning rate; per-run points, a least-squares
+                              learning rate (log axis); per-run points, a least-squares
                               line per KL direction with its R^2 in the legend
   harder_countdown.png        greedy accuracy on the harder Countdown suites
-                              (Countdown-5/6) per rollout policy
+                              per rollout policy (not drawn if all are 0)
 
 A figure is drawn only if the rows have what it needs; otherwise a line on
 stderr says what is missing.
@@ -53,7 +54,34 @@ def _vals(rows, key):
   return [r for r in rows if table._num(r.get(key))]  # pylint: disable=protected-access
 
 
-def accuracy_vs_lambda(rows, out_dir) -> str | None:
+def _errors(values, n):
+  """Error bar of a mean in %: the spread (std) over seeds when there are
+  several, else the binomial standard error over n test problems (if known)."""
+  if len(values) > 1:
+    return float(np.std(values, ddof=1))
+  if n:
+    p = values[0] / 100.0
+    return 100.0 * float(np.sqrt(max(p * (1 - p), 1.0 / n) / n))
+  return 0.0
+
+
+def _references(ax, refs):
+  """Horizontal lines for reference models ({label: accuracy in [0, 1]})."""
+  for (label, v), style in zip((refs or {}).items(), ("--", ":", "-.")):
+    if v is not None:
+      ax.axhline(100 * v, color="gray", linestyle=style, linewidth=1,
+                 label=f"{label} ({100 * v:.1f} %)")
+
+
+def _error_note(rows, n):
+  seeds = max((len({r.get("seed") for r in rows if r.get("arm") == a})
+               for a in {r.get("arm") for r in rows}), default=1)
+  if seeds > 1:
+    return f"error bars: std over {seeds} seeds"
+  return f"error bars: binomial s.e. over {n} problems" if n else ""
+
+
+def accuracy_vs_lambda(rows, out_dir, refs=None, n_test=None) -> str | None:
   ok = _vals(rows, "accuracy")
   lams = {r["lam"] for r in ok if r.get("lam") is not None}
   if len(lams) < 2:
@@ -61,21 +89,31 @@ def accuracy_vs_lambda(rows, out_dir) -> str | None:
          f"lambda; have {sorted(lams)})")
     return None
   plt = _plt()
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  fig, ax = plt.subplots(figsize=(5.5, 3.8))
+  n = (n_test or {}).get("accuracy")
   for kl in sorted({r["kl"] for r in ok}):
-    pts = {}
-    for r in ok:
-      if r["kl"] == kl and r.get("lam") is not None:
-        pts.setdefault(r["lam"], []).append(100 * r["accuracy"])
-    xs = sorted(pts)
-    ax.errorbar(xs, [np.mean(pts[x]) for x in xs],
-                yerr=[np.std(pts[x], ddof=1) if len(pts[x]) > 1 else 0 for x in xs],
-                marker="o", capsize=3, label=f"{kl} KL")
-  ax.set_xlabel("lambda (share of student tokens in rollouts)")
-  ax.set_ylim(0, max(1.0, 1.15 * np.nanmax(np.asarray(ax.get_ylim()))))
-  ax.set_ylabel("accuracy (%)")
-  ax.set_title("Accuracy along the rollout spectrum")
-  ax.legend()
+    for lr in sorted({r["lr"] for r in ok if r["kl"] == kl}):
+      pts = {}
+      for r in ok:
+        if r["kl"] == kl and r["lr"] == lr and r.get("lam") is not None:
+          pts.setdefault(r["lam"], []).append(100 * r["accuracy"])
+      xs = sorted(pts)
+      many_lrs = len({r["lr"] for r in ok}) > 1
+      ax.errorbar(xs, [np.mean(pts[x]) for x in xs],
+                  yerr=[_errors(pts[x], n) for x in xs], marker="o", capsize=3,
+                  label=f"{kl} KL" + (f", lr {lr:.0e}" if many_lrs else ""))
+  _references(ax, (refs or {}).get("accuracy"))
+  ax.set_xlabel("lambda (share of student tokens in rollouts)\n"
+                "0 = teacher rollouts (off-policy), 1 = on-policy")
+  ax.set_xticks(sorted(lams))
+  top = max([100 * r["accuracy"] for r in ok] +
+            [100 * v for v in ((refs or {}).get("accuracy") or {}).values()
+             if v is not None])
+  ax.set_ylim(0, max(1.0, 1.2 * top))
+  ax.set_ylabel("in-distribution greedy accuracy (%)")
+  ax.set_title("Accuracy along the rollout spectrum\n" + _error_note(ok, n),
+               fontsize=10)
+  ax.legend(fontsize=7)
   return _save(fig, out_dir, "accuracy_vs_lambda.png")
 
 
@@ -99,14 +137,17 @@ def lr_sparsity_forgetting(rows, out_dir) -> str | None:
       pts = ax.plot(x, y, "o", alpha=0.7)[0]
       if len(set(x)) >= 2:
         a, b, r2 = linear_fit(x, y)
-        xx = np.linspace(x.min(), x.max(), 20)
+        xx = np.geomspace(x.min(), x.max(), 20)
         ax.plot(xx, a * xx + b, "-", color=pts.get_color(),
                 label=f"{kl} KL (R²={'n/a' if np.isnan(r2) else f'{r2:.2f}'})")
       else:
         pts.set_label(f"{kl} KL")
-    ax.set_xlabel("learning rate")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted({r["lr"] for r in ok}))
+    ax.set_xticklabels([f"{v:.0e}" for v in sorted({r["lr"] for r in ok})])
+    ax.minorticks_off()
+    ax.set_xlabel("learning rate (log scale)")
     ax.set_ylabel(label)
-    ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
     ax.legend(fontsize=8)
   fig.suptitle("Sparsity and forgetting against the learning rate "
                "(linear fit over runs)")
@@ -123,30 +164,43 @@ def _harder_suites(rows) -> list[str]:
   return [k for n, k in cd if n > lo]
 
 
-def harder_countdown(rows, out_dir) -> str | None:
-  suites = _harder_suites(rows)
+def harder_countdown(rows, out_dir, refs=None, n_test=None,
+                     harder=None) -> str | None:
+  suites = list(harder) if harder else _harder_suites(rows)
   policies = sorted({r["policy"] for r in rows})
   if not suites:
     _say("harder_countdown: skipped (needs 'acc/countdown<N>' for N above the "
          "training N)")
     return None
+  refs = {s: (refs or {}).get(s) or {} for s in suites}
+  values = [r[s] for s in suites for r in _vals(rows, s)]
+  values += [v for s in suites for v in refs[s].values() if v is not None]
+  if not any(values):
+    _say("harder_countdown: skipped (every model scores 0 on "
+         f"{', '.join(suites)}: nothing to show)")
+    return None
   plt = _plt()
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  fig, ax = plt.subplots(figsize=(5.5, 3.8))
   width = 0.8 / max(len(policies), 1)
   for i, pol in enumerate(policies):
-    means, stds = [], []
+    means, errs = [], []
     for s in suites:
       v = [100 * r[s] for r in _vals(rows, s) if r["policy"] == pol]
       means.append(np.mean(v) if v else np.nan)
-      stds.append(np.std(v, ddof=1) if len(v) > 1 else 0.0)
-    ax.bar(np.arange(len(suites)) + i * width, means, width, yerr=stds,
+      # Arms of a policy differ in KL and lr: the bar is their mean, the
+      # error bar their spread.
+      errs.append(np.std(v, ddof=1) if len(v) > 1 else 0.0)
+    ax.bar(np.arange(len(suites)) + i * width, means, width, yerr=errs,
            capsize=3, label=f"{pol} rollouts")
+  if len(suites) == 1:
+    _references(ax, refs[suites[0]])
   ax.set_xticks(np.arange(len(suites)) + width * (len(policies) - 1) / 2)
   ax.set_xticklabels([s.removeprefix("acc/") for s in suites])
-  ax.set_ylim(0, max(1.0, 1.15 * np.nanmax(np.asarray(ax.get_ylim()))))
+  ax.set_ylim(0, max(1.0, 1.25 * max(100 * v for v in values)))
   ax.set_ylabel("greedy accuracy (%)")
-  ax.set_title("Harder Countdown variants by rollout policy")
-  ax.legend()
+  ax.set_title("Harder variants by rollout policy\n"
+               "(bar: mean over arms; error bar: spread over arms)", fontsize=10)
+  ax.legend(fontsize=7)
   return _save(fig, out_dir, "harder_countdown.png")
 
 
@@ -159,11 +213,20 @@ def _save(fig, out_dir, name):
   return path
 
 
-def make_figures(rows: Sequence[Mapping], out_dir: str) -> list[str]:
-  """Draws every figure the rows allow; returns the paths written."""
+def make_figures(rows: Sequence[Mapping], out_dir: str, *, refs=None,
+                 n_test=None, harder=None) -> list[str]:
+  """Draws every figure the rows allow; returns the paths written.
+
+  `refs` ({metric: {label: accuracy}}) adds reference lines (e.g. the teacher
+  and the student before distillation) to the accuracy figures; `n_test`
+  ({metric: problems}) gives single-seed points a binomial error bar;
+  `harder` names the harder suites' row keys (default: Countdown suites of
+  more numbers than the training task).
+  """
   out = []
-  for fn in (accuracy_vs_lambda, lr_sparsity_forgetting, harder_countdown):
-    path = fn(rows, out_dir)
+  for path in (accuracy_vs_lambda(rows, out_dir, refs, n_test),
+               lr_sparsity_forgetting(rows, out_dir),
+               harder_countdown(rows, out_dir, refs, n_test, harder)):
     if path:
       out.append(path)
   return out

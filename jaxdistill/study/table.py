@@ -157,11 +157,14 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
     cells = [str(a.get(h)) for h in factor_cols + study_cols]
     cells += [_cell(a[f"{m}_mean"], a[f"{m}_std"], a[f"{m}_n"], m) for m in cols]
     lines.append("| " + " | ".join(cells) + " |")
+  spread = ("mean ± std over seeds (n = seeds with the figure)"
+            if any(a[f"{m}_n"] > 1 for a in arms for m in cols)
+            else "one seed per arm, so no spread is shown")
   lines += ["", "Accuracy, coverage (pass@k) and sparsity in %, forgetting in "
-            "percentage points (positive = forgotten); mean ± std over seeds "
-            "(n = seeds with the figure). sparsity_<dtype>: share of parameter "
-            "entries with |change| <= atol after both are rounded to <dtype> "
-            "(sparsity_exact_<dtype>: bit-equal)."]
+            f"percentage points (positive = forgotten); {spread}. "
+            "sparsity_<dtype>: share of parameter entries with |change| <= "
+            "atol after both are rounded to <dtype> (sparsity_exact_<dtype>: "
+            "bit-equal)."]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path

@@ -51,9 +51,14 @@ def problem_split(expression: str, test_fraction: float = 0.1) -> str:
 
 def generate_problems(n_numbers: int, count: int, seed: int, *,
                       split: str = "train", max_number: int = 9,
-                      max_value: int = 99, test_fraction: float = 0.1
-                      ) -> list[Problem]:
-  """`count` distinct problems of one split, deterministic in the arguments."""
+                      max_value: int = 99, test_fraction: float = 0.1,
+                      ops: str = "+-*", chain: bool = False) -> list[Problem]:
+  """`count` distinct problems of one split, deterministic in the arguments.
+
+  `ops` are the operators drawn from; `chain` makes every expression a
+  left-to-right chain ((a op b) op c ...), whose worked steps each take the
+  running value and the next number, the easiest shape to learn.
+  """
   if not MIN_NUMBERS <= n_numbers <= MAX_NUMBERS:
     raise ValueError(f"n_numbers must be in [{MIN_NUMBERS}, {MAX_NUMBERS}], "
                      f"got {n_numbers}")
@@ -66,7 +71,9 @@ def generate_problems(n_numbers: int, count: int, seed: int, *,
                      f"{max_value}")
   if not 0.0 < test_fraction < 1.0:
     raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-  rng = random.Random(f"arith/{n_numbers}/{split}/{seed}")
+  if not ops or any(o not in "+-*" for o in ops):
+    raise ValueError(f"ops: a non-empty subset of '+-*', got {ops!r}")
+  rng = random.Random(f"arith/{n_numbers}/{split}/{seed}/{ops}/{chain}")
   seen, out = set(), []
   attempts, max_attempts = 0, 1000 + 200 * count
   while len(out) < count:
@@ -76,7 +83,7 @@ def generate_problems(n_numbers: int, count: int, seed: int, *,
                          f"problems with {n_numbers} numbers; raise max_value "
                          "or lower count")
     nums = [rng.randint(1, max_number) for _ in range(n_numbers)]
-    tree = _random_tree(rng, nums, max_value)
+    tree = _random_tree(rng, nums, max_value, ops, chain)
     if tree is None:
       continue
     value, (text, _) = tree
@@ -87,19 +94,24 @@ def generate_problems(n_numbers: int, count: int, seed: int, *,
   return out
 
 
-def _random_tree(rng, nums, cap):
+def _random_tree(rng, nums, cap, ops, chain):
   """A random expression over `nums` in order; (value, (text, prec)) or None.
-  Subtraction keeps the larger operand on the left (values stay >= 0)."""
+  Subtraction keeps the larger operand on the left (values stay >= 0); in a
+  chain it is drawn only where the running value is at least the number."""
   if len(nums) == 1:
     return nums[0], (str(nums[0]), 3)
-  k = rng.randint(1, len(nums) - 1)
-  left, right = _random_tree(rng, nums[:k], cap), _random_tree(rng, nums[k:], cap)
+  k = len(nums) - 1 if chain else rng.randint(1, len(nums) - 1)
+  left = _random_tree(rng, nums[:k], cap, ops, chain)
+  right = _random_tree(rng, nums[k:], cap, ops, chain)
   if left is None or right is None:
     return None
   (a, ta), (b, tb) = left, right
-  options = [("+", a + b, ta, tb), ("*", a * b, ta, tb),
-             ("-", a - b, ta, tb) if a >= b else ("-", b - a, tb, ta)]
-  options = [o for o in options if o[1] <= cap]
+  options = [("+", a + b, ta, tb), ("*", a * b, ta, tb)]
+  if a >= b:
+    options.append(("-", a - b, ta, tb))
+  elif not chain:
+    options.append(("-", b - a, tb, ta))
+  options = [o for o in options if o[1] <= cap and o[0] in ops]
   if not options:
     return None
   op, value, x, y = rng.choice(options)

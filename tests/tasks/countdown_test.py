@@ -268,3 +268,42 @@ def test_enumerate_problems_splits_by_problem_and_is_deterministic():
     cd.enumerate_problems(5, 0)
   with pytest.raises(ValueError, match="split"):
     cd.enumerate_problems(3, 0, split="dev")
+
+
+def _brute_force_problems(n, max_number=9, max_target=100):
+  """Every (sorted numbers, target) reachable under the generator's rules
+  (positive integer intermediates, exact division, no division by 1), by
+  combining any two values of a multiset until one is left."""
+  import itertools
+  def values(vals):
+    if len(vals) == 1:
+      yield vals[0]
+      return
+    for i, j in itertools.permutations(range(len(vals)), 2):
+      a, b = vals[i], vals[j]
+      rest = [vals[k] for k in range(len(vals)) if k not in (i, j)]
+      for v in (a + b, a - b, a * b, a // b if b > 1 and a % b == 0 else 0):
+        if v > 0:
+          yield from values(rest + [v])
+  out = set()
+  for nums in itertools.combinations_with_replacement(range(1, max_number + 1), n):
+    out |= {(nums, v) for v in values(list(nums)) if v <= max_target}
+  return out
+
+
+
+
+def test_countdown3_enumeration_is_the_whole_space_split_by_problem():
+  train = [p.to_record() for p in cd.enumerate_problems(3, 0)]
+  test = [p.to_record() for p in cd.enumerate_problems(3, 0, split="test")]
+  for r in train + test:
+    assert cd.reward(f"<answer>{r['solution']}</answer>", r["numbers"],
+                     r["target"]) == 1.0
+  key = lambda r: (tuple(sorted(r["numbers"])), r["target"])
+  assert len({key(r) for r in train}) == len(train)
+  assert not {key(r) for r in train} & {key(r) for r in test}
+  # Together the splits are every problem of the space (brute force).
+  assert {key(r) for r in train + test} == _brute_force_problems(3)
+  assert len(test) >= 200
+  # Split by problem, not by target: test targets also occur in training.
+  assert {r["target"] for r in test} <= {r["target"] for r in train}
