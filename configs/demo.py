@@ -8,10 +8,10 @@ r"""The whole study in miniature on a CPU: the settings of `python -m jaxdistill
 
 A Llama 3 teacher and a smaller student are trained from scratch: the teacher
 on step-by-step arithmetic chains of 3 to 6 numbers ("Compute 7+8+4-9"), the
-student on the 3-number ones only plus its second task, the
+student on the 3-number ones, a few 4-number ones and its second task, the
 single-digit addition facts asked as even/odd multiple choice (its
 out-of-distribution suite for forgetting). Then the grid KL direction x
-rollout policy (student, teacher, lambda = 0.5) x learning rate distils the
+rollout policy (student, teacher) x learning rate distils the
 teacher into the student on 4-number prompts, each arm with the real training
 loop, and every arm is evaluated on 4-number chains (in distribution),
 6-number chains (harder) and addition. The README's demo section gives the
@@ -46,10 +46,13 @@ def get_config(arg=None):
                 id_test=200, harder_test=200, addition_test=96, data_seed=0)
   c.teacher = dict(arch=TEACHER, steps=600, lr=3e-3)
   # The student sees only a slice of the Countdown data, so it starts weak.
-  c.student = dict(arch=STUDENT, steps=500, lr=3e-3, arith_share=1.0)
+  c.student = dict(arch=STUDENT, steps=500, lr=3e-3, arith_share=1.0,
+                   id_share=0.1)
+  # On-policy vs off-policy at both ends of the spectrum; --spectrum adds the
+  # mixtures in between.
   c.grid = dict(kl=("forward", "reverse"),
-                policy=(("student", 1.0), ("teacher", 0.0), ("mixture", 0.5)),
-                lrs=(5e-4, 3e-3), steps=100, batch_size=16, temperature=1.0)
+                policy=(("student", 1.0), ("teacher", 0.0)),
+                lrs=(5e-4, 3e-3), steps=160, batch_size=16, temperature=1.0)
   c.eval = dict(num_samples=4, ks=(1, 4), batch_size=128, sparsity_atol=1e-5,
                 sparsity_dtype="bfloat16")
   if arg.spectrum:  # one learning rate, five points along the rollout spectrum

@@ -34,19 +34,21 @@ def records(cfg) -> dict:
   """Training records and test suites (no test problem is ever trained on)."""
   d, seed = cfg.data, int(cfg.data.data_seed)
   n_id, n_hard = demo_tasks.ID_NUMBERS, demo_tasks.HARDER_NUMBERS
-  # The teacher knows chains of 3 to 6 numbers; the student only the
-  # shortest (a share of the 3-number ones) and the addition facts, mixed by
-  # the pipeline's shuffle: it can do the steps but has never written a chain
-  # as long as the in-distribution one. Distillation runs on the
-  # in-distribution training prompts.
+  # The teacher knows chains of 3 to 6 numbers; the student the shortest (a
+  # share of the 3-number ones), a few in-distribution ones and the addition
+  # facts, mixed by the pipeline's shuffle: it can do the steps but has
+  # rarely written a chain as long as the in-distribution one. Distillation
+  # runs on the in-distribution training prompts.
   lengths = range(3, n_hard + 1)
   teacher = {n: demo_tasks.arith_records(n, int(d.arith_train), seed)
              for n in lengths}
-  k = int(int(d.arith_train) * float(cfg.student.arith_share))
+  share = {n: float(cfg.student.arith_share) for n in lengths if n < n_id}
+  share[n_id] = float(cfg.student.get("id_share", 0.0))
   add = demo_tasks.addition_records(int(d.addition_train), seed)
   return {
       "teacher": [r for n in lengths for r in teacher[n]],
-      "student": [r for n in lengths if n < n_id for r in teacher[n][:k]] + add,
+      "student": [r for n, f in share.items()
+                  for r in teacher[n][:int(len(teacher[n]) * f)]] + add,
       "distill": demo_tasks.arith_records(n_id, int(d.distill_prompts), seed + 1),
       "suites": {
           ID[0]: demo_tasks.arith_records(n_id, int(d.id_test), seed, "test"),
