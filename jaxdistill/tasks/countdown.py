@@ -58,11 +58,27 @@ def build_prompt(numbers: Sequence[int], target: int) -> str:
       "inside <answer></answer> tags, for example <answer>(1 + 2) * 3</answer>.")
 
 
+def hash_split(key: str, test_fraction: float) -> str:
+  """'test' for a fixed, seed-independent `test_fraction` of keys, else
+  'train': the first 8 bytes of sha256(key) read as a number in [0, 1)."""
+  u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+  return "test" if u < test_fraction else "train"
+
+
 def target_split(target: int, test_fraction: float = 0.1) -> str:
   """'test' for a fixed, seed-independent subset of target values, else 'train'."""
-  digest = hashlib.sha256(f"countdown-target:{int(target)}".encode()).digest()
-  u = int.from_bytes(digest[:8], "big") / 2.0**64
-  return "test" if u < test_fraction else "train"
+  return hash_split(f"countdown-target:{int(target)}", test_fraction)
+
+
+def _check_split_and_limits(split, min_number, max_number, max_target,
+                            max_intermediate, test_fraction):
+  if split not in ("train", "test"):
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+  if max_target < 1 or max_intermediate < max_target:
+    raise ValueError(f"need 1 <= max_target <= max_intermediate, got "
+                     f"{max_target}, {max_intermediate}")
+  if not 0.0 < test_fraction < 1.0:
+    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
 
 
 def generate_problems(n_numbers: int, count: int, seed: int, *,
@@ -79,18 +95,13 @@ def generate_problems(n_numbers: int, count: int, seed: int, *,
   if not MIN_NUMBERS <= n_numbers <= MAX_NUMBERS:
     raise ValueError(f"n_numbers must be in [{MIN_NUMBERS}, {MAX_NUMBERS}], "
                      f"got {n_numbers}")
-  if split not in ("train", "test"):
-    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+  _check_split_and_limits(split, min_number, max_number, max_target,
+                          max_intermediate, test_fraction)
   if count < 0:
     raise ValueError(f"count must be >= 0, got {count}")
   if not 1 <= min_number <= max_number:
     raise ValueError(f"need 1 <= min_number <= max_number, got "
                      f"{min_number}, {max_number}")
-  if max_target < 1 or max_intermediate < max_target:
-    raise ValueError(f"need 1 <= max_target <= max_intermediate, got "
-                     f"{max_target}, {max_intermediate}")
-  if not 0.0 < test_fraction < 1.0:
-    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
   rng = random.Random(f"countdown/{n_numbers}/{split}/{seed}")
   seen, out = set(), []
   attempts, max_attempts = 0, 1000 + 2000 * count
@@ -122,9 +133,9 @@ def problem_split(numbers: Sequence[int], target: int,
   """'test' for a fixed, seed-independent subset of PROBLEMS (the multiset of
   numbers with the target), else 'train'. Unlike `target_split`, a test
   problem's target and numbers occur in training, only never together."""
-  key = f"countdown-problem:{sorted(int(n) for n in numbers)}->{int(target)}"
-  u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
-  return "test" if u < test_fraction else "train"
+  return hash_split(
+      f"countdown-problem:{sorted(int(n) for n in numbers)}->{int(target)}",
+      test_fraction)
 
 
 def enumerate_problems(n_numbers: int, seed: int, *, split: str = "train",
@@ -143,16 +154,11 @@ def enumerate_problems(n_numbers: int, seed: int, *, split: str = "train",
   """
   if not MIN_NUMBERS <= n_numbers <= 4:
     raise ValueError(f"n_numbers: enumeration is for 3 or 4 numbers, got {n_numbers}")
-  if split not in ("train", "test"):
-    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+  _check_split_and_limits(split, min_number, max_number, max_target,
+                          max_intermediate, test_fraction)
   if not 1 <= min_number <= max_number <= 20:
     raise ValueError(f"need 1 <= min_number <= max_number <= 20, got "
                      f"{min_number}, {max_number}")
-  if max_target < 1 or max_intermediate < max_target:
-    raise ValueError(f"need 1 <= max_target <= max_intermediate, got "
-                     f"{max_target}, {max_intermediate}")
-  if not 0.0 < test_fraction < 1.0:
-    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
   rng = random.Random(f"countdown-enum/{n_numbers}/{split}/{seed}")
   out = []
   for nums in itertools.combinations_with_replacement(
