@@ -52,13 +52,18 @@ def get_config(arg=None):
   # Countdown is generated from data_seed; task='mcq' reads the user's files
   # (manual_dir, format `source`) prepared as TFDS under data_dir;
   # task='records' reads records_file (.jsonl of Countdown/MCQ records).
+  # bucket=None pads every batch to max_prompt_len + max_new_tokens (one
+  # compilation); an int b pads prompts and responses (rollouts are cut
+  # after their longest) to the batch's longest, rounded up to a multiple
+  # of b: less padding, one compilation per width.
   c.data = dict(task=arg.task, n_numbers=3, num_problems=50_000, data_seed=0,
                 split="train", data_dir=config_dict.placeholder(str),
                 manual_dir=config_dict.placeholder(str),
                 source=config_dict.placeholder(str),
                 records_file=config_dict.placeholder(str),
                 system=config_dict.placeholder(str), batch_size=64,
-                max_prompt_len=256, fixed_batch=False)
+                max_prompt_len=256, fixed_batch=False,
+                bucket=config_dict.placeholder(int))
   c.rollout = dict(policy=arg.policy, lam=arg.lam, max_new_tokens=512,
                    temperature=1.0, top_k=config_dict.placeholder(int),
                    top_p=config_dict.placeholder(float),

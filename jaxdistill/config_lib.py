@@ -214,6 +214,9 @@ def validate_run(config, mesh=None) -> None:
   b = config.data.get("batch_size")
   if isinstance(b, bool) or not isinstance(b, int) or b < 1:
     _err("data.batch_size", f"must be an integer >= 1, got {b!r}")
+  k = config.data.get("bucket")
+  if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    _err("data.bucket", f"must be an integer >= 1 or None, got {k!r}")
   if mesh is not None:
     from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
     rules = dict(config.get("rules", sharding.DEFAULT_RULES))

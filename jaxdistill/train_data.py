@@ -105,6 +105,9 @@ class SequenceMaker:
     passes the one the loss compares over); default len(tokenizer), else the
     models' smallest embedding width."""
     self.ro = config.rollout
+    # data.bucket: rollouts are cut after their longest response, rounded up
+    # to a multiple of it (the loss then runs on [B, P + that] columns).
+    self.bucket = config.data.get("bucket")
     if vocab_size is None and tokenizer is not None:
       vocab_size = len(tokenizer)
     self.vocab = None if vocab_size is None else int(vocab_size)
@@ -159,8 +162,15 @@ class SequenceMaker:
           [jnp.zeros(r.prompt_mask.shape, jnp.float32), r.behaviour_logprobs],
           axis=1)
     stats = jax.device_get({"len": r.lengths.mean(), "frac": r.student_fraction,
-                            "ended": r.ended.mean(),
+                            "ended": r.ended.mean(), "longest": r.lengths.max(),
                             "tokens": batch["attention_mask"].sum()})
+    if self.bucket:  # drop the columns after the longest response (bucketed)
+      from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
+      n = int(ro.max_new_tokens)
+      width = prompts.shape[1] + pipeline.bucketed(int(stats["longest"]),
+                                                   self.bucket, n)
+      if width < prompts.shape[1] + n:
+        batch = {k: v[:, :width] for k, v in batch.items()}
     return batch, {"rollout/len": float(stats["len"]),
                    "rollout/student_fraction": float(stats["frac"]),
                    "rollout/ended_frac": float(stats["ended"]),

@@ -77,3 +77,29 @@ def test_sampled_mixture_batch_carries_the_mixture_logprobs():
   got = np.asarray(b["behaviour_logprobs"])[:, 1:]
   np.testing.assert_allclose(got[m], want[m], atol=2e-4)
   np.testing.assert_array_equal(got[~m], 0.0)
+
+
+def test_bucket_cuts_rollouts_after_the_longest_response():
+  """data.bucket drops only columns where no row has a token: the batch is
+  the unbucketed one cut at P + the longest response rounded up."""
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("forward", "student")
+  # A third of the real tokens end a row, so rows end at different steps.
+  c.rollout.update(max_new_tokens=16, eos_token_ids=tuple(range(0, REAL, 3)))
+  rules = sharding.DEFAULT_RULES
+  full, _ = train_data.SequenceMaker(c, scfg, tcfg, mesh, rules,
+                                     vocab_size=REAL)(host, sp, tp,
+                                                      jax.random.key(5))
+  c.data.bucket = 3
+  cut, _ = train_data.SequenceMaker(c, scfg, tcfg, mesh, rules,
+                                    vocab_size=REAL)(host, sp, tp,
+                                                     jax.random.key(5))
+  p = host["prompt"].shape[1]
+  resp = np.asarray(full["loss_mask"])[:, p:]
+  longest = int(resp.sum(1).max())
+  want = p + min(resp.shape[1], 3 * -(-longest // 3))
+  assert want < full["tokens"].shape[1]  # the rows end early: a cut is made
+  assert cut["tokens"].shape[1] == want
+  for k in full:
+    np.testing.assert_array_equal(np.asarray(cut[k]),
+                                  np.asarray(full[k])[:, :want])
+    assert not np.asarray(full[k])[:, want:].any() or k == "tokens"

@@ -28,6 +28,10 @@ Sequence batch (`make_sequence_batches`), fixed (off-policy) responses::
   response_mask   int32 [B, P + R]  1 on response tokens (incl. EOS)
   ... plus task, numbers, target, gold, index, valid as above
 
+P is max_prompt_len and R max_response_len, or with `bucket` the batch's
+longest prompt and response, each rounded up to a multiple of `bucket`
+(less padding, one compilation per distinct width).
+
 The response always starts at column P, the same place a rollout's first
 sampled token goes, so on- and off-policy batches share one layout; models
 must take positions from the mask (cumsum - 1), not from the column.
@@ -157,6 +161,21 @@ def _prompt_ids(records, tokenizer, system):
   return tok_lib.encode(tokenizer, texts)
 
 
+def bucketed(longest: int, bucket: int | None, cap: int) -> int:
+  """A batch's padded width: `cap` without a bucket, else its longest row
+  rounded up to a multiple of `bucket` (at most `cap`)."""
+  if not bucket:
+    return cap
+  return min(cap, -(-longest // bucket) * bucket)
+
+
+def _check_bucket(bucket):
+  if bucket is not None and (isinstance(bucket, bool)
+                             or not isinstance(bucket, (int, np.integer))
+                             or bucket <= 0):
+    raise ValueError(f"bucket must be a positive int or None, got {bucket!r}")
+
+
 class PromptBatches(_Batches):
   """Left-padded prompt batches with verifier metadata; see module docstring."""
 
@@ -164,8 +183,7 @@ class PromptBatches(_Batches):
                system=None, **kw):
     if max_prompt_len <= 0:
       raise ValueError(f"max_prompt_len must be positive, got {max_prompt_len}")
-    if bucket is not None and bucket <= 0:
-      raise ValueError(f"bucket must be positive or None, got {bucket}")
+    _check_bucket(bucket)
     ids = _prompt_ids(records, tokenizer, system)
     keep = [i for i, s in enumerate(ids) if len(s) <= max_prompt_len]
     self._ids = [ids[i] for i in keep]
@@ -175,11 +193,9 @@ class PromptBatches(_Batches):
 
   def _features(self, pos):
     seqs = [self._ids[p] for p in pos]
-    width = self.max_prompt_len
-    if self._bucket:
-      # Shorter batches at the cost of one compilation per bucket.
-      longest = max(len(s) for s in seqs)
-      width = min(width, -(-longest // self._bucket) * self._bucket)
+    # Shorter batches at the cost of one compilation per bucket.
+    width = bucketed(max(len(s) for s in seqs), self._bucket,
+                     self.max_prompt_len)
     prompt, mask = tok_lib.left_pad(seqs, width, self.pad_id)
     return {"prompt": prompt, "prompt_mask": mask}
 
@@ -189,10 +205,11 @@ class SequenceBatches(_Batches):
 
   def __init__(self, records, tokenizer, *, max_prompt_len, max_response_len,
                response_fn: Callable[[Mapping], str] | None = None, system=None,
-               **kw):
+               bucket=None, **kw):
     if max_prompt_len <= 0 or max_response_len <= 0:
       raise ValueError("max_prompt_len and max_response_len must be positive, got "
                        f"{max_prompt_len}, {max_response_len}")
+    _check_bucket(bucket)
     response_fn = response_fn or tasks.reference_response
     prompts = _prompt_ids(records, tokenizer, system)
     eos = int(tokenizer.eos_token_id)
@@ -204,11 +221,17 @@ class SequenceBatches(_Batches):
     self._prompts = [prompts[i] for i in keep]
     self._responses = [responses[i] for i in keep]
     self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len
+    self._bucket = bucket
     self.pad_id = int(tokenizer.pad_token_id)
     super().__init__(records, keep, **kw)
 
   def _features(self, pos):
-    p, r = self.max_prompt_len, self.max_response_len
+    # Prompt and response widths: the maxima, or (bucket) the batch's
+    # longest rounded up, at one compilation per distinct width.
+    p = bucketed(max(len(self._prompts[i]) for i in pos), self._bucket,
+                 self.max_prompt_len)
+    r = bucketed(max(len(self._responses[i]) for i in pos), self._bucket,
+                 self.max_response_len)
     prompt, prompt_mask = tok_lib.left_pad([self._prompts[i] for i in pos], p,
                                            self.pad_id)
     resp = np.full((len(pos), r), self.pad_id, np.int32)
@@ -243,14 +266,18 @@ def make_sequence_batches(records: Sequence[Mapping], tokenizer, *,
                           max_response_len: int, seed: int,
                           response_fn: Callable[[Mapping], str] | None = None,
                           shuffle: bool = True, num_epochs: int | None = None,
+                          bucket: int | None = None,
                           system: str | None = None, process_index: int = 0,
                           process_count: int = 1) -> SequenceBatches:
   """Prompt + response batches. Responses come from `response_fn(record)`,
   by default `tasks.reference_response` (record['response'], else the
-  Countdown solver solution's worked steps)."""
+  Countdown solver solution's worked steps). `bucket`: pad prompts and
+  responses to the batch's longest rounded up to a multiple of it, instead
+  of to the maxima."""
   return SequenceBatches(
       records, tokenizer, max_prompt_len=max_prompt_len,
       max_response_len=max_response_len, response_fn=response_fn, system=system,
+      bucket=bucket,
       batch_size=batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
       process_index=process_index, process_count=process_count)
 
@@ -360,7 +387,7 @@ def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
   recs = records_from_config(data)
   common = dict(batch_size=int(data.batch_size),
                 max_prompt_len=int(data.max_prompt_len), seed=int(config.seed),
-                system=data.get("system"))
+                system=data.get("system"), bucket=data.get("bucket"))
   if config.rollout.policy == "dataset":
     return make_sequence_batches(
         recs, tokenizer, max_response_len=int(config.rollout.max_new_tokens),

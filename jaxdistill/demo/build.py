@@ -112,9 +112,11 @@ def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
   c.keep_ckpts = 1
   c.student.update(dtype="float32", param_dtype="float32")
   c.teacher.update(dtype="float32", param_dtype="float32")
+  # Padded to each batch's longest prompt and response (multiples of 8):
+  # the demo's responses end well before max_new_tokens.
   c.data.update(task="records", records_file=records,
                 batch_size=int(cfg.batch_size),
-                max_prompt_len=int(cfg.max_prompt_len))
+                max_prompt_len=int(cfg.max_prompt_len), bucket=8)
   c.rollout.update(max_new_tokens=int(cfg.max_new_tokens))
   c.loss.update(chunk_size=256, fused=False)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
@@ -145,10 +147,14 @@ def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
   from jaxdistill import train  # pylint: disable=g-import-not-at-top
   init = model_init(arch, tokenizer)
   data = write_records(records, root, name)
-  key = cache_key(name, init, steps, lr, seed, cfg.batch_size,
-                  cfg.max_prompt_len, cfg.max_new_tokens,
-                  os.path.basename(data),
-                  open(os.path.join(tok_dir, "tokenizer.json")).read())
+  config = sft_config(cfg, init=init, tok_dir=tok_dir, records=data,
+                      steps=steps, lr=lr, seed=seed)
+  # Named by every training setting; the data and tokenizer by their content
+  # (the records file's name is its hash), not by where the workdir is.
+  settings = config.to_dict()
+  settings["tokenizer"] = open(os.path.join(tok_dir, "tokenizer.json")).read()
+  settings["data"]["records_file"] = os.path.basename(data)
+  key = cache_key(name, settings)
   out = os.path.join(root, f"{name}-{key}")
   hf = os.path.join(out, "hf_student")
   if _done(out):
@@ -157,8 +163,6 @@ def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
   resuming = os.path.isdir(os.path.join(out, "checkpoints"))
   log(f"{name}: {'resuming' if resuming else 'training from scratch'} "
       f"({steps} steps) in {out}")
-  config = sft_config(cfg, init=init, tok_dir=tok_dir, records=data,
-                      steps=steps, lr=lr, seed=seed)
   # A killed run resumes from its last checkpoint; a run of other settings
   # (an older jaxdistill) is moved aside by overwrite.
   last = train.train(config, out, overwrite=True, devices=devices)

@@ -153,6 +153,37 @@ def test_sequence_batches_layout(tiny_tokenizer):
   assert short.num_dropped == sum(r["target"] % 2 == 0 for r in recs)
 
 
+def test_bucket_pads_to_the_batch_longest_rounded_up(tiny_tokenizer):
+  recs = records()[:22]
+  eos = tiny_tokenizer.eos_token_id
+  resp_ids = lambda r: tiny_tokenizer.encode(countdown.reference_completion(
+      r["numbers"], r["target"], r["solution"]), add_special_tokens=False) + [eos]
+  seq = pipeline.make_sequence_batches(recs, tiny_tokenizer, batch_size=3,
+                                       max_prompt_len=P, max_response_len=120,
+                                       seed=4, bucket=16)
+  prompts = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=3,
+                                         max_prompt_len=P, seed=4, bucket=16)
+  widths = set()
+  for step in range(6):
+    x, y = seq[step], prompts[step]
+    p_len = [len(expected_prompt_ids(tiny_tokenizer, recs[i])) for i in x["index"]]
+    r_len = [len(resp_ids(recs[i])) for i in x["index"]]
+    p = 16 * -(-max(p_len) // 16)
+    r = 16 * -(-max(r_len) // 16)
+    assert x["tokens"].shape == (3, p + r) and y["prompt"].shape == (3, p)
+    widths.add(p + r)
+    for row, i in enumerate(x["index"]):
+      prompt, resp = expected_prompt_ids(tiny_tokenizer, recs[i]), resp_ids(recs[i])
+      np.testing.assert_array_equal(x["tokens"][row, p - len(prompt):p], prompt)
+      np.testing.assert_array_equal(x["tokens"][row, p:p + len(resp)], resp)
+      assert x["attention_mask"][row].sum() == len(prompt) + len(resp)
+      assert x["response_mask"][row, p:].sum() == len(resp)
+  assert len(widths) > 1  # the records' lengths differ enough to show it
+  with pytest.raises(ValueError, match="bucket"):
+    pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=3,
+                                 max_prompt_len=P, seed=4, bucket=0)
+
+
 def test_score_maps_completions_back(tiny_tokenizer):
   recs = records()[:22]
   batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=4,
