@@ -44,15 +44,15 @@ def get_config(arg=None):
   # distils on distill_prompts 4-number problems; test suites held out.
   c.data = dict(arith_train=1500, addition_train=2000, distill_prompts=2000,
                 id_test=200, harder_test=200, addition_test=96, data_seed=0)
-  c.teacher = dict(arch=TEACHER, steps=600, lr=3e-3)
+  c.teacher = dict(arch=TEACHER, steps=900, lr=3e-3)
   # The student sees only a slice of the Countdown data, so it starts weak.
   c.student = dict(arch=STUDENT, steps=500, lr=3e-3, arith_share=1.0,
-                   id_share=0.1)
+                   id_share=0.3)
   # On-policy vs off-policy at both ends of the spectrum; --spectrum adds the
   # mixtures in between.
   c.grid = dict(kl=("forward", "reverse"),
                 policy=(("student", 1.0), ("teacher", 0.0)),
-                lrs=(5e-4, 3e-3), steps=160, batch_size=16, temperature=1.0)
+                lrs=(5e-4, 2e-3), steps=320, batch_size=16, temperature=1.0)
   c.eval = dict(num_samples=4, ks=(1, 4), batch_size=128, sparsity_atol=1e-5,
                 sparsity_dtype="bfloat16")
   if arg.spectrum:  # one learning rate, five points along the rollout spectrum
