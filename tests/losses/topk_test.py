@@ -155,8 +155,8 @@ def test_tiny_tail_stays_finite_and_exact():
   assert np.all(np.isfinite(g))
 
 
-@pytest.mark.parametrize("variant", ["renorm", "tail"])
-@pytest.mark.parametrize("kind", ["forward", "reverse", "jsd"])
+@pytest.mark.parametrize("kind,variant", [("forward", "renorm"),
+                                          ("reverse", "tail"), ("jsd", "tail")])
 def test_fused_topk_vs_float64(kind, variant):
   rng = np.random.default_rng(4)
   d_s, d_t, k = 6, 5, 4
