@@ -1,7 +1,9 @@
 r"""Distil a teacher into a student: one cell of the study's grid.
 
 Sweepable args (after the colon): kl (forward | reverse | jsd | sampled),
-policy (student | teacher | mixture | dataset), lam, lr, task, seed, runlocal.
+policy (student | teacher | mixture | dataset), lam, lr, task, seed, topk
+(None = the full teacher, or k: the loss sees only the teacher's top-k),
+runlocal.
 
   # A real run (paths come from the command line, never from this file):
   python -m jaxdistill.train \
@@ -30,7 +32,8 @@ TINY_STUDENT = dict(TINY_TEACHER, hidden_size=32, intermediate_size=64,
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, kl="forward", policy="student", lam=0.5,
-                             lr=1e-5, task="countdown", seed=0, runlocal=False)
+                             lr=1e-5, task="countdown", seed=0, topk=None,
+                             runlocal=False)
   c = ml_collections.ConfigDict()
   c.seed = arg.seed
   c.total_steps = 200
@@ -71,7 +74,14 @@ def get_config(arg=None):
   c.loss = dict(kind=arg.kl, beta=0.5, temperature=1.0,
                 reduction="token_mean", estimator="rkl_surrogate",
                 iw_clip=config_dict.placeholder(float), fused=True,
-                chunk_size=128, vocab_size=config_dict.placeholder(int))
+                chunk_size=128, vocab_size=config_dict.placeholder(int),
+                # The teacher's top-k (None: all of it); 'renorm' or 'tail'
+                # (jaxdistill/losses/topk.py); a teacher cache directory
+                # (python -m jaxdistill.teacher_cache) replaces the teacher.
+                teacher_topk=config_dict.placeholder(int),
+                topk_variant="renorm",
+                teacher_cache=config_dict.placeholder(str))
+  c.loss.teacher_topk = arg.topk
   c.optim = dict(lr=arg.lr, schedule="constant", warmup_steps=10,
                  final_lr_frac=0.0, weight_decay=0.0, b1=0.9, b2=0.999,
                  eps=1e-8, clip_norm=1.0, grad_accum=1)

@@ -23,6 +23,10 @@ Summaries are means over response tokens. Along the rollout spectrum
       --config.student.path=/runs/x/hf_student --config.teacher.path=/ckpt/T \
       --out /runs/x/kl_grads
 
+With loss.teacher_topk = k (e.g. configs/distill.py:topk=64) each row also
+holds, per direction, the mean cosine and norm ratio between the gradient of
+the top-k loss (loss.topk_variant) and the exact one (TOPK_STATS).
+
 Writes kl_gradients.csv, kl_gradients.md and kl_gradients.png to --out and
 prints the rows as one JSON list. Memory: the per-token gradients are
 [T, V] per sequence (the batch is mapped row by row), so keep T x V modest.
@@ -42,6 +46,11 @@ import numpy as np
 
 STATS = ("fkl", "rkl", "fkl_norm", "rkl_norm", "cos", "fkl_under", "fkl_over",
          "rkl_under", "rkl_over")
+# With a teacher top-k (loss.teacher_topk): per direction, the cosine and the
+# norm ratio ||g_topk|| / ||g_exact|| between the gradient of the top-k loss
+# (losses.topk_divergence) and the exact one, w.r.t. the student logits.
+TOPK_STATS = ("fkl_topk_cos", "fkl_topk_norm_ratio", "rkl_topk_cos",
+              "rkl_topk_norm_ratio")
 
 
 def _check(student_logits, teacher_logits, vocab_size, temperature):
@@ -89,9 +98,34 @@ def _shares(g, under, over):
           jnp.where(tot > 0, (mass * over).sum(-1) / safe, 0.0))
 
 
+def _cos(a, b):
+  na, nb = jnp.linalg.norm(a, axis=-1), jnp.linalg.norm(b, axis=-1)
+  return jnp.sum(a * b, -1) / jnp.maximum(na * nb, 1e-30), na, nb
+
+
+def topk_gradients(student_logits, teacher_logits, *, k, variant="renorm",
+                   temperature=1.0, vocab_size=None) -> dict:
+  """Closed-form per-token gradients of the top-k forward and reverse KL
+  (losses.topk) w.r.t. the student logits: {'fkl_grad', 'rkl_grad'} [..., V']."""
+  from jaxdistill.losses import topk as topk_lib  # pylint: disable=g-import-not-at-top
+  v = _check(student_logits, teacher_logits, vocab_size, temperature)
+  tau = float(temperature)
+  z = student_logits[..., :v].astype(jnp.float32) / tau
+  t = topk_lib.topk_of_scaled(teacher_logits[..., :v].astype(jnp.float32) / tau,
+                              topk_lib.check_k(int(k), v, "k"))
+  topk_lib.check_variant(variant)
+  out = {}
+  for kind, name in (("forward", "fkl_grad"), ("reverse", "rkl_grad")):
+    terms = topk_lib.topk_token_terms(z, t.ids, t.logprobs, variant, kind, 0.5,
+                                      with_grad=True, tail=t.tail)
+    out[name] = terms["grad"] / tau
+  return out
+
+
 def token_stats(student_logits, teacher_logits, *, temperature=1.0,
-                vocab_size=None) -> dict:
-  """Per-token statistics ([...] each, keys STATS) of the two gradients."""
+                vocab_size=None, topk=None, topk_variant="renorm") -> dict:
+  """Per-token statistics ([...] each, keys STATS, and TOPK_STATS when `topk`
+  is set) of the two gradients."""
   g = kl_gradients(student_logits, teacher_logits, temperature=temperature,
                    vocab_size=vocab_size)
   gf, gr = g["fkl_grad"], g["rkl_grad"]
@@ -102,6 +136,14 @@ def token_stats(student_logits, teacher_logits, *, temperature=1.0,
          "cos": cos}
   out["fkl_under"], out["fkl_over"] = _shares(gf, under, over)
   out["rkl_under"], out["rkl_over"] = _shares(gr, under, over)
+  if topk is not None:
+    gk = topk_gradients(student_logits, teacher_logits, k=topk,
+                        variant=topk_variant, temperature=temperature,
+                        vocab_size=vocab_size)
+    for d, exact in (("fkl", gf), ("rkl", gr)):
+      cos_k, n_k, n_e = _cos(gk[f"{d}_grad"], exact)
+      out[f"{d}_topk_cos"] = cos_k
+      out[f"{d}_topk_norm_ratio"] = n_k / jnp.maximum(n_e, 1e-30)
   return out
 
 
@@ -115,7 +157,8 @@ def summarize(stats: dict, mask) -> dict:
 
 
 def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
-                  temperature=1.0, vocab_size=None) -> dict:
+                  temperature=1.0, vocab_size=None, topk=None,
+                  topk_variant="renorm") -> dict:
   """Summary statistics of one rollout batch.
 
   student / teacher: (ModelConfig, params). tokens, attention_mask,
@@ -136,7 +179,8 @@ def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
     tok, att = args
     z = models.apply(scfg, sp, tok[None], att[None])[0, :-1]  # [L-1, V_s]
     u = models.apply(tcfg, tp, tok[None], att[None])[0, :-1]  # [L-1, V_t]
-    return token_stats(z, u, temperature=temperature, vocab_size=vocab_size)
+    return token_stats(z, u, temperature=temperature, vocab_size=vocab_size,
+                       topk=topk, topk_variant=topk_variant)
 
   stats = jax.lax.map(row, (tokens, jnp.asarray(attention_mask)))  # [B, L-1]
   return {k: float(v) for k, v in jax.device_get(summarize(stats, mask)).items()}
@@ -146,12 +190,14 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
                     lams: Sequence[float], rng, max_new_tokens: int,
                     temperature: float = 1.0, loss_temperature: float = 1.0,
                     vocab_size=None, eos_token_ids=None,
-                    pad_token_id: int = 0) -> list[dict]:
+                    pad_token_id: int = 0, topk=None,
+                    topk_variant: str = "renorm") -> list[dict]:
   """One row per lambda: rollouts from the lambda-mixture on the same prompts.
 
   prompt_batches: host batches with 'prompt' and 'prompt_mask' ([B, P]).
   Rows hold the token-weighted means of STATS over all batches, the realised
-  student fraction, the number of tokens and lambda.
+  student fraction, the number of tokens and lambda; with `topk` also
+  TOPK_STATS (the top-k loss's gradient against the exact one).
   """
   from jaxdistill import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
   if not lams:
@@ -159,9 +205,10 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
   bad = [l for l in lams if not 0.0 <= float(l) <= 1.0]
   if bad:
     raise ValueError(f"lams: must lie in [0, 1], got {bad}")
+  keys = STATS + (TOPK_STATS if topk is not None else ())
   rows = []
   for lam in lams:
-    tot, acc, frac = 0.0, {k: 0.0 for k in STATS}, 0.0
+    tot, acc, frac = 0.0, {k: 0.0 for k in keys}, 0.0
     for i, b in enumerate(prompt_batches):
       # Same key per batch across lambdas: arms differ only in lambda.
       r = rollout_lib.generate(
@@ -172,11 +219,12 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
           return_logprobs=False)
       s = analyze_batch(student, teacher, r.tokens, r.attention_mask,
                         r.loss_mask, temperature=loss_temperature,
-                        vocab_size=vocab_size)
+                        vocab_size=vocab_size, topk=topk,
+                        topk_variant=topk_variant)
       n = s["tokens"]
       tot += n
       frac += float(r.student_fraction) * n
-      for k in STATS:
+      for k in keys:
         acc[k] += s[k] * n
     row = {"lam": float(lam), "tokens": tot,
            "student_fraction": frac / max(tot, 1.0)}
@@ -200,6 +248,7 @@ def write_spectrum(rows: Sequence[dict], out_dir: str, *,
     raise ValueError("rows: nothing to write")
   os.makedirs(out_dir, exist_ok=True)
   cols = ["lam", "student_fraction", "tokens", *STATS]
+  cols += [k for k in TOPK_STATS if k in rows[0]]
   paths = [os.path.join(out_dir, f"kl_gradients.{e}") for e in ("csv", "md", "png")]
   with open(paths[0], "w", newline="") as f:
     w = csv.writer(f)
@@ -213,6 +262,10 @@ def write_spectrum(rows: Sequence[dict], out_dir: str, *,
             "w.r.t. the student logits; cos: mean cosine between the two; "
             "*_under / *_over: mean share of the gradient's squared norm on "
             "entries where q < p / q > p."]
+  if "fkl_topk_cos" in rows[0]:
+    lines[-1] += (" *_topk_cos / *_topk_norm_ratio: mean cosine and norm "
+                  "ratio ||g_topk|| / ||g_exact|| between the gradient of the "
+                  "loss on the teacher's top-k and the exact one.")
   with open(paths[1], "w") as f:
     f.write("\n".join(lines) + "\n")
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -277,7 +330,9 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
       temperature=float(config.rollout.temperature),
       loss_temperature=float(config.loss.temperature), vocab_size=vocab,
       eos_token_ids=tuple(sorted(eos)),
-      pad_token_id=getattr(tok, "pad_token_id", None) or 0)
+      pad_token_id=getattr(tok, "pad_token_id", None) or 0,
+      topk=config.loss.get("teacher_topk"),
+      topk_variant=config.loss.get("topk_variant", "renorm"))
   note = None
   if not (config.student.get("path") and config.teacher.get("path")):
     note = PLUMBING_NOTE

@@ -21,6 +21,7 @@ ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 POLICIES = ("student", "teacher", "mixture", "dataset")
 REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
 SCHEDULES = ("constant", "cosine")
+TOPK_VARIANTS = ("renorm", "tail")
 
 
 def find_config(path: str) -> str:
@@ -97,6 +98,31 @@ def _check_sampled_rollout(loss, ro) -> None:
          "loss.temperature; set rollout.top_p=None (or 1.0)")
 
 
+def _check_topk(loss, ro) -> None:
+  """loss.teacher_topk (None = the full teacher, or k), loss.topk_variant and
+  loss.teacher_cache (a directory written by jaxdistill.teacher_cache)."""
+  k = loss.get("teacher_topk")
+  cache = loss.get("teacher_cache")
+  if k is not None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+      _err("loss.teacher_topk", f"must be None (the full teacher) or an "
+           f"integer >= 1, got {k!r}")
+    if loss.kind not in ("forward", "reverse", "jsd"):
+      _err("loss.teacher_topk", f"applies to the exact losses (forward, "
+           f"reverse, jsd), not loss.kind={loss.kind!r}; set it to None")
+  if loss.get("topk_variant", "renorm") not in TOPK_VARIANTS:
+    _err("loss.topk_variant", f"unknown {loss.topk_variant!r}; choose from "
+         f"{TOPK_VARIANTS}")
+  if cache is not None:
+    if k is None:
+      _err("loss.teacher_cache", "a cache holds the teacher's top-k: set "
+           "loss.teacher_topk to its k (or set teacher_cache=None)")
+    if ro.policy not in ("teacher", "dataset"):
+      _err("loss.teacher_cache", "only rollouts that do not depend on the "
+           "student can be cached (rollout.policy 'teacher' or 'dataset'), "
+           f"got {ro.policy!r}")
+
+
 def validate(config) -> None:
   """Checks a training config before any compute; raises naming the field."""
   loss = config.loss
@@ -111,6 +137,7 @@ def validate(config) -> None:
     _err("loss.reduction", f"unknown {loss.reduction!r}; choose from {REDUCTIONS}")
   if not float(loss.temperature) > 0:
     _err("loss.temperature", f"must be > 0, got {loss.temperature}")
+  _check_topk(loss, config.rollout)
 
   ro = config.rollout
   if ro.policy not in POLICIES:

@@ -145,11 +145,20 @@ def _ce_loss(logits, targets, w, vocab):
                 MEAN_WEIGHT: (w > 0).sum().astype(jnp.float32)}
 
 
+# Batch keys of a teacher cache (jaxdistill/teacher_cache.py): the teacher's
+# top-k at every position, aligned with `tokens` ([B, L, K], [B, L, K], [B, L]).
+CACHE_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs", "teacher_topk_tail")
+
+
 def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
                  loss_cfg, vocab_size, policy="student", lam=None):
   """Weighted divergence over the batch's response positions -> (loss, metrics).
 
-  `batch['weights']` ([B, L]) must already hold `loss_weights(...)`.
+  `batch['weights']` ([B, L]) must already hold `loss_weights(...)`. With
+  loss_cfg.teacher_topk = k the loss sees only the teacher's top-k
+  (losses.topk_divergence, variant loss_cfg.topk_variant); a batch holding
+  CACHE_KEYS takes that top-k from the cache and runs no teacher at all
+  (teacher_params may then be None).
   """
   tokens, attn = batch["tokens"], batch["attention_mask"]
   w = batch["weights"][:, 1:]  # [B, L-1]: weight of predicting token t+1 at t
@@ -158,6 +167,23 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
     return _ce_loss(models.apply(student_cfg, params, tokens, attn)[:, :-1],
                     tokens[:, 1:], w, vocab_size)
   fused = bool(loss_cfg.get("fused", False)) and kind != "sampled"
+  k = loss_cfg.get("teacher_topk") if kind != "sampled" else None
+  variant = loss_cfg.get("topk_variant", "renorm")
+  kw = dict(kind=kind, beta=loss_cfg.beta, temperature=loss_cfg.temperature,
+            reduction="sum", vocab_size=vocab_size)
+  chunk = loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE)
+  if CACHE_KEYS[0] in batch and kind != "sampled":
+    ids, lp, tail = (jax.lax.stop_gradient(batch[n][:, :-1]) for n in CACHE_KEYS)
+    s_out = models.apply(student_cfg, params, tokens, attn,
+                         return_hidden=fused)[:, :-1]
+    if fused:
+      loss, metrics = losses.fused_topk_divergence(
+          s_out, models.output_head(student_cfg, params), ids, lp, w,
+          teacher_tail=tail, variant=variant, chunk_size=chunk, **kw)
+    else:
+      loss, metrics = losses.topk_divergence(
+          s_out, ids, lp, w, teacher_tail=tail, variant=variant, **kw)
+    return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
   t_out = models.apply(teacher_cfg, teacher_params, tokens, attn,
                        return_hidden=fused)
   t_out = jax.lax.stop_gradient(t_out[:, :-1])
@@ -166,17 +192,19 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   if kind == "sampled":
     loss, metrics = _sampled_loss(s_out, t_out, batch, w, loss_cfg, policy,
                                   lam, vocab_size)
+  elif fused:
+    t_head = jax.lax.stop_gradient(
+        models.output_head(teacher_cfg, teacher_params))
+    loss, metrics = losses.fused_divergence(
+        s_out, models.output_head(student_cfg, params), t_out, t_head, w,
+        chunk_size=chunk, teacher_topk=k, topk_variant=variant, **kw)
+  elif k is not None:
+    t = losses.teacher_topk(t_out, k, temperature=loss_cfg.temperature,
+                            vocab_size=vocab_size)
+    loss, metrics = losses.topk_divergence(
+        s_out, t.ids, t.logprobs, w, teacher_tail=t.tail, variant=variant, **kw)
   else:
-    kw = dict(kind=kind, beta=loss_cfg.beta, temperature=loss_cfg.temperature,
-              reduction="sum", vocab_size=vocab_size)
-    if fused:
-      t_head = jax.lax.stop_gradient(
-          models.output_head(teacher_cfg, teacher_params))
-      loss, metrics = losses.fused_divergence(
-          s_out, models.output_head(student_cfg, params), t_out, t_head, w,
-          chunk_size=loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE), **kw)
-    else:
-      loss, metrics = losses.divergence(s_out, t_out, w, **kw)
+    loss, metrics = losses.divergence(s_out, t_out, w, **kw)
   # The losses' means weight tokens by w: the weight of this micro-batch.
   return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
 

@@ -226,10 +226,18 @@ def _train(config, workdir, overwrite, mesh, rules):
   scfg = model_config(config.student, "student")
   # Supervised fine-tuning ('ce') needs no teacher.
   sft = config.loss.kind == "ce"
-  tcfg = scfg if sft else model_config(config.teacher, "teacher")
+  # A teacher cache (jaxdistill.teacher_cache) replaces the teacher: its
+  # records are the run's batches, and no teacher weights are loaded.
+  cached = bool(config.loss.get("teacher_cache"))
+  tcfg = scfg if sft or cached else model_config(config.teacher, "teacher")
   tokenizer = train_data.load_tokenizer(config)
   vocab = shared_vocab(config, scfg, tcfg, tokenizer)
-  batches = train_data.make_batches(config, tokenizer, vocab)
+  if cached:
+    from jaxdistill import teacher_cache  # pylint: disable=g-import-not-at-top
+    batches = teacher_cache.TeacherCache(config.loss.teacher_cache)
+    batches.check(config, tokenizer, vocab)
+  else:
+    batches = train_data.make_batches(config, tokenizer, vocab)
   report_dropped(batches)
   if jax.process_index() == 0:
     prepare_workdir(config, workdir, overwrite)
@@ -237,8 +245,8 @@ def _train(config, workdir, overwrite, mesh, rules):
 
   seed_key = jax.random.key(config.seed)
   s_key, t_key = jax.random.split(jax.random.fold_in(seed_key, 1 << 20))
-  tparams = None if sft else load_params(tcfg, config.teacher, mesh, rules,
-                                          t_key)
+  tparams = None if sft or cached else load_params(tcfg, config.teacher, mesh,
+                                                    rules, t_key)
   params0 = load_params(scfg, config.student, mesh, rules, s_key)
 
   # Shardings, from shapes alone.
@@ -266,6 +274,8 @@ def _train(config, workdir, overwrite, mesh, rules):
       donate_argnums=0)
   make_sequences = train_data.SequenceMaker(config, scfg, tcfg, mesh, rules,
                                             tokenizer, vocab_size=vocab)
+  if cached:
+    make_sequences = teacher_cache.CachedSequences(make_sequences._put)  # pylint: disable=protected-access
 
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),

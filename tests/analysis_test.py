@@ -72,6 +72,45 @@ def test_token_stats_and_shares_equal_numpy():
   assert not np.allclose(ref["fkl_under"], 0.5, atol=1e-3)
 
 
+def _numpy_topk_cos_ratio(z, u, tau, k):
+  """Cosine and norm ratio of the renormalised top-k KL gradients against the
+  exact ones, in float64 from the closed forms (restricted to the top-k)."""
+  z, u = np.asarray(z, np.float64) / tau, np.asarray(u, np.float64) / tau
+  sm = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(
+      x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+  q, p = sm(z), sm(u)
+  on = np.zeros(z.shape, bool)
+  np.put_along_axis(on, np.argsort(-u, -1)[..., :k], True, -1)
+  qk = np.where(on, q, 0) / np.where(on, q, 0).sum(-1, keepdims=True)
+  pk = np.where(on, p, 0) / np.where(on, p, 0).sum(-1, keepdims=True)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    lr = np.where(on, np.log(qk) - np.log(pk), 0.0)
+    lr_full = np.log(q) - np.log(p)
+  gk = {"fkl": (qk - pk) / tau,
+        "rkl": qk * (lr - (qk * lr).sum(-1, keepdims=True)) / tau}
+  ge = {"fkl": (q - p) / tau,
+        "rkl": q * (lr_full - (q * lr_full).sum(-1, keepdims=True)) / tau}
+  out = {}
+  for d in ("fkl", "rkl"):
+    na, nb = (np.sqrt((g[d] ** 2).sum(-1)) for g in (gk, ge))
+    out[f"{d}_topk_cos"] = (gk[d] * ge[d]).sum(-1) / (na * nb)
+    out[f"{d}_topk_norm_ratio"] = na / nb
+  return out
+
+
+def test_topk_gradient_cosine_and_norm_ratio_equal_numpy():
+  z, u = _logits(7, (3, 4, 13)), _logits(8, (3, 4, 13))
+  got = analysis.token_stats(z, u, temperature=0.8, topk=5)
+  ref = _numpy_topk_cos_ratio(z, u, 0.8, 5)
+  for k, v in ref.items():
+    np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=1e-5, err_msg=k)
+  assert np.all(np.asarray(got["fkl_topk_cos"]) < 0.9999)  # k < V differs
+  full = analysis.token_stats(z, u, temperature=0.8, topk=13,
+                              topk_variant="tail")
+  for k in analysis.TOPK_STATS:  # k = V: the exact gradient
+    np.testing.assert_allclose(full[k], 1.0, rtol=1e-4, err_msg=k)
+
+
 @pytest.mark.slow
 def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
   from jaxdistill import models  # pylint: disable=g-import-not-at-top
@@ -91,14 +130,18 @@ def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
            "prompt_mask": np.ones((2, 4), np.int32)}
   rows = analysis.lambda_spectrum((scfg, sp), (tcfg, tp), [batch],
                                   lams=(0.0, 1.0), rng=jax.random.key(0),
-                                  max_new_tokens=3, eos_token_ids=(2,))
+                                  max_new_tokens=3, eos_token_ids=(2,),
+                                  topk=8)
   assert [r["lam"] for r in rows] == [0.0, 1.0]
+  for r in rows:  # the top-k gradient against the exact one, per direction
+    assert -1 <= r["rkl_topk_cos"] <= 1 and r["fkl_topk_norm_ratio"] > 0
   assert rows[0]["student_fraction"] == 0.0 and rows[1]["student_fraction"] == 1.0
   for r in rows:
     assert r["tokens"] > 0
     assert 0.0 <= r["fkl_under"] + r["fkl_over"] <= 1.0 + 1e-6
   paths = analysis.write_spectrum(rows, str(tmp_path))
   assert all((tmp_path / p).exists() for p in paths)
+  assert "rkl_topk_norm_ratio" in (tmp_path / "kl_gradients.csv").read_text()
   with pytest.raises(ValueError, match="lams"):
     analysis.lambda_spectrum((scfg, sp), (tcfg, tp), [batch], lams=(1.5,),
                              rng=jax.random.key(0), max_new_tokens=3)

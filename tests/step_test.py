@@ -293,3 +293,75 @@ def test_logged_metrics_do_not_depend_on_grad_accum(kind):
     assert m4["distill/tokens"] == mask.sum()
   if kind == "ce":
     assert m4["sft/tokens"] == mask.sum()
+
+
+# ------------------------------------------------ the teacher's top-k (issue 19)
+
+def _topk_reference(s_logits, t_logits, w, tau, k, variant):
+  """Top-k reverse KL written out directly from the full logits (independent
+  of jaxdistill.losses): sort, keep k, renormalise or add the tail bucket."""
+  logq = jax.nn.log_softmax(s_logits / tau, -1)
+  logp = jax.nn.log_softmax(t_logits / tau, -1)
+  order = jnp.argsort(-logp, axis=-1)[..., :k]
+  lq, lp = (jnp.take_along_axis(x, order, -1) for x in (logq, logp))
+  if variant == "tail":
+    rest = lambda x: jnp.log1p(-jnp.exp(x).sum(-1, keepdims=True))
+    lq, lp = (jnp.concatenate([x, rest(x)], -1) for x in (lq, lp))
+  lq, lp = jax.nn.log_softmax(lq, -1), jax.nn.log_softmax(lp, -1)
+  per_tok = (jnp.exp(lq) * (lq - lp)).sum(-1)
+  return (per_tok * w).sum()
+
+
+@pytest.mark.parametrize("fused,variant,cached", [
+    (False, "renorm", False), (True, "tail", False), (True, "renorm", True),
+    (False, "tail", True)])
+def test_step_with_teacher_topk_matches_reference(fused, variant, cached):
+  from jaxdistill import losses  # pylint: disable=g-import-not-at-top
+  scfg = models.ModelConfig(**TINY)
+  tcfg = dataclasses.replace(scfg, hidden_size=48, head_dim=12)
+  sp = models.init(scfg, jax.random.key(0))
+  tp = models.init(tcfg, jax.random.key(1))
+  batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+  t_logits = models.apply(tcfg, tp, batch["tokens"], batch["attention_mask"])
+  if cached:  # what a teacher cache holds: no teacher params in the step
+    t = losses.teacher_topk(t_logits, 8, temperature=2.0)
+    batch.update(zip(step_lib.CACHE_KEYS, t))
+    tp_in = None
+  else:
+    tp_in = tp
+  loss_cfg = ml_collections.ConfigDict(dict(
+      kind="reverse", beta=0.5, temperature=2.0, fused=fused, chunk_size=8,
+      teacher_topk=8, topk_variant=variant))
+  loss_fn = functools.partial(
+      step_lib.distill_loss, student_cfg=scfg, teacher_cfg=tcfg,
+      loss_cfg=loss_cfg, vocab_size=64)
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
+      sp, tp_in, batch)
+
+  def ref_loss(p):
+    s = models.apply(scfg, p, batch["tokens"], batch["attention_mask"])[:, :-1]
+    return _topk_reference(s, t_logits[:, :-1], batch["weights"][:, 1:], 2.0,
+                           8, variant)
+  ref_val, ref_grad = jax.value_and_grad(ref_loss)(sp)
+  np.testing.assert_allclose(loss, ref_val, rtol=1e-4)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4,
+                                                       atol=1e-7),
+               grads, ref_grad)
+  assert 0 < float(metrics["distill/topk_mass"]) < 1
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"loss.teacher_topk": 0}, "loss.teacher_topk"),
+    ({"loss.teacher_topk": 8, "loss.kind": "sampled"}, "loss.teacher_topk"),
+    ({"loss.topk_variant": "bucket"}, "loss.topk_variant"),
+    ({"loss.teacher_cache": "/tmp/c"}, "loss.teacher_cache"),
+    ({"loss.teacher_cache": "/tmp/c", "loss.teacher_topk": 8,
+      "rollout.policy": "student"}, "loss.teacher_cache"),
+])
+def test_config_checks_teacher_topk(over, field):
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  base = {"loss.kind": "forward", "rollout.policy": "teacher"}
+  config_lib.validate(_distill_config(**base, **{"loss.teacher_topk": 8}))
+  with pytest.raises(ValueError, match=f"config.{field}"):
+    config_lib.validate(_distill_config(**{**base, **over}))

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxdistill.losses import _common as c
+from jaxdistill.losses import topk as topk_lib
 
 DEFAULT_CHUNK_SIZE = 128
 
@@ -39,6 +40,9 @@ class _Static(NamedTuple):
   beta: float
   temperature: float
   vocab_size: int
+  topk: int | None = None  # None: exact; k: against the teacher's top-k
+  variant: str = "renorm"
+  given: bool = False  # the teacher's top-k is given (a cache), not computed
 
 
 def _zero_masked(h, m):
@@ -53,25 +57,42 @@ def _zero_masked(h, m):
 
 
 def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
-  """Both models' logits of one chunk over the shared vocab, float32 / tau.
+  """The chunk's student logits over the shared vocab, float32 / tau, and the
+  teacher: its logits likewise, or its top-k (a TeacherTopK).
 
   `hs` and `ht` must already be zero at masked positions (_zero_masked).
+  With cfg.given, `ht` is the chunk's (ids, logprobs, tail) and `wt` unused.
   """
   f32 = jnp.float32
   v = cfg.vocab_size
   # Full-width matmuls, then a chunk-sized slice: slicing the head instead
   # would copy a whole [D, V] head (XLA hoists it out of the loop).
   z = jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32)  # [B, C, Vs]
-  u = jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32)  # [B, C, Vt]
   z = z[..., :v] / cfg.temperature
+  if cfg.given:
+    active = (m != 0)[..., None]
+    ids, lp, tail = ht
+    # Masked positions may hold anything: distinct ids, finite log-probs.
+    ids = jnp.where(active, ids, jnp.arange(ids.shape[-1], dtype=ids.dtype))
+    return z, topk_lib.TeacherTopK(
+        ids, jnp.where(active, lp, 0.0), jnp.where(active[..., 0], tail, -1.0))
+  u = jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32)  # [B, C, Vt]
   u = lax.stop_gradient(u[..., :v]) / cfg.temperature
+  if cfg.topk is not None:
+    return z, topk_lib.topk_of_scaled(u, cfg.topk)
   return z, u
 
 
 def _chunk_loss(cfg: _Static, z, u, w, m, with_grad=False):
   """Weighted divergence of one chunk, mask-weighted monitoring sums and,
   with_grad, d loss / d z [B, C, V] (closed form)."""
-  terms = c.token_terms(z, u, cfg.kind, cfg.beta, with_grad=with_grad)
+  if isinstance(u, topk_lib.TeacherTopK):
+    terms = topk_lib.topk_token_terms(z, u.ids, u.logprobs, cfg.variant,
+                                      cfg.kind, cfg.beta, with_grad=with_grad,
+                                      tail=u.tail)
+    terms["topk_mass"] = jnp.exp(jax.nn.logsumexp(u.logprobs, axis=-1))
+  else:
+    terms = c.token_terms(z, u, cfg.kind, cfg.beta, with_grad=with_grad)
   grad = terms.pop("grad", None)
   active = m != 0
   terms = {k: jnp.where(active, x, 0.0) for k, x in terms.items()}  # [B, C]
@@ -82,8 +103,10 @@ def _chunk_loss(cfg: _Static, z, u, w, m, with_grad=False):
   return loss, sums, grad
 
 
-def _zero_sums(kind):
-  keys = ("fkl", "rkl", "jsd") if kind == "jsd" else ("fkl", "rkl")
+def _zero_sums(cfg):
+  keys = ("fkl", "rkl", "jsd") if cfg.kind == "jsd" else ("fkl", "rkl")
+  if cfg.topk is not None:
+    keys += ("topk_mass",)
   return {k: jnp.zeros((), jnp.float32) for k in keys}
 
 
@@ -96,12 +119,13 @@ def _fused(cfg, hs, ws, ht, wt, w, m):
   """Value only (no gradient requested). Chunked inputs: [N, B, C, ...]."""
 
   def step(carry, xs):
-    hs_c, ht_c = _zero_masked(xs[0], xs[3]), _zero_masked(xs[1], xs[3])
+    hs_c = _zero_masked(xs[0], xs[3])
+    ht_c = xs[1] if cfg.given else _zero_masked(xs[1], xs[3])
     z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, xs[3])
     loss, sums, _ = _chunk_loss(cfg, z, u, xs[2], xs[3])
     return (carry[0] + loss, _add(carry[1], sums)), None
 
-  init = (jnp.zeros((), jnp.float32), _zero_sums(cfg.kind))
+  init = (jnp.zeros((), jnp.float32), _zero_sums(cfg))
   out, _ = lax.scan(step, init, (hs, ht, w, m))
   return out
 
@@ -146,7 +170,8 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
     loss, sums, dws = carry  # dws: [D, G, S, W] (or [D, V] when S == 1)
     hs_c, ht_c, w_c, m_c = xs
     # Zeroed once here: the head gradient below uses hs_c as well.
-    hs_c, ht_c = _zero_masked(hs_c, m_c), _zero_masked(ht_c, m_c)
+    hs_c = _zero_masked(hs_c, m_c)
+    ht_c = ht_c if cfg.given else _zero_masked(ht_c, m_c)
     z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, m_c)
     l, s, dz = _chunk_loss(cfg, z, u, w_c, m_c, with_grad=True)
     dz = dz / cfg.temperature  # [B, C, V]: z above is logits / tau
@@ -169,7 +194,7 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
     return (loss + l, _add(sums, s), dws), dhs
 
   acc_shape = ws.shape if n_slabs == 1 else (d_model,) + slab_shape
-  init = (jnp.zeros((), f32), _zero_sums(cfg.kind), jnp.zeros(acc_shape, f32))
+  init = (jnp.zeros((), f32), _zero_sums(cfg), jnp.zeros(acc_shape, f32))
   (loss, sums, dws), dhs = lax.scan(step, init, (hs, ht, w, m))
   return (loss, sums), (dhs, dws.reshape(ws.shape).astype(ws.dtype))
 
@@ -196,7 +221,8 @@ def _to_chunks(x, n, size):
 def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
                      mask, *, kind="forward", beta=0.5, temperature=1.0,
                      reduction="token_mean", vocab_size=None,
-                     chunk_size=DEFAULT_CHUNK_SIZE):
+                     chunk_size=DEFAULT_CHUNK_SIZE, teacher_topk=None,
+                     topk_variant="renorm"):
   """`divergence(hs @ ws, ht @ wt, mask, ...)` without the [B, T, V] logits.
 
   Args:
@@ -208,35 +234,97 @@ def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
     mask, kind, beta, temperature, reduction, vocab_size: as in `divergence`.
     chunk_size: token positions per scan step; peak extra memory is a few
       [B, chunk_size, V] float32 arrays.
+    teacher_topk: None (exact), or k: each chunk's teacher logits are cut to
+      their top-k and the loss is `topk_divergence(..., variant=topk_variant)`
+      (with the teacher's exact tail mass).
+    topk_variant: 'renorm' | 'tail' (losses/topk.py).
 
   Returns:
-    (loss, metrics) as `divergence`. Differentiable w.r.t. student_hidden and
-    student_head (reverse mode only, via a custom VJP). Head matmuls take the
-    inputs' dtype with float32 accumulation.
+    (loss, metrics) as `divergence` (plus 'distill/topk_mass' with a top-k).
+    Differentiable w.r.t. student_hidden and student_head (reverse mode only,
+    via a custom VJP). Head matmuls take the inputs' dtype with float32
+    accumulation.
   """
-  kind = c.check_kind(kind)
-  beta = c.check_beta(beta)
-  temperature = c.check_temperature(temperature)
-  c.check_reduction(reduction)
-  c.check_float(student_hidden, "student_hidden", 3)
   c.check_float(teacher_hidden, "teacher_hidden", 3)
-  c.check_float(student_head, "student_head", 2)
   c.check_float(teacher_head, "teacher_head", 2)
   if teacher_hidden.shape[:2] != student_hidden.shape[:2]:
     raise ValueError(
         "teacher_hidden must match student_hidden in [B, T]: got "
         f"{teacher_hidden.shape} vs {student_hidden.shape}")
-  if student_head.shape[0] != student_hidden.shape[-1]:
-    raise ValueError(
-        f"student_head must be [D_s={student_hidden.shape[-1]}, V], "
-        f"got {student_head.shape}")
   if teacher_head.shape[0] != teacher_hidden.shape[-1]:
     raise ValueError(
         f"teacher_head must be [D_t={teacher_hidden.shape[-1]}, V], "
         f"got {teacher_head.shape}")
-  c.check_mask(mask, student_hidden.shape[:2])
+  c.check_float(student_head, "student_head", 2)
   vocab = c.shared_vocab(student_head.shape[1], teacher_head.shape[1],
                          vocab_size, "student_head", "teacher_head")
+  if teacher_topk is not None:
+    topk_lib.check_k(teacher_topk, vocab, "teacher_topk")
+    topk_lib.check_variant(topk_variant)
+  return _run(student_hidden, student_head, lax.stop_gradient(teacher_hidden),
+              lax.stop_gradient(teacher_head), mask, kind=kind, beta=beta,
+              temperature=temperature, reduction=reduction, vocab=vocab,
+              chunk_size=chunk_size, topk=teacher_topk, variant=topk_variant,
+              given=False)
+
+
+def fused_topk_divergence(student_hidden, student_head, teacher_ids,
+                          teacher_logprobs, mask, *, teacher_tail=None,
+                          kind="forward", beta=0.5, temperature=1.0,
+                          reduction="token_mean", vocab_size=None,
+                          chunk_size=DEFAULT_CHUNK_SIZE, variant="renorm"):
+  """`topk_divergence(hs @ ws, ids, logprobs, mask, ...)` without the
+  [B, T, V] student logits: the fused path against a given (cached) top-k.
+
+  teacher_ids, teacher_logprobs: [B, T, K]; teacher_tail: [B, T] or None
+  (rebuilt from the log-probs, as in `topk_divergence`). Other arguments as
+  in `fused_divergence`; vocab_size defaults to V_s.
+  """
+  c.check_float(student_head, "student_head", 2)
+  c.check_float(teacher_logprobs, "teacher_logprobs", 3)
+  if not hasattr(teacher_ids, "dtype") or not jnp.issubdtype(
+      teacher_ids.dtype, jnp.integer):
+    raise ValueError("teacher_ids must be an integer array, got "
+                     f"{getattr(teacher_ids, 'dtype', type(teacher_ids))}")
+  if teacher_ids.shape != teacher_logprobs.shape or teacher_ids.ndim != 3:
+    raise ValueError(f"teacher_ids {teacher_ids.shape} and teacher_logprobs "
+                     f"{teacher_logprobs.shape} must both be [B, T, K]")
+  if teacher_ids.shape[:2] != student_hidden.shape[:2]:
+    raise ValueError("teacher_ids must match student_hidden in [B, T]: got "
+                     f"{teacher_ids.shape} vs {student_hidden.shape}")
+  vocab = c.shared_vocab(student_head.shape[1], student_head.shape[1],
+                         vocab_size, "student_head", "student_head")
+  topk_lib.check_k(teacher_ids.shape[-1], vocab, "teacher_ids.shape[-1] (k)")
+  topk_lib.check_variant(variant)
+  lp = lax.stop_gradient(teacher_logprobs.astype(jnp.float32))
+  if teacher_tail is None:
+    tail = topk_lib._teacher_tail(lp)  # pylint: disable=protected-access
+  else:
+    if tuple(teacher_tail.shape) != tuple(teacher_ids.shape[:2]):
+      raise ValueError(f"teacher_tail must have shape {teacher_ids.shape[:2]} "
+                       f"([B, T]), got {teacher_tail.shape}")
+    tail = lax.stop_gradient(teacher_tail.astype(jnp.float32))
+  return _run(student_hidden, student_head,
+              (teacher_ids.astype(jnp.int32), lp, tail), None, mask,
+              kind=kind, beta=beta, temperature=temperature,
+              reduction=reduction, vocab=vocab, chunk_size=chunk_size,
+              topk=teacher_ids.shape[-1], variant=variant, given=True)
+
+
+def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
+         beta, temperature, reduction, vocab, chunk_size, topk, variant,
+         given):
+  """Checks the shared arguments, then the chunked scan."""
+  kind = c.check_kind(kind)
+  beta = c.check_beta(beta)
+  temperature = c.check_temperature(temperature)
+  c.check_reduction(reduction)
+  c.check_float(student_hidden, "student_hidden", 3)
+  if student_head.shape[0] != student_hidden.shape[-1]:
+    raise ValueError(
+        f"student_head must be [D_s={student_hidden.shape[-1]}, V], "
+        f"got {student_head.shape}")
+  c.check_mask(mask, student_hidden.shape[:2])
   if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
       or chunk_size <= 0):
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -246,12 +334,11 @@ def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
   n = -(-t // size)
   weights = c.reduction_weights(mask, reduction)  # [B, T]
   m = mask.astype(jnp.float32)
-  cfg = _Static(kind, beta, temperature, vocab)
+  cfg = _Static(kind, beta, temperature, vocab, topk, variant, given)
+  chunks = functools.partial(_to_chunks, n=n, size=size)
   loss, sums = _fused(
-      cfg, _to_chunks(student_hidden, n, size), student_head,
-      _to_chunks(lax.stop_gradient(teacher_hidden), n, size),
-      lax.stop_gradient(teacher_head), _to_chunks(weights, n, size),
-      _to_chunks(m, n, size))
+      cfg, chunks(student_hidden), student_head,
+      jax.tree.map(chunks, teacher), teacher_head, chunks(weights), chunks(m))
 
   m_sum = jnp.sum(m)
 
@@ -266,4 +353,6 @@ def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
   }
   if kind == "jsd":
     metrics["distill/jsd"] = mean(sums["jsd"])
+  if topk is not None:
+    metrics["distill/topk_mass"] = mean(sums["topk_mass"])
   return loss, {k: lax.stop_gradient(v) for k, v in metrics.items()}
