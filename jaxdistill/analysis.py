@@ -216,7 +216,7 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
           rng=jax.random.fold_in(rng, i), policy="mixture", lam=float(lam),
           max_new_tokens=int(max_new_tokens), temperature=float(temperature),
           eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-          return_logprobs=False)
+          return_logprobs=False, vocab_size=vocab_size)
       s = analyze_batch(student, teacher, r.tokens, r.attention_mask,
                         r.loss_mask, temperature=loss_temperature,
                         vocab_size=vocab_size, topk=topk,

@@ -147,6 +147,34 @@ def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
                              rng=jax.random.key(0), max_new_tokens=3)
 
 
+@pytest.mark.slow
+def test_spectrum_rollouts_sample_only_the_real_vocabulary(monkeypatch):
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  from jaxdistill import rollout  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(models.ModelConfig(), family="llama", vocab_size=64,
+                            hidden_size=16, intermediate_size=32,
+                            num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=8,
+                            eos_token_id=(2,), max_position_embeddings=64,
+                            dtype="float32", param_dtype="float32")
+  sp, tp = models.init(cfg, jax.random.key(0)), models.init(cfg, jax.random.key(1))
+  seen = []
+  real_generate = rollout.generate
+  def spy(*a, **k):
+    r = real_generate(*a, **k)
+    seen.append(np.asarray(r.tokens)[np.asarray(r.loss_mask) > 0])
+    return r
+  monkeypatch.setattr(rollout, "generate", spy)
+  batch = {"prompt": np.full((2, 3), 3, np.int32),
+           "prompt_mask": np.ones((2, 3), np.int32)}
+  analysis.lambda_spectrum((cfg, sp), (cfg, tp), [batch], lams=(0.5,),
+                           rng=jax.random.key(0), max_new_tokens=8,
+                           eos_token_ids=(2,), vocab_size=6)
+  toks = np.concatenate(seen)
+  assert toks.size and toks.max() < 6  # 58 of 64 ids are padding columns
+
+
 def test_figure_spans_full_ranges_and_names_random_models(tmp_path, monkeypatch):
   """Numbers that differ in the 4th decimal must not fill the plot as a trend."""
   import matplotlib.figure

@@ -35,7 +35,7 @@ def records(cfg) -> dict:
   d, seed = cfg.data, int(cfg.data.data_seed)
   n_id, n_hard = demo_tasks.ID_NUMBERS, demo_tasks.HARDER_NUMBERS
   # The teacher knows chains of 3 to 6 numbers; the student the shortest (a
-  # share of the 3-number ones), a few in-distribution ones and the addition
+  # share of the 3-number ones), some in-distribution ones and the addition
   # facts, mixed by the pipeline's shuffle: it can do the steps but has
   # rarely written a chain as long as the in-distribution one. Distillation
   # runs on the in-distribution training prompts.
