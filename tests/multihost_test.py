@@ -150,16 +150,21 @@ def _set(c, overrides):
 
 
 def _ckpt_params(workdir, step):
-  """The student params of a checkpoint, as NumPy, read by Orbax directly."""
-  mngr = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                               item_names=("state", "meta"))
+  """The student params of a checkpoint, as NumPy, read by Orbax directly
+  onto one local device (the saved shardings name the run's topology)."""
+  item = os.path.join(workdir, "checkpoints", str(step), "state")
+  ckptr = ocp.StandardCheckpointer()
   try:
-    out = mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))
+    meta = ckptr.metadata(item)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+        dict(getattr(meta, "item_metadata", meta)))
+    out = ckptr.restore(item, target)
   finally:
-    mngr.close()
+    ckptr.close()
   return {jax.tree_util.keystr(k): np.asarray(v) for k, v in
-          jax.tree_util.tree_flatten_with_path(out["state"]["params"])[0]}
+          jax.tree_util.tree_flatten_with_path(out["params"])[0]}
 
 
 def _assert_close(ref: dict, got: dict, what: str):
@@ -169,14 +174,13 @@ def _assert_close(ref: dict, got: dict, what: str):
                                err_msg=f"{what}: {k}")
 
 
-def _one_run_written(workdir: pathlib.Path, tmp_path: pathlib.Path, steps):
+def _one_run_written(workdir: pathlib.Path, steps):
   """One checkpoints/ (steps `steps`), one hf_student/, metrics once per step:
   process 0 writes, the others only their shards."""
   found = lambda name: sorted(
-      str(p.relative_to(tmp_path)) for p in tmp_path.rglob(name) if p.is_dir())
-  rel = workdir.relative_to(tmp_path)
-  assert found("hf_student") == [f"{rel}/hf_student"]
-  assert found("checkpoints") == [f"{rel}/checkpoints"]
+      str(p.relative_to(workdir)) for p in workdir.rglob(name) if p.is_dir())
+  assert found("hf_student") == ["hf_student"]
+  assert found("checkpoints") == ["checkpoints"]
   ck = sorted(int(d) for d in os.listdir(workdir / "checkpoints")
               if d.isdigit())
   assert ck == list(steps), os.listdir(workdir / "checkpoints")
@@ -229,7 +233,7 @@ def test_distributed_train_matches_one_process_and_resumes_after_sigkill(
     assert codes == [0] * N_PROC, cl.tails()
     assert re.search(r"resuming .* from step 1", cl.log(0)), cl.tails()
 
-  lines = _one_run_written(work, tmp_path, [1, 2])
+  lines = _one_run_written(work, [1, 2])
   assert [r["step"] for r in lines].count(1) == 1, "step 1 logged twice"
   assert sorted(os.listdir(work)) == sorted(os.listdir(ref_dir))
   _assert_close(_ckpt_params(ref_dir, 2), _ckpt_params(work, 2),
@@ -265,7 +269,7 @@ def test_distributed_grpo_matches_one_process(tmp_path):
   with Cluster(tmp_path, "grpo", argv) as cl:
     codes = cl.wait()
     assert codes == [0] * N_PROC, cl.tails()
-  lines = _one_run_written(work, tmp_path, [1, 2])
+  lines = _one_run_written(work, [1, 2])
   assert [r["step"] for r in lines] == [1, 2]
   assert sorted(os.listdir(work)) == sorted(os.listdir(ref_dir))
   _assert_close(_ckpt_params(ref_dir, 2), _ckpt_params(work, 2),
