@@ -191,8 +191,10 @@ class _Tally:
 
 def _counts(a, b, dtype, atol, axis=0):
   """int64 NumPy (close, exact) counts per index of `axis`; see _row_counts."""
-  c_rows, e_rows = jax.device_get(
-      _row_counts(a, b, dtype=dtype, atol=float(atol), axis=axis))
+  from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
+  # Sharded leaves give sharded counts; on several hosts they are gathered.
+  c_rows, e_rows = map(sharding.to_host, _row_counts(
+      a, b, dtype=dtype, atol=float(atol), axis=axis))
   return c_rows.astype(np.int64), e_rows.astype(np.int64)
 
 

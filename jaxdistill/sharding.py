@@ -125,3 +125,25 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedShard
   """Sharding for a [batch, ...] array: batch over the data axes."""
   return NamedSharding(
       mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))
+
+
+def put_global(x, shard: NamedSharding) -> jax.Array:
+  """A host array that every process holds in full (the global batch) ->
+  a global jax.Array placed by `shard`. On several processes each one fills
+  only its own devices' blocks, whichever rows those are (the mesh's device
+  order decides), and a block replicated over hosts is filled on each."""
+  x = np.asarray(x)
+  if jax.process_count() == 1:
+    return jax.device_put(x, shard)
+  return jax.make_array_from_callback(x.shape, shard, lambda idx: x[idx])
+
+
+def to_host(x) -> np.ndarray:
+  """NumPy copy of a jax.Array on every process, also one spanning devices of
+  other processes (gathered: a collective, so every process must call it)."""
+  if jax.process_count() == 1 or x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -465,13 +465,26 @@ def main(argv):
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  if f.distributed:
-    jax.distributed.initialize()
+  initialize_distributed(f)
   try:
     train(f.config, f.workdir, overwrite=f.overwrite)
   except Preempted as e:
     print(e, file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
+
+
+def initialize_distributed(f) -> None:
+  """--distributed: jax.distributed.initialize(), before any JAX computation.
+  On a TPU VM (or SLURM, Open MPI, Kubernetes) JAX finds the coordinator and
+  this process's id itself; elsewhere pass --coordinator_address,
+  --num_processes and --process_id."""
+  given = {k: getattr(f, k) for k in ("coordinator_address", "num_processes",
+                                      "process_id")
+           if getattr(f, k) is not None}
+  if given and not f.distributed:
+    raise ValueError(f"--{next(iter(given))} needs --distributed")
+  if f.distributed:
+    jax.distributed.initialize(**given)
 
 
 def define_flags():
@@ -486,6 +499,15 @@ def define_flags():
                     "Move an existing run of a different config aside.")
   flags.DEFINE_bool("distributed", False,
                     "Call jax.distributed.initialize() (multi-host TPU/GPU).")
+  flags.DEFINE_string("coordinator_address", None,
+                      "--distributed: host:port of process 0's coordinator "
+                      "(default: found by JAX on a TPU VM / SLURM / MPI).")
+  flags.DEFINE_integer("num_processes", None,
+                       "--distributed: number of processes (default: found "
+                       "by JAX).")
+  flags.DEFINE_integer("process_id", None,
+                       "--distributed: this process's index (default: found "
+                       "by JAX).")
   flags.mark_flags_as_required(["config", "workdir"])
 
 

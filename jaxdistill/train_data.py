@@ -14,6 +14,8 @@ fixed dataset, by placing the stored sequences on the mesh.
 from __future__ import annotations
 
 import os
+import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -69,13 +71,27 @@ def tiny_tokenizer(config, workdir):
   from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from jaxdistill.tasks import countdown  # pylint: disable=g-import-not-at-top
   out = os.path.join(workdir, "tokenizer")
-  if not os.path.isfile(os.path.join(out, "tokenizer.json")):
+  done = os.path.join(out, "tokenizer.json")
+  # On several hosts process 0 builds it (into a temporary directory renamed
+  # into place, so that no host reads a half-written one) and the others wait.
+  if jax.process_index() == 0 and not os.path.isfile(done):
     recs = [p.to_record() for p in countdown.generate_problems(
         int(config.data.get("n_numbers") or 3), 64, seed=0)]
     texts = [tasks.prompt_text(r) + " " + tasks.reference_response(r)
              for r in recs]
+    tmp = f"{out}.tmp-{os.getpid()}"
     tok_lib.train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size),
-                                out)
+                                tmp)
+    if os.path.isdir(out):  # a leftover of a killed build
+      shutil.rmtree(out)
+    os.replace(tmp, out)
+  deadline = time.monotonic() + 600
+  while not os.path.isfile(done):
+    if time.monotonic() > deadline:
+      raise ValueError(f"{done}: process 0 did not write the runlocal "
+                       "tokenizer within 600 s (is the workdir on a "
+                       "filesystem every host sees?)")
+    time.sleep(0.2)
   return tok_lib.load_tokenizer(out)
 
 
@@ -126,14 +142,9 @@ class SequenceMaker:
     self.eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
 
   def _put(self, x):
-    x = np.asarray(x)
-    shard = sharding.batch_sharding(self.mesh, x.ndim, self.rules)
-    if jax.process_count() == 1:
-      return jax.device_put(x, shard)
-    # Each host holds its rows of the global batch.
-    n = x.shape[0] // jax.process_count()
-    local = x[jax.process_index() * n:(jax.process_index() + 1) * n]
-    return jax.make_array_from_process_local_data(shard, local, x.shape)
+    # Every host holds the global batch; each places its devices' rows.
+    return sharding.put_global(
+        x, sharding.batch_sharding(self.mesh, np.ndim(x), self.rules))
 
   def __call__(self, host_batch, params, teacher_params, rng):
     ro = self.ro

@@ -99,12 +99,9 @@ class Collector:
     x = np.asarray(x)
     if self.mesh is None:
       return jnp.asarray(x)
-    shard = _rows(self.mesh, self.rules, x.shape)
-    if jax.process_count() == 1:
-      return jax.device_put(x, shard)
-    n = x.shape[0] // jax.process_count()
-    local = x[jax.process_index() * n:(jax.process_index() + 1) * n]
-    return jax.make_array_from_process_local_data(shard, local, x.shape)
+    # Every host holds all rows; each places its devices' (all of them when
+    # the data axes do not divide the rows and they are replicated).
+    return sharding.put_global(x, _rows(self.mesh, self.rules, x.shape))
 
   def __call__(self, host_batch, params, rng):
     g, temp = self.g, float(self.ro.temperature)

@@ -256,8 +256,7 @@ def main(argv):
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  if f.distributed:
-    jax.distributed.initialize()
+  train_lib.initialize_distributed(f)
   try:
     train(f.config, f.workdir, overwrite=f.overwrite)
   except train_lib.Preempted as e:

@@ -1,0 +1,318 @@
+"""The multi-host path (`--distributed`) run as 2 JAX processes on this machine.
+
+Each process has 4 simulated CPU devices (8 in all) and joins a cluster whose
+coordinator listens on 127.0.0.1; CPU collectives go through gloo (JAX's
+default for CPU). This is how the commands run on a TPU pod, one process per
+host, minus the interconnect and a shared bucket-backed workdir.
+
+The subprocesses run with the persistent compilation cache off: JAX writes it
+from process 0 only and its keys differ between processes, so process 0 would
+load its programs while process 1 compiles them, and that skew can exceed
+gloo's 30 s limit for joining the first collective on a loaded machine.
+
+Every process is started in its own session and SIGKILLed (its group) when a
+test ends, passes or fails; every wait has a timeout.
+"""
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from safetensors.numpy import load_file
+
+from jaxdistill import train as train_lib
+from jaxdistill.rl import train as rl_train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from configs import distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import grpo_countdown  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+LOOPBACK = "127.0.0.1"
+N_PROC, LOCAL_DEVICES = 2, 4
+LAUNCH_TIMEOUT_S = 600
+
+
+def _host_is_loopback() -> bool:
+  # gloo binds to the address this host's name resolves to: keep the test on
+  # machines where that is the loopback interface.
+  try:
+    return socket.gethostbyname(socket.gethostname()).startswith("127.")
+  except OSError:
+    return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _host_is_loopback(), reason=(
+        "gloo (JAX's CPU collectives) binds to the address of this host's "
+        "name, which is not a loopback address here; the test only uses "
+        "127.0.0.1")),
+]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind((LOOPBACK, 0))
+    return s.getsockname()[1]
+
+
+def _env(port: int) -> dict:
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  return dict(
+      os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+      XLA_FLAGS=" ".join(
+          flags + [f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"]),
+      JAX_COORDINATOR_BIND_ADDRESS=f"{LOOPBACK}:{port}",
+      JAX_ENABLE_COMPILATION_CACHE="false")
+
+
+class Cluster:
+  """N_PROC processes of one command on 127.0.0.1; all killed on exit."""
+
+  def __init__(self, logdir: pathlib.Path, name: str, argv):
+    """`argv(process_id, port)` -> the command of one process."""
+    self.logs = [logdir / f"{name}-{i}.log" for i in range(N_PROC)]
+    self.procs = []
+    port = _free_port()
+    env = _env(port)
+    for i in range(N_PROC):
+      with open(self.logs[i], "w") as log:
+        self.procs.append(subprocess.Popen(
+            argv(i, port), env=env, cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True))
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.kill()
+
+  def kill(self):
+    for p in self.procs:
+      if p.poll() is None:
+        try:
+          os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+    for p in self.procs:
+      p.wait(timeout=60)
+
+  def log(self, i: int) -> str:
+    return self.logs[i].read_text(errors="replace")
+
+  def tails(self) -> str:
+    return "\n".join(f"--- process {i} ---\n{self.log(i)[-3000:]}"
+                     for i in range(N_PROC))
+
+  def wait(self, timeout=LAUNCH_TIMEOUT_S, until=None):
+    """Until every process exits (or `until()` holds); returns exit codes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if until is not None and until():
+        return None
+      if all(p.poll() is not None for p in self.procs):
+        return [p.returncode for p in self.procs]
+      time.sleep(0.05)
+    self.kill()
+    pytest.fail(f"the {N_PROC} processes did not finish within {timeout} s:\n"
+                + self.tails())
+
+
+def _cli(module, config, workdir, overrides):
+  def argv(i, port):
+    return [sys.executable, "-m", module, "--config", config,
+            "--workdir", str(workdir), "--distributed",
+            f"--coordinator_address={LOOPBACK}:{port}",
+            f"--num_processes={N_PROC}", f"--process_id={i}"] + [
+                f"--config.{k}={v}" for k, v in overrides.items()]
+  return argv
+
+
+def _set(c, overrides):
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def _ckpt_params(workdir, step):
+  """The student params of a checkpoint, as NumPy, read by Orbax directly
+  onto one local device (the saved shardings name the run's topology)."""
+  item = os.path.join(workdir, "checkpoints", str(step), "state")
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    meta = ckptr.metadata(item)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+        dict(getattr(meta, "item_metadata", meta)))
+    out = ckptr.restore(item, target)
+  finally:
+    ckptr.close()
+  return {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+          jax.tree_util.tree_flatten_with_path(out["params"])[0]}
+
+
+def _assert_close(ref: dict, got: dict, what: str):
+  assert sorted(ref) == sorted(got), what
+  for k in ref:
+    np.testing.assert_allclose(got[k], ref[k], rtol=RTOL, atol=ATOL,
+                               err_msg=f"{what}: {k}")
+
+
+def _one_run_written(workdir: pathlib.Path, steps):
+  """One checkpoints/ (steps `steps`), one hf_student/, metrics once per step:
+  process 0 writes, the others only their shards."""
+  found = lambda name: sorted(
+      str(p.relative_to(workdir)) for p in workdir.rglob(name) if p.is_dir())
+  assert found("hf_student") == ["hf_student"]
+  assert found("checkpoints") == ["checkpoints"]
+  ck = sorted(int(d) for d in os.listdir(workdir / "checkpoints")
+              if d.isdigit())
+  assert ck == list(steps), os.listdir(workdir / "checkpoints")
+  assert not [d for d in os.listdir(workdir / "checkpoints")
+              if not d.isdigit()], os.listdir(workdir / "checkpoints")
+  assert not (workdir / ".lock").exists()
+  lines = [json.loads(l) for l in
+           (workdir / "metrics.jsonl").read_text().splitlines()]
+  logged = [r["step"] for r in lines]
+  assert sorted(set(logged)) == list(range(1, max(steps) + 1)), logged
+  return lines
+
+
+# Float32 tolerance between 2 processes x 4 devices and 1 process x 8: the same
+# SPMD programs on the same mesh; cross-process reductions go through gloo, so
+# sums may be ordered differently (a few ulps per step, 2 steps of Adam).
+RTOL, ATOL = 1e-5, 1e-6
+
+# configs/distill.py:runlocal with student+teacher (mixture) rollouts and the
+# reverse KL, fsdp over all 8 devices (the config's mesh: data=1, fsdp=-1), 8
+# prompts (1 row per device), 2 steps with a checkpoint after each.
+DISTILL_ARG = "runlocal,kl=reverse,policy=mixture,lam=0.5"
+DISTILL = {"data.batch_size": 8, "total_steps": 2, "ckpt_every": 1,
+           "eval_every": 2, "progress": False}
+
+
+def test_distributed_train_matches_one_process_and_resumes_after_sigkill(
+    tmp_path):
+  ref_dir, work = tmp_path / "one_process", tmp_path / "two_processes"
+  c = _set(distill_config.get_config(DISTILL_ARG), DISTILL)
+  assert dict(c.mesh) == {"data": 1, "fsdp": -1, "tensor": 1}
+  assert jax.device_count() == N_PROC * LOCAL_DEVICES  # conftest: 8 devices
+  train_lib.train(c, str(ref_dir))
+
+  argv = _cli("jaxdistill.train",
+              str(ROOT / "configs" / "distill.py") + ":" + DISTILL_ARG, work,
+              DISTILL)
+  ckdir = work / "checkpoints"
+  # Both processes SIGKILLed once checkpoint 1 is on disk, in step 2.
+  with Cluster(tmp_path, "killed", argv) as cl:
+    codes = cl.wait(until=lambda: (ckdir / "1").is_dir())
+    assert codes is None, f"exited {codes} before checkpoint 1:\n{cl.tails()}"
+    cl.kill()
+  assert [p.returncode for p in cl.procs] == [-signal.SIGKILL] * N_PROC
+  assert not (work / "hf_student").exists(), "the run ended before the kill"
+  assert max(int(d) for d in os.listdir(ckdir) if d.isdigit()) == 1
+
+  with Cluster(tmp_path, "resumed", argv) as cl:
+    codes = cl.wait()
+    assert codes == [0] * N_PROC, cl.tails()
+    assert re.search(r"resuming .* from step 1", cl.log(0)), cl.tails()
+
+  lines = _one_run_written(work, [1, 2])
+  assert [r["step"] for r in lines].count(1) == 1, "step 1 logged twice"
+  assert sorted(os.listdir(work)) == sorted(os.listdir(ref_dir))
+  _assert_close(_ckpt_params(ref_dir, 2), _ckpt_params(work, 2),
+                "checkpoint 2")
+  # The export gathers the fsdp shards of both processes.
+  _assert_close(load_file(ref_dir / "hf_student" / "model.safetensors"),
+                load_file(work / "hf_student" / "model.safetensors"),
+                "hf_student")
+  ref_cfg = json.loads((ref_dir / "hf_student" / "config.json").read_text())
+  assert json.loads((work / "hf_student" / "config.json").read_text()) == ref_cfg
+  # The same rollouts (a mixture of both models' samples) and losses.
+  ref_lines = [json.loads(l) for l in
+               (ref_dir / "metrics.jsonl").read_text().splitlines()]
+  for key in ("rollout/student_fraction", "rollout/tokens", "train/loss",
+              "sparsity/whole"):
+    np.testing.assert_allclose([r[key] for r in lines if r["step"] == 2],
+                               [ref_lines[-1][key]], rtol=1e-4, err_msg=key)
+
+
+# configs/grpo_countdown.py:runlocal: 2 prompts x group 4 = 8 rows, fsdp over
+# the 8 devices. Weight decay moves the params even when every reward is 0.
+GRPO = {"total_steps": 2, "ckpt_every": 1, "eval_every": 2, "progress": False,
+        "optim.weight_decay": 0.1}
+
+
+def test_distributed_grpo_matches_one_process(tmp_path):
+  ref_dir, work = tmp_path / "one_process", tmp_path / "two_processes"
+  c = _set(grpo_countdown.get_config("runlocal"), GRPO)
+  rl_train.train(c, str(ref_dir))
+  argv = _cli("jaxdistill.rl.train",
+              str(ROOT / "configs" / "grpo_countdown.py") + ":runlocal", work,
+              GRPO)
+  with Cluster(tmp_path, "grpo", argv) as cl:
+    codes = cl.wait()
+    assert codes == [0] * N_PROC, cl.tails()
+  lines = _one_run_written(work, [1, 2])
+  assert [r["step"] for r in lines] == [1, 2]
+  assert sorted(os.listdir(work)) == sorted(os.listdir(ref_dir))
+  _assert_close(_ckpt_params(ref_dir, 2), _ckpt_params(work, 2),
+                "checkpoint 2")
+  _assert_close(load_file(ref_dir / "hf_student" / "model.safetensors"),
+                load_file(work / "hf_student" / "model.safetensors"),
+                "hf_student")
+  ref_lines = [json.loads(l) for l in
+               (ref_dir / "metrics.jsonl").read_text().splitlines()]
+  for key in ("rollout/len", "rl/reward_mean", "train/loss"):
+    np.testing.assert_allclose([r[key] for r in lines],
+                               [r[key] for r in ref_lines], rtol=1e-4,
+                               atol=1e-6, err_msg=key)
+
+
+def test_each_host_places_its_own_rows_of_the_global_batch(tmp_path):
+  """sharding.put_global (SequenceMaker / rl Collector): per host, the rows its
+  devices hold are the global batch's rows there, disjoint from the other
+  host's and together the whole batch; a replicated batch is whole on each."""
+  outs = [tmp_path / f"rows-{i}.json" for i in range(N_PROC)]
+  worker = str(ROOT / "tests" / "multihost_worker.py")
+  with Cluster(tmp_path, "rows", lambda i, port: [
+      sys.executable, worker, str(i), str(port), str(outs[i])]) as cl:
+    codes = cl.wait(timeout=300)
+    assert codes == [0] * N_PROC, cl.tails()
+  res = [json.loads(o.read_text()) for o in outs]
+  x = np.arange(8 * 3).reshape(8, 3) * 7 + 1
+  assert [r["process_index"] for r in res] == [0, 1]
+  assert not set(res[0]["local_devices"]) & set(res[1]["local_devices"])
+  for mesh in ("fsdp", "data2_fsdp2_tensor2", "tensor_only", "interleaved"):
+    held = []
+    for r in res:
+      m = r["meshes"][mesh]
+      assert {s["device"] for s in m["shards"]} == set(r["local_devices"])
+      for s in m["shards"]:
+        np.testing.assert_array_equal(s["data"], x[s["rows"]], err_msg=mesh)
+      held.append({row for s in m["shards"] for row in s["rows"]})
+      # A reduction over the whole mesh and a gather see the global batch.
+      assert m["sum_sq"] == int(np.sum(x.astype(np.int64) ** 2)), mesh
+      np.testing.assert_array_equal(m["to_host"], x, err_msg=mesh)
+    if mesh == "tensor_only":  # batch replicated: every host holds all rows
+      assert held == [set(range(8))] * N_PROC
+    else:
+      assert not held[0] & held[1], (mesh, held)
+      assert held[0] | held[1] == set(range(8)), (mesh, held)
+      assert len(held[0]) == len(held[1]) == 4, (mesh, held)
