@@ -281,17 +281,8 @@ def fused_topk_divergence(student_hidden, student_head, teacher_ids,
   in `fused_divergence`; vocab_size defaults to V_s.
   """
   c.check_float(student_head, "student_head", 2)
-  c.check_float(teacher_logprobs, "teacher_logprobs", 3)
-  if not hasattr(teacher_ids, "dtype") or not jnp.issubdtype(
-      teacher_ids.dtype, jnp.integer):
-    raise ValueError("teacher_ids must be an integer array, got "
-                     f"{getattr(teacher_ids, 'dtype', type(teacher_ids))}")
-  if teacher_ids.shape != teacher_logprobs.shape or teacher_ids.ndim != 3:
-    raise ValueError(f"teacher_ids {teacher_ids.shape} and teacher_logprobs "
-                     f"{teacher_logprobs.shape} must both be [B, T, K]")
-  if teacher_ids.shape[:2] != student_hidden.shape[:2]:
-    raise ValueError("teacher_ids must match student_hidden in [B, T]: got "
-                     f"{teacher_ids.shape} vs {student_hidden.shape}")
+  topk_lib.check_topk_inputs(teacher_ids, teacher_logprobs, student_hidden,
+                             "student_hidden")
   vocab = c.shared_vocab(student_head.shape[1], student_head.shape[1],
                          vocab_size, "student_head", "student_head")
   topk_lib.check_k(teacher_ids.shape[-1], vocab, "teacher_ids.shape[-1] (k)")

@@ -36,6 +36,22 @@ from jaxdistill.losses import _common as c
 VARIANTS = ("renorm", "tail")
 
 
+def check_topk_inputs(teacher_ids, teacher_logprobs, student, name: str):
+  """A teacher top-k ([B, T, K] integer ids and float log-probs) that lines
+  up with the student's [B, T, ...] `name`."""
+  c.check_float(teacher_logprobs, "teacher_logprobs", 3)
+  if not hasattr(teacher_ids, "dtype") or not jnp.issubdtype(
+      teacher_ids.dtype, jnp.integer):
+    raise ValueError("teacher_ids must be an integer array, got "
+                     f"{getattr(teacher_ids, 'dtype', type(teacher_ids))}")
+  if teacher_ids.shape != teacher_logprobs.shape:
+    raise ValueError(f"teacher_ids {teacher_ids.shape} and teacher_logprobs "
+                     f"{teacher_logprobs.shape} must both be [B, T, K]")
+  if teacher_ids.shape[:2] != student.shape[:2]:
+    raise ValueError(f"teacher_ids must match {name} in [B, T]: got "
+                     f"{teacher_ids.shape} vs {student.shape}")
+
+
 def check_variant(variant) -> str:
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -177,17 +193,8 @@ def _prepare(student_logits, teacher_ids, teacher_logprobs, mask, kind, beta,
   temperature = c.check_temperature(temperature)
   variant = check_variant(variant)
   c.check_float(student_logits, "student_logits", 3)
-  c.check_float(teacher_logprobs, "teacher_logprobs", 3)
-  if not hasattr(teacher_ids, "shape") or not jnp.issubdtype(
-      teacher_ids.dtype, jnp.integer):
-    raise ValueError("teacher_ids must be an integer array, got "
-                     f"{getattr(teacher_ids, 'dtype', type(teacher_ids))}")
-  if teacher_ids.shape != teacher_logprobs.shape:
-    raise ValueError(f"teacher_ids {teacher_ids.shape} and teacher_logprobs "
-                     f"{teacher_logprobs.shape} must have the same shape")
-  if teacher_ids.shape[:2] != student_logits.shape[:2]:
-    raise ValueError("teacher_ids must match student_logits in [B, T]: got "
-                     f"{teacher_ids.shape} vs {student_logits.shape}")
+  check_topk_inputs(teacher_ids, teacher_logprobs, student_logits,
+                    "student_logits")
   c.check_mask(mask, student_logits.shape[:2])
   if teacher_tail is not None and tuple(teacher_tail.shape) != tuple(
       teacher_ids.shape[:-1]):
