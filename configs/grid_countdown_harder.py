@@ -1,8 +1,14 @@
-r"""Harder Countdown: train on Countdown-3 or -4, evaluate on 3, 4, 5 and 6.
+r"""Harder Countdown: train on Countdown-3 or -4, evaluate on 3, 4, 5 and 6,
+then RLVR from every arm and evaluate again.
 
-Does on-policy data help on harder, unseen variants (more numbers)? Axes:
-training N x KL direction x rollout policy; evaluation on all four Countdown
-suites (the figure: accuracy on Countdown-5/6 per policy).
+Does on-policy data help on harder, unseen variants (more numbers), and does
+that gain survive a later RLVR stage? Axes: training N x KL direction x
+rollout policy; evaluation on all four Countdown suites (the figure: accuracy
+on Countdown-5/6 per policy). The RLVR stage (jaxdistill/study/rlvr.py) runs
+GRPO (configs/grpo_countdown.py on the arm's Countdown-N, lr `rl_lr`) from
+each arm's student in <arm>/rlvr/ and evaluates it on the same suites; the
+summary tables the accuracy before RLVR, after it and the change. `rlvr=False`
+drops the stage.
 
   python -m jaxdistill.sweep --config configs/grid_countdown_harder.py:seeds=3 \
     --config.base.student.path=/ckpt/Qwen2.5-1.5B-Instruct \
@@ -18,7 +24,8 @@ from jaxdistill.study import grid as grid_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, lr=1e-5, seeds=1, runlocal=False)
+  arg = config_lib.parse_arg(arg, lr=1e-5, seeds=1, rlvr=True, rl_lr=1e-6,
+                             runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = grid_lib.load_config(c.base_spec)
@@ -28,7 +35,12 @@ def get_config(arg=None):
   c.seeds = tuple(range(int(arg.seeds)))
   c.eval = dict(spec="configs/eval.py:suites=countdown3+countdown4+countdown5"
                 "+countdown6,ood=", baseline=True, updates={})
+  rlvr = dict(base_spec="configs/grpo_countdown.py:n={train_n},"
+              f"lr={arg.rl_lr!r}", updates={}, select=None)
   if arg.runlocal:
     grid_lib.make_runlocal(c, eval_spec="configs/eval.py:runlocal,samples=2,"
                            "suites=countdown3+countdown5+countdown6")
+    rlvr.update(base_spec="configs/grpo_countdown.py:runlocal,n={train_n}",
+                updates=dict(progress=False, total_steps=2, ckpt_every=1))
+  c.rlvr = rlvr if arg.rlvr else None
   return c

@@ -1,6 +1,10 @@
-r"""RLVR after each arm of the distillation grid: GRPO on Countdown, then
-evaluation on Countdown-3..6 (does on-policy distillation's edge on harder
+r"""RLVR after one arm of the distillation grid, by hand: GRPO on Countdown,
+then evaluation on Countdown-3..6 (does on-policy distillation's edge on harder
 variants survive an RL stage?).
+
+`python -m jaxdistill.sweep --config configs/grid_countdown_harder.py` runs
+this stage after every arm by itself (jaxdistill/study/rlvr.py: resume, skip,
+evaluation, before/after tables); this config is the same stage for one arm.
 
 Args: n (Countdown-n for the RL stage), lr, g, kl, seed, runlocal, and last
 `arm=<distillation workdir>`: everything after `arm=` is the path, commas

@@ -55,7 +55,10 @@ def get_config(arg=None):
                 data_seed=0, split="train",
                 data_dir=config_dict.placeholder(str),
                 system=config_dict.placeholder(str), batch_size=32,
-                max_prompt_len=256)
+                max_prompt_len=256,
+                # None: prompts padded to max_prompt_len; b: to the batch's
+                # longest, rounded up to a multiple of b
+                bucket=config_dict.placeholder(int))
   # group_size G: rows per iteration = data.batch_size * G.
   c.rollout = dict(policy="student", group_size=arg.g, max_new_tokens=512,
                    temperature=1.0, top_k=None, top_p=None, eos_token_ids=None)

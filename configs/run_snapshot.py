@@ -1,6 +1,8 @@
 r"""A training config read back from a JSON snapshot (one run of a sweep).
 
-The sweep writes <workdir>/<run>/run_config.json for every run. When a run's
+The sweep writes <workdir>/<run>/run_config.json for every run (and
+<workdir>/<run>/rlvr/run_config.json, a GRPO config, for an RLVR stage:
+`python -m jaxdistill.rl.train` reads it the same way). When a run's
 settings cannot be written as --config.x=y flags (e.g. optim.clip_norm=None:
 flags cannot set a float field to None), its launch command is
 

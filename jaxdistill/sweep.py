@@ -21,6 +21,13 @@ After cluster runs of the printed commands have finished, the same command
 without --print_commands (same --workdir) evaluates and tabulates them:
 train.train finds each run at its final step and trains nothing.
 
+A grid config with an `rlvr` block (jaxdistill/study/rlvr.py; e.g.
+configs/grid_countdown_harder.py) adds GRPO after the arms: each chosen arm
+gets <workdir>/<run name>/rlvr/ (trained from the arm's hf_student/, then
+evaluated like the arm), and the summary tables accuracy before RLVR, after
+it and the change. --print_commands prints one `python -m
+jaxdistill.rl.train` line per stage after the training lines.
+
 Functions for other code (the demo uses them):
   expand(grid, only=None) -> [Run]          the runs of a grid config
   command(grid, run, workdir) -> str        its `python -m jaxdistill.train` line
@@ -38,6 +45,28 @@ from jaxdistill.study.figures import make_figures  # pylint: disable=unused-impo
 from jaxdistill.study.grid import Run, command, expand, load_config, write_snapshot  # pylint: disable=unused-import
 from jaxdistill.study.runner import run_one, run_sweep  # pylint: disable=unused-import
 from jaxdistill.study.table import aggregate, summarize_arms, write_table  # pylint: disable=unused-import
+from jaxdistill.study import rlvr
+
+
+def print_rlvr_commands(grid, runs, workdir):
+  """One `python -m jaxdistill.rl.train` line per arm's RLVR stage, to run
+  after that arm's training; with grid.rlvr.select, once every arm has
+  finished (the choice needs their results)."""
+  import json  # pylint: disable=g-import-not-at-top
+  results = {}
+  for run in runs:
+    path = os.path.join(workdir, run.dirname, "results.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        results[run.name] = json.load(f)
+  chosen = rlvr.select(grid, runs, results)
+  if chosen is None:
+    print("# RLVR stage: grid.rlvr.select chooses arms by their results; run "
+          "the commands above, then this command again (or the sweep without "
+          "--print_commands) for the RLVR commands")
+    return
+  for run in chosen:
+    print(rlvr.command(grid, run, workdir))
 
 
 def main(argv):
@@ -52,6 +81,8 @@ def main(argv):
     for run in runs:  # snapshots first: a command may read its run's
       write_snapshot(run, os.path.join(f.workdir, run.dirname))
       print(command(grid, run, f.workdir))
+    if rlvr.declared(grid):
+      print_rlvr_commands(grid, runs, f.workdir)
     return
   run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
   print(open(f"{f.workdir}/summary/results.md").read())

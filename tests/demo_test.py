@@ -135,7 +135,7 @@ def test_findings_follow_the_numbers():
                    "reverse KL favours student rollouts": True,
                    "forgetting grows with LR": True, "sparsity falls with LR": True,
                    "on-policy helps on harder problems": True,
-                   "gain survives RLVR": None}
+                   "gain does not survive RLVR": None}
   # ... and one built to disagree with every one of them.
   disagree = [_row("forward", "student", 1e-4, .90, .10, .90, .5),
               _row("forward", "teacher", 1e-4, .10, .30, .90, .5),
@@ -161,6 +161,48 @@ def test_findings_follow_the_numbers():
   assert all(a["seeds"] == 2 for a in arms)
   found = {n: ok for n, ok, _ in report.findings(arms, teacher, student, 400)}
   assert found["on-policy helps on harder problems"] is False
+
+
+def _staged(kl, policy, acc4, hard, acc4_rl, hard_rl, sampled=.3,
+            sampled_rl=.6, rewards=(.2, .7)):
+  return {"kl": kl, "policy": policy, "lr": 1e-4, "seeds": 1,
+          f"acc/{ID}": acc4, f"acc/{HARD}": hard, "acc/addition": .9,
+          f"rlvr/acc/{ID}": acc4_rl, f"rlvr/acc/{HARD}": hard_rl,
+          "rlvr/acc/addition": .8, report.SAMPLED: sampled,
+          f"rlvr/{report.SAMPLED}": sampled_rl, "reward_start": rewards[0],
+          "reward_end": rewards[1], "reward_window": 12}
+
+
+def test_rlvr_verdict_follows_the_gain_before_and_after():
+  def verdicts(arms):
+    return {n: ok for n, ok, _ in report.rlvr_findings(arms, 200, 200)}
+  # On-policy +30 pp on the harder suite before RLVR (s.e. about 4 pp):
+  # gone after it under forward KL -> the study's finding reproduced.
+  lost = [_staged("forward", "student", .5, .4, .6, .2),
+          _staged("forward", "teacher", .5, .1, .6, .2),
+          _staged("reverse", "student", .5, .4, .6, .4),
+          _staged("reverse", "teacher", .5, .1, .6, .1)]
+  assert verdicts(lost) == {"RLVR learns": True,
+                            "gain does not survive RLVR": True}
+  kept = [dict(a) for a in lost]
+  kept[0][f"rlvr/acc/{HARD}"] = .45
+  assert verdicts(kept)["gain does not survive RLVR"] is False
+  # No clear gain before RLVR (2 pp): nothing to survive -> untested; and
+  # a sampled accuracy that does not move is not "learning".
+  flat = [_staged(kl, pol, .5, .11 if pol == "student" else .09, .5, .1,
+                  sampled=.3, sampled_rl=.31)
+          for kl in ("forward", "reverse") for pol in ("student", "teacher")]
+  assert verdicts(flat) == {"RLVR learns": False,
+                            "gain does not survive RLVR": None}
+  text = " ".join(s for _, _, s in report.rlvr_findings(lost, 200, 200))
+  # The gain and its standard error, computed here: sqrt(2 x .4 x .6 / 200)
+  # ... for the student arm and .1 x .9 for the teacher arm.
+  se = 100 * math.hypot(math.sqrt(.4 * .6 / 200), math.sqrt(.1 * .9 / 200))
+  assert f"forward KL +30.0 ± {se:.1f} pp before, +0.0 ± " in text
+  assert report.rlvr_findings([], 200, 200)[0][1] is None
+  md = report.rlvr_markdown(lost, {ID: 200, HARD: 200, "addition": 96})
+  assert "| forward | student | 1e-04 | 50.0 -> 60.0 (+10.0) |" in md
+  assert "0.20 -> 0.70" in md
 
 
 def test_harder_finding_is_untested_when_the_teacher_cannot_do_it():
@@ -222,6 +264,28 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(tmp_path, capsys)
   third = demo.main(["--quick", "--workdir", str(tmp_path)])
   assert third["arms_run"] == 2
   assert json.dumps(third["rows"], sort_keys=True) == json.dumps(rows, sort_keys=True)
+  # --rlvr reuses the grid (its arms untouched) and adds GRPO from the best
+  # arm of each KL x policy, with its table, verdict and figure; a rerun
+  # runs nothing.
+  rl = demo.main(["--quick", "--rlvr", "--workdir", str(tmp_path)])
+  assert rl["arms_run"] == 0 and rl["rlvr_run"] == 2
+  assert rl["results_dir"] != out
+  staged = [r for r in rl["rows"] if f"rlvr/acc/{ID}" in r]
+  assert len(staged) == 2
+  for r in staged:
+    base = next(x for x in rows if x["name"] == r["name"])
+    assert all(r[k] == base[k] for k in base)  # before-RLVR columns unchanged
+    stage = json.load(open(tmp_path / grids[0] / r["name"] / "rlvr" /
+                           "results.json"))
+    assert r[f"rlvr/acc/{ID}"] == stage["eval"][f"{ID}/greedy_acc"]
+    assert len(stage["rewards"]) == 2  # configs/demo.py:quick's iterations
+  printed = capsys.readouterr().out
+  assert "mean reward, first -> last iterations" in printed
+  assert any(n == "RLVR learns" for n in
+             (f["finding"] for f in rl["findings"]))
+  assert any(p.endswith("rlvr.png") for p in rl["figures"])
+  assert demo.main(["--quick", "--rlvr", "--workdir", str(tmp_path)]
+                   )["rlvr_run"] == 0
   # Other settings get their own results folder and grid.
   other = demo.main(["--quick", "--workdir", str(tmp_path),
                      "--config", "configs/demo.py:arm_steps=2"])

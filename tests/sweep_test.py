@@ -207,3 +207,153 @@ def test_missing_checkpoint_paths_fail_before_any_run(tmp_path):
   with pytest.raises(ValueError, match="config.student.path"):
     sweep.run_sweep(g, str(tmp_path), only="family=llama")
   assert not any(p.is_dir() for p in tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- RLVR stage
+
+def _result(name, acc, **study):
+  factors = dict(p.split("=", 1) for p in name.split(","))
+  return {"name": name, "dirname": name, "factors": factors,
+          "study": dict(study, seed=int(factors["seed"])),
+          "eval": {"id/greedy_acc": acc}, "train": {}, "compute": {}}
+
+
+def test_rlvr_select_takes_the_best_arm_of_each_group_over_seeds():
+  from jaxdistill.study import rlvr  # pylint: disable=g-import-not-at-top
+  g = sweep.load_config("configs/grid_countdown_harder.py:runlocal")
+  g.rlvr.select = dict(metric="accuracy", per=("kl",))
+  runs = sweep.expand(g, "train_n=3")  # kl x policy x seed 0
+  assert len(runs) == 4
+  acc = {"kl=forward,policy=student": .2, "kl=forward,policy=teacher": .5,
+         "kl=reverse,policy=student": .4, "kl=reverse,policy=teacher": .3}
+  results = {}
+  for r in runs:
+    key = ",".join(p for p in r.name.split(",")[1:3])
+    results[r.name] = _result(r.name, acc[key], kl=r.factors["kl"],
+                              policy=r.factors["policy"])
+  got = [r.name for r in rlvr.select(g, runs, results)]
+  assert got == ["train_n=3,kl=forward,policy=teacher,seed=0",
+                 "train_n=3,kl=reverse,policy=student,seed=0"]
+  # The choice needs every arm's result; without `select` every arm runs.
+  del results[runs[0].name]
+  assert rlvr.select(g, runs, results) is None
+  g.rlvr.select = None
+  assert rlvr.select(g, runs, results) == runs
+
+
+def test_rlvr_stage_commands_rebuild_the_stage_config(monkeypatch, tmp_path):
+  """The printed `python -m jaxdistill.rl.train` line, parsed by
+  ml_collections' own flag parser, gives the stage's config: the arm's
+  export as the student, the arm's seed, its Countdown-N."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from jaxdistill.study import rlvr  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(ROOT)
+  g = sweep.load_config("configs/grid_countdown_harder.py:seeds=2")
+  runs = sweep.expand(g)
+  for run in (runs[0], runs[-1]):
+    argv = shlex.split(rlvr.command(g, run, str(tmp_path)))
+    assert argv[:3] == ["python", "-m", "jaxdistill.rl.train"]
+    assert argv[-1] == str(tmp_path / run.dirname / "rlvr")
+    assert "run_snapshot.py" not in argv[4]  # expressible as flags
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=fv,
+                                    sys_argv=["train"] + argv[3:])
+    flags.DEFINE_string("workdir", None, "", flag_values=fv)
+    fv(["train"] + argv[3:])
+    got = json.loads(config_lib.to_json(fv.config))
+    assert got["student"]["path"] == str(tmp_path / run.dirname / "hf_student")
+    assert got["seed"] == run.factors["seed"]
+    assert got["data"]["n_numbers"] == run.factors["train_n"]
+    assert got["optim"]["lr"] == 1e-6
+    want = json.loads(config_lib.to_json(
+        rlvr.stage_config(g, run, str(tmp_path / run.dirname))))
+    assert config_lib.diff(got, want) == []
+
+
+def test_rlvr_config_errors_surface_before_any_arm_trains(tmp_path):
+  g = sweep.load_config("configs/grid_countdown_harder.py:runlocal")
+  g.rlvr.updates = dict(rollout=dict(group_size=1))
+  with pytest.raises(ValueError, match="grid.rlvr: config.rollout.group_size"):
+    sweep.run_sweep(g, str(tmp_path / "w"), only="train_n=3,kl=reverse",
+                    devices=ONE_DEVICE)
+  assert not any((tmp_path / "w").glob("train_n=*"))
+
+
+def _leaves(tree):
+  return {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+          jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.mark.slow
+def test_runlocal_grid_with_rlvr_stage_end_to_end(tmp_path, capsys):
+  """`python -m jaxdistill.sweep` on a 2-arm grid with an RLVR stage: GRPO
+  from each arm's export, evaluated, tabled before/after; a rerun does
+  nothing; a changed stage config is refused."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  work = tmp_path / "hard"
+  spec = str(ROOT / "configs/grid_countdown_harder.py:runlocal")
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxdistill.sweep", "--config", spec, "--workdir",
+       str(work), "--only", "train_n=3,kl=reverse"], capture_output=True,
+      text=True, cwd=tmp_path, timeout=600,
+      env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "PYTHONPATH": str(ROOT)})  # one CPU device, as a user's laptop
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Change with RLVR" in proc.stdout
+  arms = sorted(d.name for d in work.iterdir() if (d / "results.json").exists())
+  assert arms == ["train_n=3,kl=reverse,policy=student,seed=0",
+                  "train_n=3,kl=reverse,policy=teacher,seed=0"]
+  with open(work / "summary" / "results.csv") as f:
+    table = {r["arm"]: r for r in csv.DictReader(f)}
+  _, base = models.load_pretrained(str(work / "assets" / "student"))
+  for d in arms:
+    stage = work / d / "rlvr"
+    res = json.loads((stage / "results.json").read_text())
+    assert res["stage"] == "rlvr" and len(res["rewards"]) == 2
+    # Started from the arm: the tiny random policy earns reward 0, so GRPO's
+    # update is exactly zero and the stage exports the arm's weights (which
+    # differ from the student the arm started from).
+    _, arm_p = models.load_pretrained(str(work / d / "hf_student"))
+    _, rl_p = models.load_pretrained(str(stage / "hf_student"))
+    a, r, b = _leaves(arm_p), _leaves(rl_p), _leaves(base)
+    assert all(np.array_equal(a[k], r[k]) for k in a)
+    assert any(not np.array_equal(a[k], b[k]) for k in a)
+    # The table's after-RLVR columns are the stage's own evaluation.
+    ev = json.loads((stage / "eval.json").read_text())["metrics"]
+    before = json.loads((work / d / "eval.json").read_text())["metrics"]
+    row = table[d.removesuffix(",seed=0")]
+    np.testing.assert_allclose(float(row["rlvr/accuracy_mean"]),
+                               ev["id/greedy_acc"])
+    np.testing.assert_allclose(float(row["rlvr_change/accuracy_mean"]),
+                               ev["id/greedy_acc"] - before["id/greedy_acc"])
+  md = (work / "summary" / "results.md").read_text()
+  assert "After RLVR" in md and "Change with RLVR" in md
+  assert (work / "summary" / "rlvr.png").exists()
+
+  # A rerun trains and evaluates nothing.
+  before = _mtimes(work)
+  def boom(*a, **k):
+    raise AssertionError("work was redone")
+  from jaxdistill import train  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
+  orig = train.train, rl_train.train
+  train.train = rl_train.train = boom
+  capsys.readouterr()
+  try:
+    sweep.run_sweep(sweep.load_config(spec), str(work),
+                    only="train_n=3,kl=reverse", devices=ONE_DEVICE,
+                    evaluate_fn=boom)
+  finally:
+    train.train, rl_train.train = orig
+  assert {k: v for k, v in _mtimes(work).items() if k in before} == before
+  assert capsys.readouterr().err.count("finished, skipped") == 4
+
+  # A changed stage config is refused, naming the field.
+  with pytest.raises(ValueError, match="RLVR stage.*optim.lr"):
+    g = sweep.load_config(spec)
+    g.rlvr.updates.optim = dict(lr=0.5)
+    sweep.run_sweep(g, str(work), only="train_n=3,kl=reverse",
+                    devices=ONE_DEVICE)

@@ -140,6 +140,31 @@ def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
   return c
 
 
+def grpo_config(cfg, *, tok_dir: str, records: str):
+  """configs/grpo_countdown.py shrunk to the demo's RLVR stage (cfg.rlvr):
+  GRPO on `records` (the distillation prompts) with the arithmetic verifier,
+  one CPU device, float32; the student's path is each arm's (study.rlvr)."""
+  from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
+  r = cfg.rlvr
+  c = grid_lib.load_config("configs/grpo_countdown.py")
+  c.tokenizer = tok_dir
+  c.progress = False
+  c.total_steps = int(r.iterations)
+  c.eval_every = c.ckpt_every = int(r.iterations)  # sparsity at the end
+  c.keep_ckpts = 1
+  c.student.update(dtype="float32", param_dtype="float32")
+  c.data.update(task="records", records_file=records,
+                batch_size=int(r.prompts),
+                max_prompt_len=int(cfg.max_prompt_len), bucket=8)
+  c.rollout.update(group_size=int(r.group_size),
+                   max_new_tokens=int(cfg.max_new_tokens),
+                   temperature=float(cfg.grid.temperature))
+  c.grpo.update(num_minibatches=int(r.minibatches))
+  c.optim.update(lr=float(r.lr), warmup_steps=0, grad_accum=1)
+  c.mesh = dict(data=1, fsdp=1, tensor=1)
+  return c
+
+
 def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
                 tok_dir: str, records: list[dict], steps: int, lr: float,
                 seed: int, devices) -> str:

@@ -1,4 +1,4 @@
-"""`python -m jaxdistill.demo [--quick | --spectrum] [--seeds N] [--workdir DIR] [--config SPEC]`.
+"""`python -m jaxdistill.demo [--quick | --spectrum] [--seeds N] [--rlvr] [--workdir DIR] [--config SPEC]`.
 
 Writes <workdir>/results/<settings>/{demo_table.md, findings.md, results.csv,
 results.md, results.json, *.png} and prints the table and the findings to
@@ -26,6 +26,9 @@ def parse(argv):
   p.add_argument("--seeds", type=int, default=1,
                  help="run every arm with this many seeds (table: mean and "
                  "spread; figures: spread over seeds)")
+  p.add_argument("--rlvr", action="store_true",
+                 help="after the grid, GRPO from the best arm of each KL "
+                 "direction x rollout policy, evaluated again (adds < 10 min)")
   p.add_argument("--workdir", default=None,
                  help=f"cache and outputs (default {DEFAULT_WORKDIR}, or "
                  "<workdir>-quick with --quick)")
@@ -40,6 +43,7 @@ def load_config(args):
   path, _, arg = args.config.partition(":")
   extra = [a for a in (arg, "quick" if args.quick else "",
                        "spectrum" if args.spectrum else "",
+                       "rlvr" if args.rlvr else "",
                        f"seed={args.seed}", f"seeds={args.seeds}") if a]
   return grid_lib.load_config(f"{path}:{','.join(extra)}")
 
@@ -48,7 +52,8 @@ def results_name(args, cfg) -> str:
   """'<variant>-<hash of every setting>', e.g. 'default-1a2b3c4d5e6f'."""
   from jaxdistill.demo import build  # pylint: disable=g-import-not-at-top
   parts = [p for p, on in (("quick", args.quick), ("spectrum", args.spectrum),
-                           (f"seeds{args.seeds}", args.seeds > 1)) if on]
+                           (f"seeds{args.seeds}", args.seeds > 1),
+                           ("rlvr", args.rlvr)) if on]
   return "-".join(parts or ["default"]) + "-" + build.cache_key(cfg.to_dict())
 
 
@@ -76,6 +81,9 @@ def main(argv=None) -> dict:
   n_test = res["n_test"]
   figs = report.make_figures(runs, res["teacher"], res["student"], n_test, out)
   md = report.table_markdown(arms, res["teacher"], res["student"], n_test)
+  rl_md = report.rlvr_markdown(arms, n_test)
+  if rl_md:
+    md += "\n\n" + rl_md
   found = report.findings(arms, res["teacher"], res["student"], n_test,
                           chance=tasks.CHANCE, figures=figs)
   text = report.paragraph(found)
@@ -88,7 +96,8 @@ def main(argv=None) -> dict:
              "findings": [{"finding": n, "reproduced": ok, "sentence": s}
                           for n, ok, s in found],
              "figures": figs, "seconds": res["seconds"],
-             "arms_run": res["arms_run"], "results_dir": out,
+             "arms_run": res["arms_run"], "rlvr_run": res["rlvr_run"],
+             "results_dir": out,
              "config": cfg.to_dict()}
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(summary, f, indent=2, sort_keys=True, default=str)
@@ -97,8 +106,11 @@ def main(argv=None) -> dict:
   print()
   print(text)
   print(f"\nfiles: {out} (figures: {', '.join(os.path.basename(p) for p in figs)})")
+  rl = (f", RLVR {s['rlvr']:.0f} s ({res['rlvr_run']} stages run, "
+        f"evaluation {s['rlvr_evaluation']:.0f} s of it)" if res["rlvr"] else "")
   print(f"time: {s['total']:.0f} s (teacher and student {s['models']:.0f} s, "
         f"grid training {s['grid_training']:.0f} s, evaluation "
-        f"{s['evaluation']:.0f} s; {res['arms_run']} arms run, the rest cached)")
+        f"{s['evaluation']:.0f} s{rl}; {res['arms_run']} arms run, the rest "
+        "cached)")
   sys.stdout.flush()
   return summary

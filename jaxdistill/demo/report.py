@@ -18,6 +18,7 @@ import numpy as np
 from jaxdistill.demo import tasks as demo_tasks
 from jaxdistill.study import figures as study_figures
 from jaxdistill.study import grid as grid_lib
+from jaxdistill.study import rlvr as rlvr_lib
 
 ID_S = f"arith{demo_tasks.ID_NUMBERS}"  # suite names
 HARD_S = f"arith{demo_tasks.HARDER_NUMBERS}"
@@ -31,21 +32,39 @@ COLUMNS = (  # (row key, header, kind) kind: pct | pp | sci | str
     ("acc/addition", "addition (OOD)", "pct"),
     ("forgetting_pp", "forgetting", "pp"), ("sparsity", "sparsity bf16", "pct"),
     ("sparsity_f32", "sparsity f32", "pct"))
+# The RLVR stage (--rlvr): after-RLVR accuracies (study.table's rlvr/
+# columns), sampled accuracy before and after, and the mean reward of the
+# first and last tenth of the GRPO iterations.
+SAMPLED = f"sampled/{ID_S}"
+RLVR_KEYS = (f"rlvr/acc/{ID_S}", f"rlvr/acc/{HARD_S}", "rlvr/acc/addition",
+             SAMPLED, f"rlvr/{SAMPLED}", "reward_start", "reward_end")
 NUMERIC = tuple(k for k, _, kind in COLUMNS if kind in ("pct", "pp")) + (
-    "accuracy",)
+    "accuracy",) + RLVR_KEYS
 
 
 def rows_with_extras(rows, grid_dir) -> list[dict]:
   """Table rows (study.table) plus the demo's extra figures from results.json."""
   out = []
   for r in rows:
-    path = os.path.join(grid_dir, grid_lib.safe_name(r["name"]), "results.json")
-    with open(path) as f:
+    run_dir = os.path.join(grid_dir, grid_lib.safe_name(r["name"]))
+    with open(os.path.join(run_dir, "results.json")) as f:
       ev = json.load(f)["eval"]
     r = dict(r)
     r["sparsity_f32"] = ev.get("sparsity_f32/whole")
     r["pass_k"] = max((int(k.split("@")[1]) for k in ev
                        if k.startswith("id/pass@")), default=None)
+    r[SAMPLED] = ev.get(f"{ID_S}/sampled_acc")
+    stage = os.path.join(rlvr_lib.stage_dir(run_dir), "results.json")
+    if os.path.isfile(stage):
+      with open(stage) as f:
+        res = json.load(f)
+      r[f"rlvr/{SAMPLED}"] = (res["eval"] or {}).get(f"{ID_S}/sampled_acc")
+      rewards = res.get("rewards") or []
+      if rewards:
+        k = max(1, len(rewards) // 10)
+        r["reward_start"] = float(np.mean(rewards[:k]))
+        r["reward_end"] = float(np.mean(rewards[-k:]))
+        r["reward_window"] = k
     out.append(r)
   return out
 
@@ -58,7 +77,8 @@ def arm_means(rows: Sequence[Mapping]) -> list[dict]:
     groups.setdefault(r["arm"], []).append(r)
   out = []
   for arm, rs in groups.items():
-    a = {k: rs[0].get(k) for k in ("arm", "kl", "policy", "lam", "lr", "pass_k")}
+    a = {k: rs[0].get(k) for k in ("arm", "kl", "policy", "lam", "lr", "pass_k",
+                                   "reward_window")}
     a["seeds"] = len(rs)
     for k in NUMERIC:
       v = [r[k] for r in rs if r.get(k) is not None]
@@ -112,6 +132,48 @@ def table_markdown(arms: Sequence[Mapping], teacher: Mapping,
             "forgotten); sparsity = % of parameters with |change| <= 1e-5, "
             "compared in bfloat16 and in float32. The teacher was never "
             "trained on addition ('-')."]
+  return "\n".join(lines)
+
+
+def _change(before, after, std_b=None, std_a=None):
+  if before is None or after is None:
+    return "-"
+  return (f"{_fmt(before, 'pct', std_b)} -> {_fmt(after, 'pct', std_a)} "
+          f"({100 * (after - before):+.1f})")
+
+
+def staged_arms(arms: Sequence[Mapping]) -> list[Mapping]:
+  """The arms that went through the RLVR stage."""
+  return [a for a in arms if a.get(f"rlvr/acc/{ID_S}") is not None]
+
+
+def rlvr_markdown(arms: Sequence[Mapping], n_test: Mapping) -> str:
+  """Before -> after RLVR (change, pp) per arm that had the stage."""
+  staged = staged_arms(arms)
+  if not staged:
+    return ""
+  heads = ("KL", "rollouts", "lr", f"{ID_NAME}, greedy",
+           f"{ID_NAME}, sampled (T = 1)", f"{HARD_NAME} (harder)",
+           "addition (OOD)", "mean reward, first -> last iterations")
+  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+  for a in staged:
+    pairs = [(f"acc/{ID_S}", f"rlvr/acc/{ID_S}"), (SAMPLED, f"rlvr/{SAMPLED}"),
+             (f"acc/{HARD_S}", f"rlvr/acc/{HARD_S}"),
+             ("acc/addition", "rlvr/acc/addition")]
+    cells = [str(a["kl"]), str(a["policy"]), _fmt(a["lr"], "sci")]
+    cells += [_change(a.get(b), a.get(c), a.get(f"{b}_std"), a.get(f"{c}_std"))
+              for b, c in pairs]
+    rs, re_ = a.get("reward_start"), a.get("reward_end")
+    cells.append("-" if rs is None else f"{rs:.2f} -> {re_:.2f}")
+    lines.append("| " + " | ".join(cells) + " |")
+  k = next((a.get("reward_window") for a in staged), None)
+  lines += ["", "RLVR (GRPO on the in-distribution prompts, reward 1 for a "
+            "correct answer) from the best arm (greedy in-distribution "
+            "accuracy, over learning rates) of each KL direction x rollout "
+            "policy: accuracy in % after distillation -> after RLVR (change in "
+            "percentage points), on the same held-out problems "
+            f"({n_test[ID_S]} / {n_test[HARD_S]} / {n_test['addition']}); "
+            f"mean reward over the first and the last {k} iterations."]
   return "\n".join(lines)
 
 
@@ -323,9 +385,7 @@ def findings(arms: Sequence[Mapping], teacher: Mapping, student: Mapping,
                      else "sparsity does not fall with the learning rate here, "
                      "unlike the study.")))
 
-  out.append(("gain survives RLVR", None,
-              "The follow-up RLVR stage is not part of the demo, so whether "
-              "the gain on harder problems survives it is not tested here."))
+  out += rlvr_findings(arms, n3, n4)
   if figures is not None and not any("harder" in os.path.basename(p)
                                      for p in figures) and verdicts:
     out.append(("no harder figure", None,
@@ -334,12 +394,83 @@ def findings(arms: Sequence[Mapping], teacher: Mapping, student: Mapping,
   return out
 
 
+def rlvr_findings(arms, n3: int, n4: int) -> list[tuple[str, bool | None, str]]:
+  """Does GRPO learn here (a check), and does the on-policy gain survive it
+  (the study: it does not reliably)?"""
+  staged = staged_arms(arms)
+  if not staged:
+    return [("gain does not survive RLVR", None,
+             "The RLVR stage did not run (python -m jaxdistill.demo --rlvr adds "
+             "it), so whether the on-policy gain survives RLVR is untested.")]
+  out = []
+  rew0 = float(np.mean([a["reward_start"] for a in staged]))
+  rew1 = float(np.mean([a["reward_end"] for a in staged]))
+  s0, se0 = _pooled(staged, SAMPLED, n3)
+  s1, se1 = _pooled(staged, f"rlvr/{SAMPLED}", n3)
+  learns = s0 is not None and s1 is not None and _clear_se(s1, se1, s0, se0)
+  out.append(("RLVR learns", learns,
+              f"GRPO raises the mean reward from {rew0:.2f} in its first "
+              f"iterations to {rew1:.2f} in its last (mean over the "
+              f"{len(staged)} arms it started from), and sampled accuracy on "
+              f"{ID_NAME} from {100 * s0:.1f} % to {100 * s1:.1f} % "
+              + ("(clearly)." if learns else "(not clearly: within twice the "
+                 "standard error).")))
+
+  def gains(before_key, after_key, n):
+    """Per KL: (on-policy gain before, its s.e., gain after, its s.e.)."""
+    res = {}
+    for kl in sorted({a["kl"] for a in staged}):
+      on = [a for a in staged if a["kl"] == kl and a["policy"] == "student"]
+      off = [a for a in staged if a["kl"] == kl and a["policy"] == "teacher"]
+      if on and off:
+        on, off = on[0], off[0]
+        res[kl] = tuple(
+            x for key in (before_key, after_key) for x in (
+                on[key] - off[key], math.hypot(_sd(on, key, n),
+                                               _sd(off, key, n))))
+    return res
+  hard = gains(f"acc/{HARD_S}", f"rlvr/acc/{HARD_S}", n4)
+  ind = gains(f"acc/{ID_S}", f"rlvr/acc/{ID_S}", n3)
+  if not hard:
+    return out
+
+  def say(g):
+    return "; ".join(f"{kl} KL {100 * b:+.1f} ± {100 * sb:.1f} pp before, "
+                     f"{100 * a:+.1f} ± {100 * sa:.1f} pp after"
+                     for kl, (b, sb, a, sa) in g.items())
+  clear_before = [kl for kl, (b, sb, _, _) in hard.items() if b > 2 * sb]
+  before = [a[f"acc/{ID_S}"] for a in staged]
+  after = [a[f"rlvr/acc/{ID_S}"] for a in staged]
+  text = (f"On-policy gain (best student-rollout arm minus best teacher-"
+          f"rollout arm, ± its standard error) on the harder {HARD_NAME}: "
+          f"{say(hard)}; on {ID_NAME}: {say(ind)}. RLVR "
+          f"{'narrows' if max(after) - min(after) < max(before) - min(before) else 'does not narrow'}"
+          f" the spread of these {len(staged)} arms on {ID_NAME} (from "
+          f"{100 * (max(before) - min(before)):.1f} pp to "
+          f"{100 * (max(after) - min(after)):.1f} pp). ")
+  if not clear_before:
+    out.append(("gain does not survive RLVR", None, text + (
+        "Untested: there is no clear on-policy gain on the harder problems "
+        "before RLVR for it to survive or lose.")))
+  else:
+    kept = [kl for kl in clear_before if hard[kl][2] > 2 * hard[kl][3]]
+    lost = len(kept) < len(clear_before)
+    out.append(("gain does not survive RLVR", lost, text + (
+        "The gain is no longer clear after RLVR under "
+        f"{', '.join(k for k in clear_before if k not in kept)} KL, as the "
+        "study finds (it does not reliably survive)." if lost else
+        "The gain survives RLVR under every KL direction that had it, "
+        "unlike the study.")))
+  return out
+
+
 def paragraph(found) -> str:
   """The findings as one paragraph; the headline counts the study's findings
   (not the setup checks)."""
   study = [ok for n, ok, _ in found
            if n not in ("setup", "distillation moves accuracy",
-                        "accuracy untested", "no harder figure")]
+                        "accuracy untested", "no harder figure",
+                        "RLVR learns")]
   yes = sum(1 for ok in study if ok)
   tested = sum(1 for ok in study if ok is not None)
   head = (f"This run reproduces {yes} of the {tested} headline findings it can "

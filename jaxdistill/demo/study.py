@@ -21,6 +21,7 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
 
 from jaxdistill.demo import build
 from jaxdistill.demo import tasks as demo_tasks
@@ -140,6 +141,11 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
                ("lr", "optim.lr", tuple(float(x) for x in g.lrs)))
   grid.seeds = tuple(int(cfg.seed) + i for i in range(int(cfg.seeds)))
   grid.eval = None
+  if cfg.rlvr.enabled:  # the study's RLVR stage (jaxdistill.study.rlvr)
+    grid.rlvr = dict(
+        base=build.grpo_config(cfg, tok_dir=tok_dir, records=records_file),
+        base_spec="configs/grpo_countdown.py", updates={},
+        select=dict(metric="accuracy", per=tuple(cfg.rlvr.per)))
   return grid
 
 
@@ -151,6 +157,17 @@ def _arm_line(i, n, name, flat, student_eval, seconds):
           f"{pct(student_eval, ID[0])}), {HARDER[0]} {pct(flat, HARDER[0])}, "
           f"addition {pct(flat, OOD[0])} (before {pct(student_eval, OOD[0])}); "
           f"{seconds:.0f} s")
+
+
+def _rlvr_line(name, stage_dir, flat):
+  from jaxdistill import train_log  # pylint: disable=g-import-not-at-top
+  r = [x["rl/reward_mean"] for x in train_log.read_metrics(stage_dir)
+       if "rl/reward_mean" in x]
+  k = max(1, len(r) // 10)
+  return (f"RLVR {name}: reward {np.mean(r[:k]):.2f} (first {k} iterations) "
+          f"-> {np.mean(r[-k:]):.2f} (last {k}); {ID[0]} "
+          f"{100 * flat[f'{ID[0]}/greedy_acc']:.1f} %, {HARDER[0]} "
+          f"{100 * flat[f'{HARDER[0]}/greedy_acc']:.1f} %")
 
 
 def run(cfg, workdir: str) -> dict:
@@ -194,22 +211,40 @@ def run(cfg, workdir: str) -> dict:
   grid = grid_config(cfg, teacher_dir=teacher_dir, student_dir=student_dir,
                      tok_dir=tok_dir, records_file=build.write_records(
                          recs["distill"], models_root, "distill"))
-  # The arms' directory is named by everything that makes them, so a rerun
-  # reuses finished arms and other settings never touch them.
+  # The arms' directory is named by everything that makes them (not the RLVR
+  # stage, which lives inside each arm's), so a rerun reuses finished arms
+  # and other settings never touch them.
+  made_by = grid.to_dict()
+  made_by.pop("rlvr", None)
   grid_dir = os.path.join(workdir, "grid-" + build.cache_key(
-      grid.to_dict(), cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}))
+      made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}))
   runs = sweep.expand(grid)
-  spent = {"eval": 0.0, "arms": 0}
+  spent = {"eval": 0.0, "arms": 0, "rlvr": 0, "rlvr_eval": 0.0}
 
-  def evaluate_fn(grid_, run_, run_dir):
-    del grid_
+  def evaluate_dir(run_, run_dir):
+    """The demo's evaluation of <run_dir>/hf_student against the student
+    before distillation (forgetting, sparsity), as for every arm."""
     from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
-    t = time.time()
     flat, params = evaluate(cfg, os.path.join(run_dir, "hf_student"), tok,
                             suites, seed=int(run_.config.seed), cache=False)
     flat.update({f"baseline/{k}": v for k, v in student_eval.items()})
     flat.update(report.forgetting_metrics(flat, student_eval, OOD))
     flat.update(sparsity(cfg, params0, params))
+    return flat
+
+  def rlvr_evaluate_fn(grid_, run_, stage_dir):
+    del grid_
+    t = time.time()
+    flat = evaluate_dir(run_, stage_dir)
+    spent["rlvr_eval"] += time.time() - t
+    spent["rlvr"] += 1
+    build.log(_rlvr_line(run_.name, stage_dir, flat))
+    return flat
+
+  def evaluate_fn(grid_, run_, run_dir):
+    del grid_
+    t = time.time()
+    flat = evaluate_dir(run_, run_dir)
     spent["eval"] += time.time() - t
     spent["arms"] += 1
     i = [r.name for r in runs].index(run_.name) + 1
@@ -223,16 +258,26 @@ def run(cfg, workdir: str) -> dict:
   done = sum(os.path.isfile(os.path.join(grid_dir, r.dirname, "results.json"))
              for r in runs)
   build.log(f"grid: {len(runs)} arms, {done} already finished, in {grid_dir}")
+  t_rlvr = [0.0]
+
+  def timed_stage(grid_, run_, stage_dir):  # the RLVR stage's clock starts
+    if not t_rlvr[0]:                       # after the last arm
+      t_rlvr[0] = arm_start[0]
+    return rlvr_evaluate_fn(grid_, run_, stage_dir)
   sweep.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
-                  summarize=False)
-  t_grid = time.time() - t2
+                  summarize=False, rlvr_evaluate_fn=timed_stage)
+  t_end = time.time()
+  t_grid = (t_rlvr[0] or t_end) - t2
   rows = sweep.aggregate(grid_dir)
   return {"rows": rows, "teacher": teacher_eval, "student": student_eval,
           "grid_dir": grid_dir, "workdir": workdir, "teacher_dir": teacher_dir,
           "student_dir": student_dir, "tokenizer_dir": tok_dir,
           "n_test": {k: len(v) for k, v in suites.items()},
-          "arms_run": spent["arms"],
+          "arms_run": spent["arms"], "rlvr_run": spent["rlvr"],
+          "rlvr": bool(cfg.rlvr.enabled),
           "seconds": {"models": t_models, "grid": t_grid,
                       "grid_training": t_grid - spent["eval"],
                       "evaluation": t_eval + spent["eval"],
+                      "rlvr": (t_end - t_rlvr[0]) if t_rlvr[0] else 0.0,
+                      "rlvr_evaluation": spent["rlvr_eval"],
                       "total": time.time() - t0}}

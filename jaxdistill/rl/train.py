@@ -69,8 +69,9 @@ def validate(config) -> None:
            "is taken against the full tempered distribution")
   if int(ro.max_new_tokens) < 1:
     _err("rollout.max_new_tokens", f"must be >= 1, got {ro.max_new_tokens}")
-  if config.data.task not in ("countdown", "mcq"):
-    _err("data.task", f"GRPO needs a verifiable task ('countdown' or 'mcq'), "
+  if config.data.task not in ("countdown", "mcq", "records"):
+    _err("data.task", "GRPO needs a verifiable task ('countdown', 'mcq', or "
+         "'records' of those and arithmetic: every record is checked), "
          f"got {config.data.task!r}")
   if not 0 <= float(g.clip_low) < 1:
     _err("grpo.clip_low", f"must be in [0, 1), got {g.clip_low}")

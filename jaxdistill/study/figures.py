@@ -9,6 +9,10 @@
                               line per KL direction with its R^2 in the legend
   harder_countdown.png        greedy accuracy on the harder Countdown suites
                               per rollout policy (not drawn if all are 0)
+  rlvr.png                    the RLVR stage (study.rlvr): mean reward per
+                              GRPO iteration per arm (a moving average over
+                              a tenth of the iterations, raw values faint),
+                              and accuracy before and after RLVR per arm
 
 A figure is drawn only if the rows have what it needs; otherwise a line on
 stderr says what is missing.
@@ -204,6 +208,49 @@ def harder_countdown(rows, out_dir, refs=None, n_test=None,
   return _save(fig, out_dir, "harder_countdown.png")
 
 
+def moving_average(x, k: int) -> np.ndarray:
+  """Mean of each window of k consecutive values ('valid': len(x) - k + 1)."""
+  x = np.asarray(x, np.float64)
+  k = max(1, min(int(k), len(x)))
+  c = np.cumsum(np.concatenate([[0.0], x]))
+  return (c[k:] - c[:-k]) / k
+
+
+def rlvr(rows, out_dir, accuracy="accuracy", n_test=None) -> str | None:
+  """Reward curves of the RLVR stages and `accuracy` before / after them."""
+  staged = [r for r in rows if r.get("rlvr_rewards")]
+  if not staged:
+    _say("rlvr: skipped (no finished RLVR stage)")
+    return None
+  plt = _plt()
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+  for i, r in enumerate(staged):
+    y = np.asarray(r["rlvr_rewards"], np.float64)
+    k = max(1, len(y) // 10)
+    color = f"C{i % 10}"
+    ax.plot(np.arange(1, len(y) + 1), y, color=color, alpha=0.2, linewidth=0.8)
+    ax.plot(np.arange(k, len(y) + 1), moving_average(y, k), color=color,
+            label=r["name"])
+  ax.set_xlabel("GRPO iteration")
+  ax.set_ylabel("mean reward of the iteration's samples")
+  ax.set_title("RLVR: reward per iteration (line: moving average)", fontsize=10)
+  ax.legend(fontsize=6)
+  x = np.arange(len(staged))
+  before = [100 * (r.get(accuracy) or 0.0) for r in staged]
+  after = [100 * (r.get(table.RLVR + accuracy) or 0.0) for r in staged]
+  err = [[_errors([v], n_test) for v in vals] for vals in (before, after)]
+  bx.bar(x - 0.2, before, 0.4, yerr=err[0], label="after distillation")
+  bx.bar(x + 0.2, after, 0.4, yerr=err[1], label="after RLVR")
+  bx.set_xticks(x, [r["name"] for r in staged], rotation=20, ha="right",
+                fontsize=6)
+  bx.set_ylabel(f"{accuracy} (%)")
+  bx.set_title("Before and after RLVR" + (
+      f"\n(error bars: binomial s.e., {n_test} problems)" if n_test else ""),
+               fontsize=10)
+  bx.legend(fontsize=7)
+  return _save(fig, out_dir, "rlvr.png")
+
+
 def _save(fig, out_dir, name):
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, name)
@@ -224,9 +271,11 @@ def make_figures(rows: Sequence[Mapping], out_dir: str, *, refs=None,
   more numbers than the training task).
   """
   out = []
+  n_acc = (n_test or {}).get("accuracy")
   for path in (accuracy_vs_lambda(rows, out_dir, refs, n_test),
                lr_sparsity_forgetting(rows, out_dir),
-               harder_countdown(rows, out_dir, refs, n_test, harder)):
+               harder_countdown(rows, out_dir, refs, n_test, harder),
+               rlvr(rows, out_dir, n_test=n_acc)):
     if path:
       out.append(path)
   return out

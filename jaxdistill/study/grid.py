@@ -236,9 +236,15 @@ SNAPSHOT_SPEC = "configs/run_snapshot.py"
 
 def write_snapshot(run: Run, run_dir: str) -> str:
   """<run_dir>/run_config.json: the run's full training config."""
+  return write_config_snapshot(run.config, run_dir)
+
+
+def write_config_snapshot(config, run_dir: str) -> str:
+  """<run_dir>/run_config.json: `config` in full (configs/run_snapshot.py
+  reads it back)."""
   os.makedirs(run_dir, exist_ok=True)
   path = os.path.join(run_dir, SNAPSHOT)
-  text = config_lib.to_json(run.config)
+  text = config_lib.to_json(config)
   if not (os.path.isfile(path) and open(path).read() == text):
     with open(path + ".tmp", "w") as f:
       f.write(text)
@@ -253,13 +259,21 @@ def command(grid, run: Run, workdir: str) -> str:
   cannot set (None into a typed field, lists, dicts) make the command read
   the run's snapshot instead (configs/run_snapshot.py, see write_snapshot).
   """
-  run_dir = os.path.join(workdir, run.dirname)
   if not grid.get("base_spec"):
     raise ValueError("grid.base_spec: launch commands start from a config "
                      "file spec, e.g. 'configs/distill.py:runlocal'")
-  base_cfg = load_config(grid.base_spec)
+  return launch_command("jaxdistill.train", grid.base_spec, run.config,
+                        os.path.join(workdir, run.dirname))
+
+
+def launch_command(module: str, base_spec: str, config, run_dir: str) -> str:
+  """`python -m MODULE --config BASE_SPEC --config.x=y ... --workdir RUN_DIR`:
+  the flags are `config`'s differences to base_spec's config, or, when a
+  value cannot be a flag, the command reads <run_dir>/run_config.json (which
+  the caller writes with write_snapshot)."""
+  base_cfg = load_config(base_spec)
   base = json.loads(config_lib.to_json(base_cfg))
-  new = json.loads(config_lib.to_json(run.config))
+  new = json.loads(config_lib.to_json(config))
   flags = []
   for key in _diff_leaves(base, new):
     node = new
@@ -271,10 +285,10 @@ def command(grid, run: Run, workdir: str) -> str:
     flags.append(f"--config.{key}={_flag_value(node)}")
   if flags is None:
     spec = f"{SNAPSHOT_SPEC}:{os.path.join(run_dir, SNAPSHOT)}"
-    return " ".join(["python -m jaxdistill.train", "--config",
-                     shlex.quote(spec), "--workdir", shlex.quote(run_dir)])
-  return " ".join(["python -m jaxdistill.train", "--config", grid.base_spec,
-                   *flags, "--workdir", shlex.quote(run_dir)])
+    return " ".join([f"python -m {module}", "--config", shlex.quote(spec),
+                     "--workdir", shlex.quote(run_dir)])
+  return " ".join([f"python -m {module}", "--config", base_spec, *flags,
+                   "--workdir", shlex.quote(run_dir)])
 
 
 def _diff_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:

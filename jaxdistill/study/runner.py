@@ -14,6 +14,9 @@ resumes from the run's newest good checkpoint by itself. results.json holds
   compute                       steps, tokens_generated (response tokens),
                                 tokens_processed (prompt + response), model
                                 FLOPs of training and of rollouts (flops.py)
+
+With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
+<run>/rlvr/ with its own results.json (run_rlvr_one).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import numpy as np
 
 from jaxdistill import flops as flops_lib
 from jaxdistill.study import grid as grid_lib
+from jaxdistill.study import rlvr as rlvr_lib
 
 RESULTS = "results.json"
 
@@ -178,7 +182,33 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   return result
 
 
-def _check_runnable(runs, workdir):
+def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
+                 evaluate_fn: Callable | None = None, devices=None) -> dict:
+  """GRPO from one finished arm (study.rlvr), evaluated; writes the stage's
+  results.json. Resumes an interrupted stage from its checkpoints."""
+  from jaxdistill import train_log  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
+  t0 = time.time()
+  out = rlvr_lib.stage_dir(run_dir)
+  config = rlvr_lib.stage_config(grid, run, run_dir)
+  grid_lib.write_config_snapshot(config, out)
+  rl_train.train(config, out, devices=devices)
+  records = train_log.read_metrics(out)
+  last = {}
+  for r in records:
+    last.update(r)
+  ev = (evaluate_fn or default_evaluate)(grid, run, out)
+  with open(os.path.join(run_dir, RESULTS)) as f:
+    arm = json.load(f)
+  result = {k: arm[k] for k in ("name", "dirname", "factors", "study")}
+  result.update({"stage": "rlvr", "train": last,
+                 "rewards": rlvr_lib.rewards_of(records), "eval": ev,
+                 "elapsed_s": time.time() - t0, "finished": time.time()})
+  write_json_atomic(os.path.join(out, RESULTS), result)
+  return result
+
+
+def _check_runnable(grid, runs, workdir):
   """Config errors of any unfinished run surface before the first one starts."""
   from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
   from jaxdistill import train  # pylint: disable=g-import-not-at-top
@@ -193,6 +223,8 @@ def _check_runnable(runs, workdir):
         train.model_config(run.config.teacher, "teacher")
     except ValueError as e:
       raise ValueError(f"run {run.name!r}: {e}") from None
+  if rlvr_lib.declared(grid):
+    rlvr_lib.check(grid, runs, workdir)
 
 
 # Settings that do not change a finished run's result: a finished arm whose
@@ -224,6 +256,11 @@ def _config_changes(old, new, workdir: str, prefix: str = "") -> list[str]:
 def stale_changes(run: grid_lib.Run, run_dir: str, workdir: str) -> list[str]:
   """How the config `run_dir` was trained with differs from `run.config`
   ([] when it matches, or nothing was trained there yet)."""
+  return config_changes(run.config, run_dir, workdir)
+
+
+def config_changes(config, run_dir: str, workdir: str) -> list[str]:
+  """How the config `run_dir` was trained with differs from `config`."""
   from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
   from jaxdistill import train  # pylint: disable=g-import-not-at-top
   path = os.path.join(run_dir, "config.json")
@@ -234,46 +271,74 @@ def stale_changes(run: grid_lib.Run, run_dir: str, workdir: str) -> list[str]:
       old = json.load(f)
   except ValueError as e:
     raise ValueError(f"{path}: not valid JSON ({e})") from None
-  new = json.loads(config_lib.to_json(run.config))
+  new = json.loads(config_lib.to_json(config))
   # An unfinished run resumes, and may then change what resuming allows.
   ignore = DISPLAY_FIELDS if is_finished(run_dir) else train.RESUMABLE_FIELDS
   return [c for c in _config_changes(old, new, workdir)
           if c.split(":")[0] not in ignore]
 
 
-def _handle_stale(runs, workdir: str, rerun_stale: bool) -> None:
-  """Refuses (or, with rerun_stale, moves aside) runs done under another config."""
-  stale = []
+def _handle_stale(grid, runs, workdir: str, rerun_stale: bool) -> None:
+  """Refuses (or, with rerun_stale, moves aside) runs, and RLVR stages, done
+  under another config."""
+  stale = []  # (name, directory, changes)
   for run in runs:
-    changes = stale_changes(run, os.path.join(workdir, run.dirname), workdir)
+    run_dir = os.path.join(workdir, run.dirname)
+    changes = stale_changes(run, run_dir, workdir)
     if changes:
-      stale.append((run, changes))
+      stale.append((run.name, run_dir, changes))
+    elif rlvr_lib.declared(grid):
+      out = rlvr_lib.stage_dir(run_dir)
+      changes = config_changes(rlvr_lib.stage_config(grid, run, run_dir), out,
+                               workdir)
+      if changes:
+        stale.append((f"{run.name} (RLVR stage)", out, changes))
   if not stale:
     return
   if not rerun_stale:
-    first, changes = stale[0]
+    name, _, changes = stale[0]
     raise ValueError(
         f"{workdir}: {len(stale)} run(s) were trained under a different "
-        f"config than the grid now gives, e.g. {first.name!r}: "
+        f"config than the grid now gives, e.g. {name!r}: "
         f"{'; '.join(changes[:5])}; pass rerun_stale=True (--rerun_stale) to "
         f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them")
   aside = os.path.join(workdir, STALE_DIR)
   os.makedirs(aside, exist_ok=True)
-  for run, changes in stale:
-    dst = os.path.join(aside, f"{run.dirname}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(os.path.join(workdir, run.dirname), dst)
-    log(f"{run.name}: config changed ({'; '.join(changes[:3])}); "
+  for name, path, changes in stale:
+    rel = os.path.relpath(path, workdir).replace(os.sep, "-")
+    dst = os.path.join(aside, f"{rel}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, dst)
+    log(f"{name}: config changed ({'; '.join(changes[:3])}); "
         f"old run moved to {dst}")
+
+
+def _run_rlvr(grid, runs, workdir, results, *, devices, evaluate_fn):
+  """The RLVR stage of every chosen arm (study.rlvr), skipping finished ones."""
+  chosen = rlvr_lib.select(grid, runs, {r["name"]: r for r in results})
+  for i, run in enumerate(chosen):
+    run_dir = os.path.join(workdir, run.dirname)
+    out = rlvr_lib.stage_dir(run_dir)
+    if is_finished(out):
+      log(f"RLVR {i + 1}/{len(chosen)} {run.name}: finished, skipped")
+      continue
+    state = ("resuming" if os.path.isdir(os.path.join(out, "checkpoints"))
+             else "starting")
+    log(f"RLVR {i + 1}/{len(chosen)} {run.name}: {state}")
+    run_rlvr_one(grid, run, run_dir, evaluate_fn=evaluate_fn, devices=devices)
 
 
 def run_sweep(grid, workdir: str, *, only: str | None = None,
               evaluate_fn: Callable | None = None, devices=None,
-              summarize: bool = True, rerun_stale: bool = False) -> list[dict]:
+              summarize: bool = True, rerun_stale: bool = False,
+              rlvr_evaluate_fn: Callable | None = None) -> list[dict]:
   """Runs every unfinished run of `grid` in turn; returns all results.
 
-  Then writes <workdir>/summary/: results.csv, results.md and the figures.
+  With grid.rlvr (study.rlvr), GRPO then runs from every chosen arm in
+  <arm dir>/rlvr/ and is evaluated the same way. Then writes
+  <workdir>/summary/: results.csv, results.md and the figures.
   `evaluate_fn(grid, run, run_dir) -> flat metrics | None` replaces the
-  default evaluation (jaxdistill.evaluate with grid.eval).
+  default evaluation (jaxdistill.evaluate with grid.eval); `rlvr_evaluate_fn`
+  (default: evaluate_fn) that of the RLVR stages (run_dir: <arm dir>/rlvr).
 
   A run directory trained under a config other than the run's (a setting
   changed outside the grid's axes) is refused, naming the fields, unless
@@ -287,8 +352,8 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   runs = grid_lib.expand(grid, only)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
-  _handle_stale(runs, workdir, rerun_stale)
-  _check_runnable(runs, workdir)
+  _handle_stale(grid, runs, workdir, rerun_stale)
+  _check_runnable(grid, runs, workdir)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, "sweep.json")
@@ -308,6 +373,9 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
     log(f"{i + 1}/{len(runs)} {run.name}: {state}")
     results.append(run_one(grid, run, run_dir, evaluate_fn=evaluate_fn,
                            devices=devices))
+  if rlvr_lib.declared(grid):
+    _run_rlvr(grid, runs, workdir, results, devices=devices,
+              evaluate_fn=rlvr_evaluate_fn or evaluate_fn)
   if summarize:
     from jaxdistill.study import figures, table  # pylint: disable=g-import-not-at-top
     rows = table.aggregate(workdir)

@@ -16,6 +16,11 @@ the metrics below (None when a run has no such figure):
   harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
   acc/<suite>     greedy accuracy per suite
   tokens_generated, flops   compute of the run (runner.compute_record)
+
+Arms with a finished RLVR stage (study.rlvr) also carry, for each metric m
+above that the stage's evaluation gives, `rlvr/m` (after RLVR) and
+`rlvr_change/m` (after - before), and `rlvr_rewards` (mean reward of each
+GRPO iteration, for the figures).
 """
 from __future__ import annotations
 
@@ -74,18 +79,49 @@ def row_of(result: Mapping) -> dict:
   return row
 
 
+RLVR, CHANGE = "rlvr/", "rlvr_change/"
+# Compute columns describe the distillation run, not a change.
+_NO_CHANGE = ("tokens_generated", "flops")
+
+
+def with_rlvr(row: Mapping, stage: Mapping) -> dict:
+  """`row` plus the rlvr/, rlvr_change/ columns of its RLVR stage's
+  results.json (study.rlvr)."""
+  after = row_of(stage)
+  out = dict(row)
+  for m in [*METRICS, *sorted(k for k in after if k.startswith("acc/"))]:
+    if m in _NO_CHANGE or after.get(m) is None:
+      continue
+    out[RLVR + m] = after[m]
+    if _num(row.get(m)):
+      out[CHANGE + m] = after[m] - row[m]
+  out["rlvr_rewards"] = list(stage.get("rewards") or [])
+  return out
+
+
 def aggregate(workdir: str) -> list[dict]:
-  """One row per finished run (<workdir>/*/results.json), sorted by name."""
+  """One row per finished run (<workdir>/*/results.json), sorted by name,
+  with its RLVR stage's columns when <run>/rlvr/results.json exists."""
+  from jaxdistill.study import rlvr  # pylint: disable=g-import-not-at-top
   rows = []
   for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
     with open(path) as f:
-      rows.append(row_of(json.load(f)))
+      row = row_of(json.load(f))
+    stage = os.path.join(rlvr.stage_dir(os.path.dirname(path)), "results.json")
+    if os.path.isfile(stage):
+      with open(stage) as f:
+        row = with_rlvr(row, json.load(f))
+    rows.append(row)
   return rows
 
 
 def metric_columns(rows: Sequence[Mapping]) -> list[str]:
+  """The metric columns present: METRICS, acc/<suite>, then their rlvr/ and
+  rlvr_change/ versions."""
   extra = sorted({k for r in rows for k in r if k.startswith("acc/")})
-  return [m for m in METRICS if any(r.get(m) is not None for r in rows)] + extra
+  base = [m for m in METRICS if any(r.get(m) is not None for r in rows)] + extra
+  return base + [p + m for p in (RLVR, CHANGE) for m in base
+                 if any(r.get(p + m) is not None for r in rows)]
 
 
 def _num(v):
@@ -121,9 +157,12 @@ def _cell(mean, std, n, metric):
     return "-"
   if metric in ("tokens_generated", "flops"):
     return f"{mean:.3g}"
-  pct = metric not in ("forgetting_pp",)
-  scale, unit = (100.0, " %") if pct else (1.0, " pp")
-  s = f"{scale * mean:.1f}"
+  change = metric.startswith(CHANGE)
+  metric = metric.removeprefix(CHANGE).removeprefix(RLVR)
+  pct = metric not in ("forgetting_pp",) and not change
+  scale, unit = (100.0, " %") if pct else (
+      (100.0, " pp") if change and metric != "forgetting_pp" else (1.0, " pp"))
+  s = f"{scale * mean:+.1f}" if change else f"{scale * mean:.1f}"
   if n > 1:
     s += f" ± {scale * std:.1f}"
   return s + unit + (f" (n={n})" if n != 1 else "")
@@ -151,12 +190,28 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
       w.writerow(["+".join(map(str, a[h])) if h == "seeds" else a.get(h)
                   for h in header])
   md_path = os.path.join(out_dir, "results.md")
-  head = [h.removeprefix("f:") for h in factor_cols + study_cols] + cols
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for a in arms:
-    cells = [str(a.get(h)) for h in factor_cols + study_cols]
-    cells += [_cell(a[f"{m}_mean"], a[f"{m}_std"], a[f"{m}_n"], m) for m in cols]
-    lines.append("| " + " | ".join(cells) + " |")
+  keys = factor_cols + study_cols
+  base = [m for m in cols if not m.startswith((RLVR, CHANGE))]
+
+  def section(prefix, shown):
+    head = [h.removeprefix("f:") for h in keys] + base
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in shown:
+      cells = [str(a.get(h)) for h in keys]
+      for m in base:
+        k = prefix + m
+        cells.append(_cell(a.get(f"{k}_mean"), a.get(f"{k}_std"),
+                           a.get(f"{k}_n", 0), k) if k in cols else "-")
+      out.append("| " + " | ".join(cells) + " |")
+    return out
+  staged = [a for a in arms if any(a.get(f"{RLVR}{m}_n") for m in base)]
+  lines = section("", arms)
+  if staged:
+    lines = (["After distillation:", ""] + lines +
+             ["", "After RLVR (GRPO from the arm's student; the same "
+              "evaluation):", ""] + section(RLVR, staged) +
+             ["", "Change with RLVR (after - before; accuracy in percentage "
+              "points):", ""] + section(CHANGE, staged))
   spread = ("mean ± std over seeds (n = seeds with the figure)"
             if any(a[f"{m}_n"] > 1 for a in arms for m in cols)
             else "one seed per arm, so no spread is shown")
