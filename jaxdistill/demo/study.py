@@ -219,55 +219,48 @@ def run(cfg, workdir: str) -> dict:
   grid_dir = os.path.join(workdir, "grid-" + build.cache_key(
       made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}))
   runs = sweep.expand(grid)
-  spent = {"eval": 0.0, "arms": 0, "rlvr": 0, "rlvr_eval": 0.0}
+  spent = {"arms": 0, "arms_eval": 0.0, "rlvr": 0, "rlvr_eval": 0.0}
+  t2 = time.time()
+  clock = {"arm": t2, "rlvr": 0.0}  # when the next arm / the RLVR stage began
 
-  def evaluate_dir(run_, run_dir):
+  def evaluate_dir(kind, run_, run_dir):
     """The demo's evaluation of <run_dir>/hf_student against the student
-    before distillation (forgetting, sparsity), as for every arm."""
+    before distillation (forgetting, sparsity), for an arm or its RLVR stage
+    (kind 'arms' or 'rlvr': what it counts and times)."""
     from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
+    t = time.time()
     flat, params = evaluate(cfg, os.path.join(run_dir, "hf_student"), tok,
                             suites, seed=int(run_.config.seed), cache=False)
     flat.update({f"baseline/{k}": v for k, v in student_eval.items()})
     flat.update(report.forgetting_metrics(flat, student_eval, OOD))
     flat.update(sparsity(cfg, params0, params))
-    return flat
-
-  def rlvr_evaluate_fn(grid_, run_, stage_dir):
-    del grid_
-    t = time.time()
-    flat = evaluate_dir(run_, stage_dir)
-    spent["rlvr_eval"] += time.time() - t
-    spent["rlvr"] += 1
-    build.log(_rlvr_line(run_.name, stage_dir, flat))
+    spent[f"{kind}_eval"] += time.time() - t
+    spent[kind] += 1
     return flat
 
   def evaluate_fn(grid_, run_, run_dir):
     del grid_
-    t = time.time()
-    flat = evaluate_dir(run_, run_dir)
-    spent["eval"] += time.time() - t
-    spent["arms"] += 1
+    flat = evaluate_dir("arms", run_, run_dir)
     i = [r.name for r in runs].index(run_.name) + 1
     build.log(_arm_line(i, len(runs), run_.name, flat, student_eval,
-                        time.time() - arm_start[0]))
-    arm_start[0] = time.time()  # the next arm starts now (finished ones are
+                        time.time() - clock["arm"]))
+    clock["arm"] = time.time()  # the next arm starts now (finished ones are
     return flat                 # skipped without calling this)
 
-  t2 = time.time()
-  arm_start = [t2]
+  def rlvr_evaluate_fn(grid_, run_, stage_dir):
+    del grid_
+    clock["rlvr"] = clock["rlvr"] or clock["arm"]  # began after the last arm
+    flat = evaluate_dir("rlvr", run_, stage_dir)
+    build.log(_rlvr_line(run_.name, stage_dir, flat))
+    return flat
+
   done = sum(os.path.isfile(os.path.join(grid_dir, r.dirname, "results.json"))
              for r in runs)
   build.log(f"grid: {len(runs)} arms, {done} already finished, in {grid_dir}")
-  t_rlvr = [0.0]
-
-  def timed_stage(grid_, run_, stage_dir):  # the RLVR stage's clock starts
-    if not t_rlvr[0]:                       # after the last arm
-      t_rlvr[0] = arm_start[0]
-    return rlvr_evaluate_fn(grid_, run_, stage_dir)
   sweep.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
-                  summarize=False, rlvr_evaluate_fn=timed_stage)
+                  summarize=False, rlvr_evaluate_fn=rlvr_evaluate_fn)
   t_end = time.time()
-  t_grid = (t_rlvr[0] or t_end) - t2
+  t_grid = (clock["rlvr"] or t_end) - t2
   rows = sweep.aggregate(grid_dir)
   return {"rows": rows, "teacher": teacher_eval, "student": student_eval,
           "grid_dir": grid_dir, "workdir": workdir, "teacher_dir": teacher_dir,
@@ -276,8 +269,8 @@ def run(cfg, workdir: str) -> dict:
           "arms_run": spent["arms"], "rlvr_run": spent["rlvr"],
           "rlvr": bool(cfg.rlvr.enabled),
           "seconds": {"models": t_models, "grid": t_grid,
-                      "grid_training": t_grid - spent["eval"],
-                      "evaluation": t_eval + spent["eval"],
-                      "rlvr": (t_end - t_rlvr[0]) if t_rlvr[0] else 0.0,
+                      "grid_training": t_grid - spent["arms_eval"],
+                      "evaluation": t_eval + spent["arms_eval"],
+                      "rlvr": (t_end - clock["rlvr"]) if clock["rlvr"] else 0.0,
                       "rlvr_evaluation": spent["rlvr_eval"],
                       "total": time.time() - t0}}
