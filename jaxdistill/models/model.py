@@ -14,7 +14,8 @@ Parameters are a plain nested dict; layer parameters are stacked [L, ...]:
 The KV cache is a plain dict (gemma style), written with dynamic_update_slice
 at one write index shared by the batch:
 
-  k, v   [L, B, S, K, H]  cache slots
+  k      [L, B, K, S, H]  keys      (the contracted dim minor, so that the
+  v      [L, B, K, H, S]  values     attention dots read a layer in place)
   mask   [B, S] bool      slot holds a real token (left padding never does)
   pos    [B] int32        number of real tokens so far = next token's position
   index  [] int32         next slot to write
@@ -92,11 +93,10 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int,
     raise ValueError(f"init_cache: batch_size and max_len must be positive, "
                      f"got {batch_size}, {max_len}")
   dtype = jnp.dtype(dtype or cfg.dtype)
-  shape = (cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
-           cfg.head_dim)
+  lbk = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads)
   return {
-      "k": jnp.zeros(shape, dtype),
-      "v": jnp.zeros(shape, dtype),
+      "k": jnp.zeros(lbk + (max_len, cfg.head_dim), dtype),
+      "v": jnp.zeros(lbk + (cfg.head_dim, max_len), dtype),
       "mask": jnp.zeros((batch_size, max_len), bool),
       "pos": jnp.zeros((batch_size,), jnp.int32),
       "index": jnp.zeros((), jnp.int32),
@@ -105,9 +105,10 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int,
 
 def cache_logical_axes(cfg: ModelConfig) -> dict:
   del cfg
-  kv = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
-  return {"k": kv, "v": kv, "mask": ("batch", "cache_seq"), "pos": ("batch",),
-          "index": ()}
+  lbk = ("layers", "batch", "kv_heads")
+  return {"k": lbk + ("cache_seq", "head_dim"),
+          "v": lbk + ("head_dim", "cache_seq"),
+          "mask": ("batch", "cache_seq"), "pos": ("batch",), "index": ()}
 
 
 def _check_inputs(cfg, tokens, attention_mask, positions, cache):
@@ -125,13 +126,13 @@ def _check_inputs(cfg, tokens, attention_mask, positions, cache):
       got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
       raise ValueError(f"cache must be a dict from init_cache with keys "
                        f"{CACHE_KEYS}, got {got}")
-    l, b, s, k, h = cache["k"].shape
+    l, b, k, s, h = cache["k"].shape
     want = (cfg.num_hidden_layers, tokens.shape[0], cfg.num_key_value_heads,
             cfg.head_dim)
     if (l, b, k, h) != want:
       raise ValueError(f"cache['k'] has shape {cache['k'].shape}; this config "
-                       f"and batch need [L, B, S, K, H] = "
-                       f"{(want[0], want[1], 'S', want[2], want[3])}")
+                       f"and batch need [L, B, K, S, H] = "
+                       f"{(want[0], want[1], want[2], 'S', want[3])}")
     if tokens.shape[1] > s:
       raise ValueError(f"tokens length {tokens.shape[1]} exceeds the cache "
                        f"length {s}")

@@ -98,7 +98,7 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, cache, index, layer):
     # x [B, T, D]; positions [B, T]; mask [B, T, S] bool; cache None or
-    # (k, v) each [L, B, S, K, H]; index: cache write slot; layer: scan index.
+    # k [L, B, K, S, H], v [L, B, K, H, S]; index: cache write slot; layer: scan index.
     c = self.cfg
     d, n, k, h = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     kw = dict(dtype=c.dtype, param_dtype=c.param_dtype, use_bias=c.attention_bias)
@@ -109,22 +109,34 @@ class Attention(nn.Module):
     q = rope.apply_rope(q, positions, inv_freq)  # [B, T, N, H]
     kk = rope.apply_rope(kk, positions, inv_freq)  # [B, T, K, H]
 
-    if cache is not None:
+    b, t = x.shape[:2]
+    q = q.reshape(b, t, k, c.num_groups, h)  # [B, T, K, G, H]
+    if cache is None:
+      scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, kk,
+                          preferred_element_type=jnp.float32)
+    else:
+      # Keys [L, B, K, S, H] and values [L, B, K, H, S]: the contracted dim
+      # (H for q.k, S for p.v) is minor, the layout XLA:CPU's dot kernels
+      # read in place (a [L, B, S, K, H] cache was transposed, i.e. read
+      # and rewritten whole, at every decode step).
       kc, vc = cache
-      start = (layer, 0, index, 0, 0)
-      kc = lax.dynamic_update_slice(kc, kk.astype(kc.dtype)[None], start)
-      vc = lax.dynamic_update_slice(vc, vv.astype(vc.dtype)[None], start)
+      new_k = kk.astype(kc.dtype).transpose(0, 2, 1, 3)[None]  # [1, B, K, T, H]
+      new_v = vv.astype(vc.dtype).transpose(0, 2, 3, 1)[None]  # [1, B, K, H, T]
+      kc = lax.dynamic_update_slice(kc, new_k, (layer, 0, 0, index, 0))
+      vc = lax.dynamic_update_slice(vc, new_v, (layer, 0, 0, 0, index))
       cache = (kc, vc)
       kk = lax.dynamic_index_in_dim(kc, layer, 0, keepdims=False).astype(c.dtype)
       vv = lax.dynamic_index_in_dim(vc, layer, 0, keepdims=False).astype(c.dtype)
-
-    b, t = x.shape[:2]
-    q = q.reshape(b, t, k, c.num_groups, h)  # [B, T, K, G, H]
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, kk,
-                        preferred_element_type=jnp.float32) * (h ** -0.5)
+      scores = jnp.einsum("BTKGH,BKSH->BKGTS", q, kk,
+                          preferred_element_type=jnp.float32)
+    scores = scores * (h ** -0.5)
     scores = jnp.where(mask[:, None, None], scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, vv).reshape(b, t, n, h)
+    if cache is None:
+      out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, vv)
+    else:
+      out = jnp.einsum("BKGTS,BKHS->BTKGH", probs, vv)
+    out = out.reshape(b, t, n, h)
     out = Linear((n, h), (d,), ("heads", "head_dim", "embed"), name="o_proj",
                  dtype=c.dtype, param_dtype=c.param_dtype)(out)
     return out, cache

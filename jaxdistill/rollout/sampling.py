@@ -73,8 +73,10 @@ def draw(weights, u):
   w_blk = min(_BLOCK, m)
   c = -(-m // w_blk)
   w = jnp.pad(weights, ((0, 0), (0, c * w_blk - m))).reshape(b, c, w_blk)
-  within = jnp.cumsum(w, axis=-1)  # [B, C, W]
-  block_mass = within[..., -1]  # [B, C]
+  # Prefix sums only over the block masses and inside the chosen block:
+  # XLA:CPU runs a cumsum as a windowed reduction, O(W) work per entry, so a
+  # cumsum of all C blocks cost O(V W) per row and step.
+  block_mass = jnp.sum(w, axis=-1)  # [B, C]
   upto = jnp.cumsum(block_mass, axis=-1)  # [B, C]
   total = upto[:, -1]
   target = u * total  # [B]
@@ -83,8 +85,8 @@ def draw(weights, u):
   j = jnp.sum(upto <= target[:, None], axis=-1).astype(jnp.int32)
   j = jnp.minimum(j, _last_positive(block_mass))
   rest = target - _take(upto - block_mass, j)  # [B]
-  inner = jnp.take_along_axis(within, j[:, None, None], axis=1)[:, 0]  # [B, W]
-  inner_w = jnp.take_along_axis(w, j[:, None, None], axis=1)[:, 0]
+  inner_w = jnp.take_along_axis(w, j[:, None, None], axis=1)[:, 0]  # [B, W]
+  inner = jnp.cumsum(inner_w, axis=-1)
   i = jnp.sum(inner <= rest[:, None], axis=-1).astype(jnp.int32)
   i = jnp.minimum(i, _last_positive(inner_w))
   return j * w_blk + i, total

@@ -81,7 +81,9 @@ def test_logical_axes_cover_every_param():
   assert set(cache) == set(cache_axes)
   for k, v in cache.items():
     assert len(cache_axes[k]) == v.ndim and set(cache_axes[k]) <= AXES
-  assert cache["k"].shape == (2, 2, 8, 2, 8)
+  assert cache["k"].shape == (2, 2, 2, 8, 8)  # [L, B, K, S, H]
+  assert cache["v"].shape == (2, 2, 2, 8, 8)  # [L, B, K, H, S]
+  assert cache_axes["k"][3] == cache_axes["v"][4] == "cache_seq"
 
 
 def test_tied_head_counted_once_and_is_embedding_transpose():

@@ -1,0 +1,43 @@
+"""bench.rollout --preset tiny: the JSON's structure and its bandwidth bound,
+checked against a byte count written out by hand from the preset's config."""
+import json
+
+from jaxdistill.bench import presets
+from jaxdistill.bench import rollout as bench_rollout
+
+
+def _hand_count_bytes(c, batch, cache_len):
+  """Bytes one decode step reads: float32 weights without the (untied)
+  embedding table, plus K and V for every layer, row, slot and kv head."""
+  d, f, l = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+  nh, kh, hd, v = (c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                   c.vocab_size)
+  per_layer = (d * nh * hd + 2 * d * kh * hd + nh * hd * d  # q, k, v, o
+               + 3 * d * f                                   # gate, up, down
+               + 2 * d)                                      # two RMSNorms
+  weights = l * per_layer + d + d * v  # + final norm + lm_head
+  kv = 2 * l * batch * cache_len * kh * hd
+  return 4 * weights, 4 * kv
+
+
+def test_preset_tiny_json_and_bound(capsys):
+  bench_rollout.main(["--preset", "tiny", "--rounds", "1"])
+  out = json.loads(capsys.readouterr().out)
+  assert set(out["headline"]) == {"name", "value", "unit", "goal",
+                                  "meets_goal"}
+  pre = presets.get("tiny")
+  c = pre.student
+  assert not c.tie_word_embeddings and c.param_dtype == "float32"
+  assert out["setup"]["preset"] == "tiny"
+  assert (out["setup"]["batch"], out["setup"]["prompt_len"],
+          out["setup"]["new_tokens"]) == (pre.batch, pre.prompt_len,
+                                          pre.new_tokens)
+  w, kv = _hand_count_bytes(c, pre.batch, pre.prompt_len + pre.new_tokens - 1)
+  bb = out["bandwidth_bound"]
+  assert (bb["weight_bytes_per_step"], bb["kv_bytes_per_step"]) == (w, kv)
+  bw = bb["copy_bandwidth_GBps"] * 1e9
+  assert abs(bb["bound_step_s"] - (w + kv) / bw) <= 0.01 * bb["bound_step_s"]
+  step = out["jaxdistill"]["decode_step_ms"] / 1e3
+  assert abs(bb["measured_over_bound"] - step / bb["bound_step_s"]) <= 0.01 + (
+      0.01 * bb["measured_over_bound"])
+  assert out["headline"]["value"] == bb["measured_over_bound"]
