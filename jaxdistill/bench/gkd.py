@@ -38,6 +38,8 @@ stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -115,7 +117,6 @@ def _config(n: int) -> ml_collections.ConfigDict:
 def bench_jax(student_dir, teacher_dir, prompts, n, steps, warmup=2):
   """Per-step seconds of rollout + update, as jaxdistill/train.py runs them
   (two warm-up steps: the second recompiles for the donated state's layout)."""
-  import functools  # pylint: disable=g-import-not-at-top
   scfg, sp = models.load_pretrained(student_dir)
   tcfg, tp = models.load_pretrained(teacher_dir)
   config = _config(n)
@@ -198,6 +199,7 @@ def bench_trl(student_dir, teacher_dir, prompts, n, steps, warmup=1):
         max_grad_norm=1.0, use_cpu=True, bf16=False, fp16=False,
         report_to=[], save_strategy="no", logging_steps=10**6,
         dataloader_num_workers=0, disable_dropout=True, seed=0,
+        disable_tqdm=True,
         max_length=None)
     data = datasets.Dataset.from_dict(
         {"prompt": [list(map(int, r)) for r in prompts] * (warmup + steps)})
@@ -211,7 +213,8 @@ def bench_trl(student_dir, teacher_dir, prompts, n, steps, warmup=1):
                          train_dataset=data, data_collator=collate,
                          processing_class=tok, callbacks=[Timer()])
     trainer.generation_config.eos_token_id = None
-    trainer.train()
+    with contextlib.redirect_stdout(sys.stderr):  # Trainer prints a summary
+      trainer.train()
   return times[warmup:], torch.get_num_threads()
 
 
