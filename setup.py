@@ -36,5 +36,8 @@ setuptools.setup(
         "test": ["pytest>=8", "torch==2.13.0",
                  # the notebooks under colab/ are executed by the tests
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+        # Benchmarks only (python -m jaxdistill.bench.gkd races TRL's
+        # GKDTrainer); never needed to train, test or evaluate.
+        "bench": ["trl==1.16.0", "torch==2.13.0"],
     },
 )

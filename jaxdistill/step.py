@@ -184,11 +184,11 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
       loss, metrics = losses.topk_divergence(
           s_out, ids, lp, w, teacher_tail=tail, variant=variant, **kw)
     return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
-  t_out = models.apply(teacher_cfg, teacher_params, tokens, attn,
-                       return_hidden=fused)
-  t_out = jax.lax.stop_gradient(t_out[:, :-1])
-  s_out = models.apply(student_cfg, params, tokens, attn,
-                       return_hidden=fused)[:, :-1]
+  t_full = jax.lax.stop_gradient(models.apply(
+      teacher_cfg, teacher_params, tokens, attn, return_hidden=fused))
+  s_full = models.apply(student_cfg, params, tokens, attn,
+                        return_hidden=fused)
+  t_out, s_out = t_full[:, :-1], s_full[:, :-1]
   if kind == "sampled":
     loss, metrics = _sampled_loss(s_out, t_out, batch, w, loss_cfg, policy,
                                   lam, vocab_size)
@@ -204,7 +204,11 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
     loss, metrics = losses.topk_divergence(
         s_out, t.ids, t.logprobs, w, teacher_tail=t.tail, variant=variant, **kw)
   else:
-    loss, metrics = losses.divergence(s_out, t_out, w, **kw)
+    # Over all L positions, the last one (which predicts nothing) weighted 0:
+    # the same sum, without copying both [B, L, V] logits to [B, L-1, V] and
+    # padding the gradient back.
+    loss, metrics = losses.divergence(s_full, t_full, jnp.pad(w, ((0, 0), (0, 1))),
+                                      **kw)
   # The losses' means weight tokens by w: the weight of this micro-batch.
   return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
 

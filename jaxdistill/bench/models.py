@@ -2,6 +2,12 @@
 
   python -m jaxdistill.bench.models                       # 4 x 512, V 32k, 8 x 256
   python -m jaxdistill.bench.models --batch 2 --seq 64 --steps 3   # quick
+  python -m jaxdistill.bench.models --preset qwen-0.5b-1.5b  # an accelerator
+
+With --preset NAME (bench/presets.py) the model is the preset's student with
+random weights in the preset's dtype, at the preset's batch and sequence
+length, and the matmul rate is measured in that dtype; the PyTorch comparison
+runs only for the tiny preset (and only when torch is installed).
 
 Both sides train-step the same Llama-style weights (the transformers model is
 saved, then loaded with load_pretrained) on the same tokens: next-token
@@ -31,7 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdistill import bench
 from jaxdistill import models
+from jaxdistill.bench import presets
 
 
 def _log(*a):
@@ -47,19 +55,18 @@ def model_flops_per_token(cfg: models.ModelConfig, seq: int) -> float:
   return 3 * 2 * (matmul_params + attention)
 
 
-def _matmul_timer(n: int):
-  """Returns (flops, run) for one jitted float32 n x n x n jnp.matmul."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  mm = jax.jit(jnp.matmul)
-  mm(a, b).block_until_ready()
-  return 2 * n**3, lambda: mm(a, b).block_until_ready()
-
-
 def _timed(fn):
   t0, c0 = time.perf_counter(), time.process_time()
   fn()
   return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _has_torch() -> bool:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top,unused-import
+    return True
+  except ImportError:
+    return False
 
 
 def main(argv=None):
@@ -78,21 +85,48 @@ def main(argv=None):
   ap.add_argument("--matmul-n", type=int, default=2048)
   ap.add_argument("--matmul-reps", type=int, default=4)
   ap.add_argument("--no-torch", action="store_true")
+  ap.add_argument("--preset", default=None, choices=sorted(presets.PRESETS),
+                  help="the preset's student, random weights, its dtype, "
+                       "batch and seq (overrides the shape flags)")
   args = ap.parse_args(argv)
 
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  hf_cfg = transformers.LlamaConfig(
-      vocab_size=args.vocab, hidden_size=args.hidden,
-      intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-      max_position_embeddings=max(2048, args.seq), rope_theta=500000.0,
-      tie_word_embeddings=False)
-  torch.manual_seed(0)
-  tmodel = transformers.LlamaForCausalLM(hf_cfg).float().train()
-  with tempfile.TemporaryDirectory() as tmp:
-    tmodel.save_pretrained(tmp)
-    cfg, params = models.load_pretrained(tmp)
+  preset = presets.get(args.preset) if args.preset else None
+  if preset is not None:
+    args.batch, args.seq, args.vocab = (preset.batch, preset.seq,
+                                        preset.student.vocab_size)
+    use_torch = not args.no_torch and preset.name == "tiny" and _has_torch()
+    args.no_torch = not use_torch
+  if args.no_torch:
+    tmodel = None
+  else:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    if preset is not None:
+      tmodel = bench.torch_llama(preset.student).train()
+    else:
+      hf_cfg = transformers.LlamaConfig(
+          vocab_size=args.vocab, hidden_size=args.hidden,
+          intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+          num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+          max_position_embeddings=max(2048, args.seq), rope_theta=500000.0,
+          tie_word_embeddings=False)
+      torch.manual_seed(0)
+      tmodel = transformers.LlamaForCausalLM(hf_cfg).float().train()
+  if tmodel is not None:
+    with tempfile.TemporaryDirectory() as tmp:
+      tmodel.save_pretrained(tmp)
+      cfg, params = models.load_pretrained(tmp)
+  elif preset is not None:
+    cfg = preset.student
+    params = models.init(cfg, jax.random.key(0))
+  else:
+    cfg = models.ModelConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden,
+        intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=max(2048, args.seq))
+    params = models.init(cfg, jax.random.key(0))
   cfg = dataclasses.replace(cfg, remat=args.remat, scan_unroll=args.scan_unroll)
 
   rs = np.random.RandomState(0)
@@ -115,10 +149,8 @@ def main(argv=None):
     jax.block_until_ready(grads)
     return loss.item()
 
-  ttok, ttgt = torch.tensor(tokens, dtype=torch.long), torch.tensor(
-      targets, dtype=torch.long)
-
   def torch_step():
+    ttok, ttgt = (torch.tensor(x, dtype=torch.long) for x in (tokens, targets))
     tmodel.zero_grad(set_to_none=True)
     logits = tmodel(ttok).logits  # [B, T, V]
     loss = torch.nn.functional.cross_entropy(
@@ -136,43 +168,47 @@ def main(argv=None):
     torch_step()
   _log(f"compiled in {compile_s:.1f}s; loss jax {jloss:.6f} torch {tloss:.6f}")
 
-  # Rounds of: one jax step, one torch step, a few reference matmuls, so that
-  # load from other processes affects all three alike. Wall time is the
-  # measure; process CPU time (all threads) is reported as a load-robust aid.
-  mm_flops, mm_run = _matmul_timer(args.matmul_n)
+  # Rounds of: one jax step, one torch step, the reference matmul rate
+  # (presets.matmul_rate, the model's dtype), so that load from other
+  # processes affects all three alike. Wall time is the measure; process CPU
+  # time (all threads) of the steps is reported as a load-robust aid.
   jt, tt, mt = [], [], []
   for i in range(args.steps):
     jt.append(_timed(jax_step))
     if not args.no_torch:
       tt.append(_timed(torch_step))
-    mt.append(_timed(lambda: [mm_run() for _ in range(args.matmul_reps)]))
+    t0 = time.perf_counter()
+    mt.append(presets.matmul_rate(cfg.dtype, n=args.matmul_n,
+                                  reps=args.matmul_reps))
+    mt_s = time.perf_counter() - t0
     _log(f"step {i}: jax {jt[-1][0]:.3f}s" +
          ("" if args.no_torch else f" torch {tt[-1][0]:.3f}s") +
-         f" matmul x{args.matmul_reps} {mt[-1][0]:.3f}s")
+         f" matmul {mt[-1] / 1e9:.1f} GFLOP/s ({mt_s:.2f}s)")
 
   med = lambda xs, k: statistics.median(x[k] for x in xs)
   ntok = args.batch * args.seq
   jax_tps = ntok / med(jt, 0)
-  mm = mm_flops * args.matmul_reps / med(mt, 0)
-  mm_cpu = mm_flops * args.matmul_reps / med(mt, 1)
+  mm = statistics.median(mt)  # FLOP/s in the model's dtype
   flops_tok = model_flops_per_token(cfg, args.seq)
   frac = jax_tps * flops_tok / mm
-  frac_cpu = ntok * flops_tok / med(jt, 1) / mm_cpu
   report = {
-      "config": {**vars(args), "dtype": cfg.dtype},
+      "config": {**vars(args), "dtype": cfg.dtype,
+                 "model": dataclasses.asdict(cfg),
+                 "backend": jax.default_backend(),
+                 "device": str(jax.devices()[0].device_kind)},
       "jax": {"tokens_per_s": round(jax_tps, 1),
               "median_step_s": round(med(jt, 0), 4),
               "median_step_cpu_s": round(med(jt, 1), 4),
               "step_s": [round(x[0], 4) for x in jt],
               "compile_s": round(compile_s, 2),
               "model_gflops_per_s": round(jax_tps * flops_tok / 1e9, 2),
-              "fraction_of_matmul_flops": round(frac, 3),
-              "fraction_of_matmul_flops_cpu_time": round(frac_cpu, 3)},
-      "matmul": {"n": args.matmul_n, "gflops_per_s": round(mm / 1e9, 2),
-                 "gflops_per_cpu_s": round(mm_cpu / 1e9, 2)},
+              "fraction_of_matmul_flops": round(frac, 3)},
+      "matmul": {"n": args.matmul_n, "dtype": cfg.dtype,
+                 "gflops_per_s": round(mm / 1e9, 2)},
       "model_flops_per_token": flops_tok,
-      "loss_abs_diff": abs(jloss - tloss),
-      "threads": {"torch": torch.get_num_threads(), "cpus": os.cpu_count()},
+      "loss_abs_diff": None if args.no_torch else abs(jloss - tloss),
+      "threads": {"torch": None if args.no_torch else torch.get_num_threads(),
+                  "cpus": os.cpu_count()},
   }
   if not args.no_torch:
     torch_tps = ntok / med(tt, 0)

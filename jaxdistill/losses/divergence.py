@@ -37,6 +37,9 @@ layout here would only add resharding when callers shard differently.
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -63,14 +66,88 @@ def _prepare(student_logits, teacher_logits, mask, kind, beta, temperature,
   return z, u, kind, beta
 
 
-def _masked_terms(z, u, mask, kind, beta):
+def _masked_terms(z, u, mask, kind, beta, with_grad=False):
   # where, not multiply, on the inputs and the outputs: padded positions may
   # hold -inf rows or garbage whose NaNs a 0 * would carry into the gradient.
   active = mask != 0
   z = jnp.where(active[..., None], z, 0.0)
   u = jnp.where(active[..., None], u, 0.0)
-  terms = c.token_terms(z, u, kind, beta)
-  return {k: jnp.where(active, v, 0.0) for k, v in terms.items()}
+  terms = c.token_terms(z, u, kind, beta, with_grad=with_grad)
+  return {k: (v if k == "grad" else jnp.where(active, v, 0.0))
+          for k, v in terms.items()}
+
+
+# XLA:CPU does not fuse an elementwise producer into a reduction: every
+# log-softmax statistic over V writes a [B, T, V] temporary to memory and reads
+# it back. On CPU the rows are therefore processed in blocks of about
+# _CPU_BLOCK_BYTES per [rows, V] float32 array, whose temporaries stay in
+# cache (the per-row numbers are the same; only the loop differs).
+_CPU_BLOCK_BYTES = 1 << 20
+_CPU_UNBLOCKED_BYTES = 4 << 20  # below this, one block
+
+
+def _row_block(n_rows: int, width: int) -> int:
+  """Rows per block: n_rows off CPU or when small, else the largest divisor
+  of n_rows that keeps a [rows, width] float32 block near _CPU_BLOCK_BYTES."""
+  if (jax.default_backend() != "cpu"
+      or n_rows * width * 4 <= _CPU_UNBLOCKED_BYTES):
+    return n_rows
+  target = max(1, _CPU_BLOCK_BYTES // (4 * width))
+  return max(r for r in range(1, min(target, n_rows) + 1) if n_rows % r == 0)
+
+
+def _weighted_rows(kind, beta, z, u, w, m, with_grad):
+  """Per-token terms (and w-weighted closed-form gradient) of [N, V] rows."""
+  terms = _masked_terms(z, u, m, kind, beta, with_grad=with_grad)
+  grad = terms.pop("grad", None)
+  if grad is not None:
+    grad = jnp.where((m != 0)[..., None], w[..., None] * grad, 0.0)
+  return terms, grad
+
+
+def _weighted_fwd_terms(kind, beta, z, u, w, m, with_grad):
+  shape = z.shape  # [B, T, V]
+  n, v = shape[0] * shape[1], shape[2]
+  rows = _row_block(n, v)
+  flat = lambda x, width: x.reshape((n // rows, rows) + width)
+  blocks = (flat(z, (v,)), flat(u, (u.shape[-1],)), flat(w, ()), flat(m, ()))
+  body = lambda xs: _weighted_rows(kind, beta, *xs, with_grad)
+  if rows == n:
+    terms, grad = body(jax.tree.map(lambda x: x[0], blocks))
+  else:
+    terms, grad = lax.map(body, blocks)
+  terms = {k: x.reshape(shape[:2]) for k, x in terms.items()}
+  loss = jnp.sum(w * terms["loss"])
+  return loss, terms, None if grad is None else grad.reshape(shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _weighted_terms(kind, beta, z, u, w, m):
+  """(sum_bt w * loss_bt, masked per-token terms) of float32 z, u [B, T, V].
+
+  Differentiable w.r.t. z only, by the closed-form gradient of
+  `c.token_terms` (the fused path's), computed in the same pass as the value:
+  autodiff would keep several [B, T, V] residuals alive and run as many
+  vocabulary-wide passes again backwards. u, w and m get zero cotangents.
+  """
+  loss, terms, _ = _weighted_fwd_terms(kind, beta, z, u, w, m, False)
+  return loss, terms
+
+
+def _weighted_fwd(kind, beta, z, u, w, m):
+  loss, terms, grad = _weighted_fwd_terms(kind, beta, z, u, w, m, True)
+  return (loss, terms), (grad, u, w, m)
+
+
+def _weighted_bwd(kind, beta, res, g):
+  del kind, beta
+  grad, u, w, m = res
+  # The monitoring terms (g[1]) are not differentiated.
+  return (g[0] * grad, jnp.zeros_like(u), jnp.zeros_like(w),
+          jnp.zeros_like(m))
+
+
+_weighted_terms.defvjp(_weighted_fwd, _weighted_bwd)
 
 
 def token_divergence(student_logits, teacher_logits, mask, *, kind="forward",
@@ -108,8 +185,9 @@ def divergence(student_logits, teacher_logits, mask, *, kind="forward",
   c.check_reduction(reduction)
   z, u, kind, beta = _prepare(student_logits, teacher_logits, mask, kind, beta,
                               temperature, vocab_size)
-  terms = _masked_terms(z, u, mask, kind, beta)
-  loss = jnp.sum(c.reduction_weights(mask, reduction) * terms["loss"])
+  loss, terms = _weighted_terms(kind, beta, z, u,
+                                c.reduction_weights(mask, reduction),
+                                mask.astype(jnp.float32))
   metrics = {
       "distill/loss": loss,
       "distill/fkl": c.token_mean(terms["fkl"], mask),
