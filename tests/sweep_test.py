@@ -45,14 +45,25 @@ def test_arms_that_differ_outside_the_axes_are_refused():
     sweep.expand(g)
 
 
+def _parsed_config(argv):
+  """The config a launch command's flags give, parsed by ml_collections'
+  own flag parser (as JSON)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=fv,
+                                  sys_argv=["train"] + argv[3:])
+  flags.DEFINE_string("workdir", None, "", flag_values=fv)
+  fv(["train"] + argv[3:])
+  return json.loads(config_lib.to_json(fv.config))
+
+
 @pytest.mark.parametrize("spec", ["configs/grid_robustness.py",
                                   "configs/grid_main.py",
                                   "configs/grid_countdown_harder.py:runlocal"])
 def test_launch_commands_rebuild_each_run_config(spec, monkeypatch, tmp_path):
   """Parsing a printed command with ml_collections' own flag parser gives the
   run's config (None, floats and paths included)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(ROOT)
   g = sweep.load_config(spec)
   if "grid_main" in spec:
@@ -65,12 +76,7 @@ def test_launch_commands_rebuild_each_run_config(spec, monkeypatch, tmp_path):
     assert argv[:3] == ["python", "-m", "jaxdistill.train"]
     assert argv[-1] == str(tmp_path / run.dirname)
     kinds.add("snapshot" if "run_snapshot.py" in argv[4] else "flags")
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, flag_values=fv,
-                                    sys_argv=["train"] + argv[3:])
-    flags.DEFINE_string("workdir", None, "", flag_values=fv)
-    fv(["train"] + argv[3:])
-    got = json.loads(config_lib.to_json(fv.config))
+    got = _parsed_config(argv)
     want = json.loads(config_lib.to_json(run.config))
     assert config_lib.diff(got, want) == []
   assert "flags" in kinds
@@ -245,8 +251,6 @@ def test_rlvr_stage_commands_rebuild_the_stage_config(monkeypatch, tmp_path):
   """The printed `python -m jaxdistill.rl.train` line, parsed by
   ml_collections' own flag parser, gives the stage's config: the arm's
   export as the student, the arm's seed, its Countdown-N."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from jaxdistill.study import rlvr  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(ROOT)
   g = sweep.load_config("configs/grid_countdown_harder.py:seeds=2")
@@ -256,12 +260,7 @@ def test_rlvr_stage_commands_rebuild_the_stage_config(monkeypatch, tmp_path):
     assert argv[:3] == ["python", "-m", "jaxdistill.rl.train"]
     assert argv[-1] == str(tmp_path / run.dirname / "rlvr")
     assert "run_snapshot.py" not in argv[4]  # expressible as flags
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, flag_values=fv,
-                                    sys_argv=["train"] + argv[3:])
-    flags.DEFINE_string("workdir", None, "", flag_values=fv)
-    fv(["train"] + argv[3:])
-    got = json.loads(config_lib.to_json(fv.config))
+    got = _parsed_config(argv)
     assert got["student"]["path"] == str(tmp_path / run.dirname / "hf_student")
     assert got["seed"] == run.factors["seed"]
     assert got["data"]["n_numbers"] == run.factors["train_n"]
