@@ -17,6 +17,14 @@ TINY = dict(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
             head_dim=8, max_position_embeddings=128)
 
 
+def _tiny_pair():
+  """(student cfg, teacher cfg, student params, teacher params), tiny."""
+  scfg = models.ModelConfig(**TINY)
+  tcfg = dataclasses.replace(scfg, hidden_size=48, head_dim=12)
+  return scfg, tcfg, models.init(scfg, jax.random.key(0)), models.init(
+      tcfg, jax.random.key(1))
+
+
 def _batch(seed=0, b=4, l=12, v=64):
   rs = np.random.default_rng(seed)
   tokens = rs.integers(3, v, size=(b, l)).astype(np.int32)
@@ -60,10 +68,7 @@ def _fkl_reference(s_logits, t_logits, w, tau):
 
 @pytest.mark.parametrize("grad_accum,fused", [(1, False), (4, False), (2, True)])
 def test_step_gradient_equals_full_batch_reference(grad_accum, fused):
-  scfg = models.ModelConfig(**TINY)
-  tcfg = dataclasses.replace(scfg, hidden_size=48, head_dim=12)
-  sp = models.init(scfg, jax.random.key(0))
-  tp = models.init(tcfg, jax.random.key(1))
+  scfg, tcfg, sp, tp = _tiny_pair()
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
   loss_cfg = ml_collections.ConfigDict(dict(
@@ -240,10 +245,7 @@ def _run_step(loss_fn, batch, params, teacher, grad_accum):
 @pytest.mark.parametrize("kind", ["forward", "sampled", "ce", "grpo"])
 def test_logged_metrics_do_not_depend_on_grad_accum(kind):
   from jaxdistill.rl import grpo  # pylint: disable=g-import-not-at-top
-  scfg = models.ModelConfig(**TINY)
-  tcfg = dataclasses.replace(scfg, hidden_size=48, head_dim=12)
-  sp = models.init(scfg, jax.random.key(0))
-  tp = models.init(tcfg, jax.random.key(1))
+  scfg, tcfg, sp, tp = _tiny_pair()
   raw = _batch(seed=3, b=8)
   raw["loss_mask"][1] = 0  # micro-batches with very different token counts
   raw["loss_mask"][:4, -2:] = 0
@@ -317,10 +319,7 @@ def _topk_reference(s_logits, t_logits, w, tau, k, variant):
     (False, "tail", True)])
 def test_step_with_teacher_topk_matches_reference(fused, variant, cached):
   from jaxdistill import losses  # pylint: disable=g-import-not-at-top
-  scfg = models.ModelConfig(**TINY)
-  tcfg = dataclasses.replace(scfg, hidden_size=48, head_dim=12)
-  sp = models.init(scfg, jax.random.key(0))
-  tp = models.init(tcfg, jax.random.key(1))
+  scfg, tcfg, sp, tp = _tiny_pair()
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
   t_logits = models.apply(tcfg, tp, batch["tokens"], batch["attention_mask"])

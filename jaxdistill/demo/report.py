@@ -61,7 +61,7 @@ def rows_with_extras(rows, grid_dir) -> list[dict]:
       r[f"rlvr/{SAMPLED}"] = (res["eval"] or {}).get(f"{ID_S}/sampled_acc")
       rewards = res.get("rewards") or []
       if rewards:
-        k = max(1, len(rewards) // 10)
+        k = rlvr_lib.reward_window(len(rewards))
         r["reward_start"] = float(np.mean(rewards[:k]))
         r["reward_end"] = float(np.mean(rewards[-k:]))
         r["reward_window"] = k

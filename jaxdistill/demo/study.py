@@ -161,9 +161,9 @@ def _arm_line(i, n, name, flat, student_eval, seconds):
 
 def _rlvr_line(name, stage_dir, flat):
   from jaxdistill import train_log  # pylint: disable=g-import-not-at-top
-  r = [x["rl/reward_mean"] for x in train_log.read_metrics(stage_dir)
-       if "rl/reward_mean" in x]
-  k = max(1, len(r) // 10)
+  from jaxdistill.study import rlvr  # pylint: disable=g-import-not-at-top
+  r = rlvr.rewards_of(train_log.read_metrics(stage_dir))
+  k = rlvr.reward_window(len(r))
   return (f"RLVR {name}: reward {np.mean(r[:k]):.2f} (first {k} iterations) "
           f"-> {np.mean(r[-k:]):.2f} (last {k}); {ID[0]} "
           f"{100 * flat[f'{ID[0]}/greedy_acc']:.1f} %, {HARDER[0]} "

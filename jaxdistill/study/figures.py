@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxdistill.study import rlvr as rlvr_lib
 from jaxdistill.study import table
 
 
@@ -226,7 +227,7 @@ def rlvr(rows, out_dir, accuracy="accuracy", n_test=None) -> str | None:
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
   for i, r in enumerate(staged):
     y = np.asarray(r["rlvr_rewards"], np.float64)
-    k = max(1, len(y) // 10)
+    k = rlvr_lib.reward_window(len(y))
     color = f"C{i % 10}"
     ax.plot(np.arange(1, len(y) + 1), y, color=color, alpha=0.2, linewidth=0.8)
     ax.plot(np.arange(k, len(y) + 1), moving_average(y, k), color=color,

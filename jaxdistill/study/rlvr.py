@@ -150,3 +150,9 @@ def command(grid, run: grid_lib.Run, workdir: str) -> str:
 
 def rewards_of(records: Sequence[Mapping]) -> list[float]:
   return [float(r["rl/reward_mean"]) for r in records if "rl/reward_mean" in r]
+
+
+def reward_window(n: int) -> int:
+  """Iterations averaged for a reward's start, end and moving average: a
+  tenth of the n iterations (at least one)."""
+  return max(1, n // 10)

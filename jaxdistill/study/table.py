@@ -158,10 +158,9 @@ def _cell(mean, std, n, metric):
   if metric in ("tokens_generated", "flops"):
     return f"{mean:.3g}"
   change = metric.startswith(CHANGE)
-  metric = metric.removeprefix(CHANGE).removeprefix(RLVR)
-  pct = metric not in ("forgetting_pp",) and not change
-  scale, unit = (100.0, " %") if pct else (
-      (100.0, " pp") if change and metric != "forgetting_pp" else (1.0, " pp"))
+  pp = metric.removeprefix(CHANGE).removeprefix(RLVR) == "forgetting_pp"
+  scale = 1.0 if pp else 100.0  # forgetting is already in points
+  unit = " pp" if pp or change else " %"
   s = f"{scale * mean:+.1f}" if change else f"{scale * mean:.1f}"
   if n > 1:
     s += f" ± {scale * std:.1f}"
