@@ -77,7 +77,7 @@ def get_config(arg=None):
                 chunk_size=128, vocab_size=config_dict.placeholder(int),
                 # The teacher's top-k (None: all of it); 'renorm' or 'tail'
                 # (jaxdistill/losses/topk.py); a teacher cache directory
-                # (python -m jaxdistill.teacher_cache) replaces the teacher.
+                # (python -m jaxdistill.train.teacher_cache) replaces the teacher.
                 teacher_topk=config_dict.placeholder(int),
                 topk_variant="renorm",
                 teacher_cache=config_dict.placeholder(str))

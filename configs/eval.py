@@ -22,7 +22,7 @@ defaults; 'ood=' for none), samples (n for pass@k), seed, runlocal.
 
   # A CPU smoke run: 4 problems per suite, 8 new tokens, no mesh. It needs a
   # HF dir with a chat-template tokenizer that fits the model's vocabulary
-  # (tests/evaluation/conftest.py builds one); runlocal scores countdown5 as
+  # (tests/evaluate/conftest.py builds one); runlocal scores countdown5 as
   # if it were OOD, so that forgetting is exercised without data files:
   python -m jaxdistill.evaluate --config configs/eval.py:runlocal \
     --checkpoint /tmp/tiny_hf --baseline /tmp/tiny_hf_before

@@ -4,7 +4,7 @@ then RLVR from every arm and evaluate again.
 Does on-policy data help on harder, unseen variants (more numbers), and does
 that gain survive a later RLVR stage? Axes: training N x KL direction x
 rollout policy; evaluation on all four Countdown suites (the figure: accuracy
-on Countdown-5/6 per policy). The RLVR stage (jaxdistill/study/rlvr.py) runs
+on Countdown-5/6 per policy). The RLVR stage (jaxdistill/sweep/rlvr.py) runs
 GRPO (configs/grpo_countdown.py on the arm's Countdown-N, lr `rl_lr`) from
 each arm's student in <arm>/rlvr/ and evaluates it on the same suites; the
 summary tables the accuracy before RLVR, after it and the change. `rlvr=False`
@@ -20,7 +20,7 @@ drops the stage.
 import ml_collections
 
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.sweep import grid as grid_lib
 
 
 def get_config(arg=None):
@@ -28,7 +28,7 @@ def get_config(arg=None):
                              runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
-  c.base = grid_lib.load_config(c.base_spec)
+  c.base = config_lib.load_config(c.base_spec)
   c.axes = (("train_n", "data.n_numbers", (3, 4)),
             ("kl", "loss.kind", ("forward", "reverse")),
             ("policy", "rollout.policy", ("student", "teacher")))

@@ -28,7 +28,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.sweep import grid as grid_lib
 
 FAMILIES = ("llama", "qwen05b", "qwen15b")
 TASKS = ("science", "medical", "countdown")
@@ -49,7 +49,7 @@ def get_config(arg=None):
                              runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = "configs/distill.py"
-  c.base = grid_lib.load_config(c.base_spec)
+  c.base = config_lib.load_config(c.base_spec)
   c.presets = dict(
       family={f: dict(student=_ckpt(), teacher=_ckpt()) for f in FAMILIES},
       task=dict(science=_mcq("sciq"), medical=_mcq("medmcqa"),

@@ -23,7 +23,7 @@ Variants, each against both rollout policies:
 import ml_collections
 
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.sweep import grid as grid_lib
 
 LONG = 4  # x the base generation budget
 
@@ -32,7 +32,7 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, lr=1e-5, seeds=1, runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
-  c.base = grid_lib.load_config(c.base_spec)
+  c.base = config_lib.load_config(c.base_spec)
   n_new = int(c.base.rollout.max_new_tokens)
   long = dict(rollout=dict(max_new_tokens=LONG * n_new),
               data=dict(n_numbers=4))

@@ -15,7 +15,7 @@ paths from the command line:
 import ml_collections
 
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.sweep import grid as grid_lib
 
 
 def get_config(arg=None):
@@ -23,7 +23,7 @@ def get_config(arg=None):
                              runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:policy=mixture,lr={arg.lr!r},task={arg.task}"
-  c.base = grid_lib.load_config(c.base_spec)
+  c.base = config_lib.load_config(c.base_spec)
   c.axes = (("kl", "loss.kind", ("forward", "reverse")),
             ("lam", "rollout.lam", (0.0, 0.25, 0.5, 0.75, 1.0)))
   c.seeds = tuple(range(int(arg.seeds)))

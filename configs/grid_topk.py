@@ -17,7 +17,7 @@ see jaxdistill/losses/topk.py. Paths from the command line:
 import ml_collections
 
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.sweep import grid as grid_lib
 
 
 def get_config(arg=None):
@@ -25,7 +25,7 @@ def get_config(arg=None):
                              seeds=1, runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task={arg.task}"
-  c.base = grid_lib.load_config(c.base_spec)
+  c.base = config_lib.load_config(c.base_spec)
   c.base.loss.topk_variant = arg.variant
   c.axes = (("topk", "loss.teacher_topk", (None, 64, 8)),
             ("kl", "loss.kind", ("forward", "reverse")),

@@ -3,7 +3,7 @@ then evaluation on Countdown-3..6 (does on-policy distillation's edge on harder
 variants survive an RL stage?).
 
 `python -m jaxdistill.sweep --config configs/grid_countdown_harder.py` runs
-this stage after every arm by itself (jaxdistill/study/rlvr.py: resume, skip,
+this stage after every arm by itself (jaxdistill/sweep/rlvr.py: resume, skip,
 evaluation, before/after tables); this config is the same stage for one arm.
 
 Args: n (Countdown-n for the RL stage), lr, g, kl, seed, runlocal, and last
@@ -20,12 +20,12 @@ Every arm gets the same RL stage (data, seed, G, lr); only the start differs.
       --checkpoint "$out" --baseline "$arm" --out "$out/eval.json"
   done
 
-The evaluation (jaxdistill/evaluate.py) reads <out>/hf_student; with the
+The evaluation (jaxdistill/evaluate/run.py) reads <out>/hf_student; with the
 distilled arm as --baseline it also reports the RL stage's update sparsity.
 Compare its Countdown-5/6 accuracy per distillation policy with the arms'
 own eval.json (before RL).
 """
-from jaxdistill.study import grid as grid_lib
+from jaxdistill import config_lib
 
 
 def get_config(arg=None):
@@ -34,7 +34,7 @@ def get_config(arg=None):
   if arg.startswith("arm=") or ",arm=" in arg:
     head, _, arm = arg.partition("arm=")
     arg = head.rstrip(",")
-  c = grid_lib.load_config(f"configs/grpo_countdown.py:{arg}")
+  c = config_lib.load_config(f"configs/grpo_countdown.py:{arg}")
   if arm:  # else: --config.student.path=<workdir or HF dir>
     c.student.path = arm
     # The arm's own tokenizer (its hf_student/), even for runlocal.

@@ -23,9 +23,8 @@ from jaxdistill import config_lib
 
 def get_config(arg=None):
   if not arg or arg == "runlocal":
-    from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
     return ml_collections.ConfigDict(json.loads(config_lib.to_json(
-        grid_lib.load_config("configs/distill.py:runlocal"))))
+        config_lib.load_config("configs/distill.py:runlocal"))))
   path = os.path.expanduser(arg)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"configs/run_snapshot.py: no snapshot at {path!r}")

@@ -33,16 +33,26 @@ prints the rows as one JSON list. Memory: the per-token gradients are
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import csv
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
 
+from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
+from ml_collections import config_flags
+
+from jaxdistill import cli
+from jaxdistill import models
+from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.losses import topk as topk_lib
+from jaxdistill.train import batches as train_batches
+from jaxdistill.train import setup as train_setup
 
 STATS = ("fkl", "rkl", "fkl_norm", "rkl_norm", "cos", "fkl_under", "fkl_over",
          "rkl_under", "rkl_over")
@@ -107,7 +117,6 @@ def topk_gradients(student_logits, teacher_logits, *, k, variant="renorm",
                    temperature=1.0, vocab_size=None) -> dict:
   """Closed-form per-token gradients of the top-k forward and reverse KL
   (losses.topk) w.r.t. the student logits: {'fkl_grad', 'rkl_grad'} [..., V']."""
-  from jaxdistill.losses import topk as topk_lib  # pylint: disable=g-import-not-at-top
   v = _check(student_logits, teacher_logits, vocab_size, temperature)
   tau = float(temperature)
   z = student_logits[..., :v].astype(jnp.float32) / tau
@@ -162,10 +171,9 @@ def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
   """Summary statistics of one rollout batch.
 
   student / teacher: (ModelConfig, params). tokens, attention_mask,
-  loss_mask: [B, L] as in jaxdistill.step (logits at t predict token t + 1,
+  loss_mask: [B, L] as in jaxdistill.train.step (logits at t predict token t + 1,
   so the statistics at t count where loss_mask[t + 1] is set).
   """
-  from jaxdistill import models  # pylint: disable=g-import-not-at-top
   tokens = jnp.asarray(tokens)
   if tokens.ndim != 2 or attention_mask.shape != tokens.shape or \
       loss_mask.shape != tokens.shape:
@@ -199,7 +207,6 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
   student fraction, the number of tokens and lambda; with `topk` also
   TOPK_STATS (the top-k loss's gradient against the exact one).
   """
-  from jaxdistill import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
   if not lams:
     raise ValueError("lams: need at least one lambda")
   bad = [l for l in lams if not 0.0 <= float(l) <= 1.0]
@@ -305,22 +312,19 @@ def write_spectrum(rows: Sequence[dict], out_dir: str, *,
 def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None = None,
         devices=None) -> list[dict]:
   """The spectrum for a training config's student, teacher and prompts."""
-  from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
-  from jaxdistill import train  # pylint: disable=g-import-not-at-top
-  from jaxdistill import train_data  # pylint: disable=g-import-not-at-top
   if int(batches) < 1:
     raise ValueError(f"--batches: must be >= 1, got {batches}")
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.DEFAULT_RULES
-  scfg = train.model_config(config.student, "student")
-  tcfg = train.model_config(config.teacher, "teacher")
-  tok = train_data.load_tokenizer(config)
-  vocab = train.shared_vocab(config, scfg, tcfg, tok)
-  data = train_data.make_batches(config, tok, vocab)
+  scfg = train_setup.model_config(config.student, "student")
+  tcfg = train_setup.model_config(config.teacher, "teacher")
+  tok = tok_lib.run_tokenizer(config)
+  vocab = train_setup.shared_vocab(config, scfg, tcfg, tok)
+  data = train_batches.make_batches(config, tok, vocab)
   key = jax.random.key(config.seed)
   s_key, t_key = jax.random.split(jax.random.fold_in(key, 1 << 20))
-  sp = train.load_params(scfg, config.student, mesh, rules, s_key)
-  tp = train.load_params(tcfg, config.teacher, mesh, rules, t_key)
+  sp = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
+  tp = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key)
   eos = set(scfg.eos_token_id) | set(tcfg.eos_token_id)
   if getattr(tok, "eos_token_id", None) is not None:
     eos.add(int(tok.eos_token_id))
@@ -344,7 +348,6 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
 
 def main(argv):
   del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   lams = [float(x) for x in f.lams.split(",") if x.strip()]
   rows = run(f.config, lams, batches=f.batches, out_dir=f.out)
@@ -353,8 +356,6 @@ def main(argv):
 
 
 def _define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   config_flags.DEFINE_config_file(
       "config", None, "Training config (student, teacher, prompts, sampler).",
       lock_config=True)
@@ -365,5 +366,4 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
   cli.run_absl(main, _define_flags)

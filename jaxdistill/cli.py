@@ -16,10 +16,18 @@ sweep, analysis, demo, models.inspect):
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging as absl_logging
+import ml_collections
+
+from jaxdistill import config_lib
 
 VERBOSE_ARGS = ("--verbose", "--verbose=true", "--verbose=True", "--debug")
 _QUIET_TRANSFORMERS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
@@ -45,11 +53,7 @@ def quiet_library_logs(verbose: bool = False) -> None:
     logging.getLogger().setLevel(logging.INFO)
     return
   handlers = list(logging.getLogger().handlers)
-  try:
-    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    handlers.append(absl_logging.get_absl_handler())
-  except ImportError:
-    pass
+  handlers.append(absl_logging.get_absl_handler())
   for h in handlers:
     if _own_or_important not in h.filters:
       h.addFilter(_own_or_important)
@@ -58,7 +62,6 @@ def quiet_library_logs(verbose: bool = False) -> None:
 def resolve_config_args(argv: Sequence[str]) -> list[str]:
   """`--config SPEC` / `--config=SPEC` with SPEC's file resolved (see
   config_lib.find_config); `--config.x=y` overrides are left alone."""
-  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
 
   def resolve(spec):
     path, sep, arg = spec.partition(":")
@@ -90,14 +93,12 @@ def one_line(e: BaseException) -> str:
 
 def _unknown_override(argv: Sequence[str]) -> ValueError | None:
   """Names the first `--config.a.b=v` flag whose field the config lacks."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from jaxdistill.study import grid  # pylint: disable=g-import-not-at-top
   specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
   specs += [a[len("--config="):] for a in argv if a.startswith("--config=")]
   if len(specs) != 1:
     return None
   try:
-    node0 = grid.load_config(specs[0])
+    node0 = config_lib.load_config(specs[0])
   except Exception:  # pylint: disable=broad-except
     return None
   for a in argv:
@@ -150,8 +151,6 @@ def run(main: Callable[[list[str]], object], argv=None) -> None:
 def parse_flags(argv: Sequence[str]):
   """absl's flag parsing, plus `--config.x.y=None`, which sets an optional
   field to None (ml_collections would parse 'None' as the field's type)."""
-  import re  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
   pat = re.compile(r"--config\.([A-Za-z_][\w.]*)=(None|none)$")
   nones = [m.group(1) for m in map(pat.match, argv[1:]) if m]
   rest = [a for a in argv if not pat.match(a)]
@@ -175,8 +174,6 @@ def parse_flags(argv: Sequence[str]):
 def run_absl(main: Callable[[list[str]], object], define_flags: Callable[[], None],
              argv=None) -> None:
   """absl's app.run(main) after define_flags(), with a `--verbose` flag."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
   argv, verbose = _prepare(argv)
   define_flags()
   flags.DEFINE_bool("verbose", False, "Print the full traceback of an error and "

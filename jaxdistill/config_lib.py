@@ -7,10 +7,14 @@ settings, e.g. `configs/distill.py:kl=reverse,policy=student,lr=5e-5,runlocal`.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
+import re
 
 import ml_collections
+
+from jaxdistill import sharding
 
 # The checkout jaxdistill runs from (pip install -e): its configs/ directory is
 # where a relative config path falls back to, so commands work from any cwd.
@@ -39,6 +43,19 @@ def find_config(path: str) -> str:
   raise FileNotFoundError(f"config file {path!r} not found (looked for {where}; "
                           f"the project's configs are in {PROJECT_DIR}/configs)")
 
+
+
+def load_config(spec: str):
+  """`path/to/config.py[:arg]` -> get_config(arg), like --config does; a
+  relative path missing from the working directory is taken from the
+  project's own (find_config)."""
+  path, _, arg = spec.partition(":")
+  full = find_config(path)
+  name = "_jd_config_" + re.sub(r"\W", "_", os.path.abspath(full))
+  mod_spec = importlib.util.spec_from_file_location(name, full)
+  module = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
 
 def parse_arg(arg: str | None, **defaults):
   """Parses 'a=1,b=x,flag' into a ConfigDict over `defaults`.
@@ -100,7 +117,7 @@ def _check_sampled_rollout(loss, ro) -> None:
 
 def _check_topk(loss, ro) -> None:
   """loss.teacher_topk (None = the full teacher, or k), loss.topk_variant and
-  loss.teacher_cache (a directory written by jaxdistill.teacher_cache)."""
+  loss.teacher_cache (a directory written by jaxdistill.train.teacher_cache)."""
   k = loss.get("teacher_topk")
   cache = loss.get("teacher_cache")
   if k is not None:
@@ -245,7 +262,6 @@ def validate_run(config, mesh=None) -> None:
   if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
     _err("data.bucket", f"must be an integer >= 1 or None, got {k!r}")
   if mesh is not None:
-    from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
     rules = dict(config.get("rules", sharding.DEFAULT_RULES))
     axes = rules.get("batch") or ()
     axes = (axes,) if isinstance(axes, str) else tuple(axes)

@@ -10,13 +10,16 @@ an optional tensor axis: ('data', 'fsdp', 'tensor').
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import logging
 import math
-from collections.abc import Mapping, Sequence
 
 import jax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -145,5 +148,4 @@ def to_host(x) -> np.ndarray:
     return np.asarray(jax.device_get(x))
   if x.is_fully_replicated:
     return np.asarray(x.addressable_data(0))
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))

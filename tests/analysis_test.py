@@ -1,4 +1,6 @@
 """KL-gradient analysis: closed forms vs autodiff of the losses, shares vs NumPy."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +8,8 @@ import pytest
 
 from jaxdistill import analysis
 from jaxdistill import losses
+from jaxdistill import models
+from jaxdistill import rollout
 
 
 def _logits(seed, shape, scale=2.0):
@@ -113,8 +117,6 @@ def test_topk_gradient_cosine_and_norm_ratio_equal_numpy():
 
 @pytest.mark.slow
 def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
-  from jaxdistill import models  # pylint: disable=g-import-not-at-top
-  import dataclasses  # pylint: disable=g-import-not-at-top
   base = models.ModelConfig()
   tiny = dict(family="llama", vocab_size=64, hidden_size=16,
               intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -149,9 +151,6 @@ def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
 
 @pytest.mark.slow
 def test_spectrum_rollouts_sample_only_the_real_vocabulary(monkeypatch):
-  from jaxdistill import models  # pylint: disable=g-import-not-at-top
-  from jaxdistill import rollout  # pylint: disable=g-import-not-at-top
-  import dataclasses  # pylint: disable=g-import-not-at-top
   cfg = dataclasses.replace(models.ModelConfig(), family="llama", vocab_size=64,
                             hidden_size=16, intermediate_size=32,
                             num_hidden_layers=1, num_attention_heads=2,

@@ -10,11 +10,15 @@ import shlex
 import subprocess
 import sys
 
+from absl import flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
 import pytest
 
 from jaxdistill import cli
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.sweep import cli as sweep_cli
+from jaxdistill.sweep import grid as grid_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -38,13 +42,13 @@ def test_config_paths_resolve_from_another_directory(tmp_path, monkeypatch):
   found = config_lib.find_config("configs/distill.py")
   assert pathlib.Path(found).resolve() == ROOT / "configs" / "distill.py"
   # The loader the demo and the grid configs use ('configs/distill.py').
-  cfg = grid_lib.load_config("configs/distill.py:runlocal")
+  cfg = config_lib.load_config("configs/distill.py:runlocal")
   assert cfg.total_steps > 0
   # A file in the working directory wins over the project's.
   (tmp_path / "configs").mkdir()
   (tmp_path / "configs" / "distill.py").write_text(
       "def get_config(arg=None):\n  return {'mine': True}\n")
-  assert grid_lib.load_config("configs/distill.py") == {"mine": True}
+  assert config_lib.load_config("configs/distill.py") == {"mine": True}
   with pytest.raises(FileNotFoundError) as e:
     config_lib.find_config("configs/nope.py")
   assert str(tmp_path / "configs" / "nope.py") in str(e.value)
@@ -87,7 +91,6 @@ def test_library_info_logs_are_dropped_own_and_warnings_kept():
   finally:
     root.removeHandler(handler)
     root.setLevel(old_level)
-    from absl import logging as absl_logging
     absl_logging.get_absl_handler().removeFilter(cli._own_or_important)  # pylint: disable=protected-access
   out = stream.getvalue()
   assert "library info" not in out and "backend info" not in out
@@ -170,11 +173,8 @@ def _field(cfg, dotted):
 
 
 def test_sweep_help_and_readme_examples_parse(monkeypatch):
-  from absl import flags
-  from ml_collections import config_flags
-  from jaxdistill import sweep
   readme = (ROOT / "README.md").read_text()
-  examples = (_doc_commands(sweep.__doc__, "jaxdistill.sweep") +
+  examples = (_doc_commands(sweep_cli.__doc__, "jaxdistill.sweep") +
               _doc_commands(readme, "jaxdistill.sweep"))
   assert len(examples) >= 3
   for args in examples:
@@ -192,7 +192,7 @@ def test_sweep_help_and_readme_examples_parse(monkeypatch):
       if a.startswith("--config."):
         field, _, value = a[len("--config."):].partition("=")
         assert str(_field(grid, field)) == value, (args, field)
-    assert sweep.expand(grid, fv.only), args
+    assert grid_lib.expand(grid, fv.only), args
 
 
 def test_conftest_appends_the_device_count_to_existing_xla_flags(tmp_path):

@@ -2,6 +2,8 @@
 import glob
 import os
 
+import nbclient
+import nbformat
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,8 +18,6 @@ def test_every_family_has_a_notebook():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_executes(path, tmp_path, monkeypatch):
-  import nbclient  # pylint: disable=g-import-not-at-top  (the test extra)
-  import nbformat  # pylint: disable=g-import-not-at-top
   # The kernel inherits the environment: small settings and scratch dirs.
   monkeypatch.setenv("JAXDISTILL_NOTEBOOK_TINY", "1")
   monkeypatch.setenv("JAXDISTILL_NOTEBOOK_QUICK", "1")

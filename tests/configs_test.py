@@ -14,7 +14,10 @@ import jax
 import pytest
 
 from jaxdistill import config_lib
-from jaxdistill.study import grid as grid_lib
+from jaxdistill.evaluate import run as evaluate_run
+from jaxdistill.rl import train as rl_train
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py")
@@ -43,12 +46,10 @@ def _check(c):
       config_lib.validate(r.config)
     return runs
   if kind == "eval":
-    from jaxdistill import evaluate  # pylint: disable=g-import-not-at-top
-    evaluate.check_config(c)
+    evaluate_run.check_config(c)
   elif kind == "other":
     pass  # built; its own entry point's tests run it
   elif kind == "grpo":
-    from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
     rl_train.validate(c)
   else:
     config_lib.validate(c)
@@ -63,17 +64,17 @@ def test_configs_are_discovered():
 def _load_runlocal(name):
   """The runlocal variant; None for an 'other' config that has none."""
   try:
-    return grid_lib.load_config(f"configs/{name}:runlocal")
+    return config_lib.load_config(f"configs/{name}:runlocal")
   except ValueError as e:
     if "unknown key 'runlocal'" in str(e) and _kind(
-        grid_lib.load_config(f"configs/{name}")) == "other":
+        config_lib.load_config(f"configs/{name}")) == "other":
       return None
     raise
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_builds_and_validates(name):
-  c = grid_lib.load_config(f"configs/{name}")
+  c = config_lib.load_config(f"configs/{name}")
   _check(c)
   local = _load_runlocal(name)
   if local is not None:
@@ -85,7 +86,7 @@ def test_config_builds_and_validates(name):
 def test_docstring_has_a_launch_command(name):
   text = (ROOT / "configs" / name).read_text()
   assert "python -m jaxdistill." in text
-  if _kind(grid_lib.load_config(f"configs/{name}")) != "other":
+  if _kind(config_lib.load_config(f"configs/{name}")) != "other":
     assert "runlocal" in text
 
 
@@ -95,15 +96,13 @@ def test_runlocal_trains_one_step(name, tmp_path):
   c = _load_runlocal(name)
   kind = "other" if c is None else _kind(c)
   if kind in ("eval", "other"):
-    return  # they train nothing through train.train; built and checked above
+    return  # they train nothing through train_loop.train; built and checked above
   if kind == "grid":
     c = grid_lib.expand(c)[0].config  # one arm
   c.total_steps, c.ckpt_every, c.eval_every = 1, 1, 1
   c.progress, c.export_hf = False, False
   if kind == "grpo":
-    from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
     m = rl_train.train(c, str(tmp_path), devices=ONE_DEVICE)
   else:
-    from jaxdistill import train  # pylint: disable=g-import-not-at-top
-    m = train.train(c, str(tmp_path), devices=ONE_DEVICE)
+    m = train_loop.train(c, str(tmp_path), devices=ONE_DEVICE)
   assert m and all(v == v for v in m.values())  # a step ran, nothing is NaN

@@ -1,13 +1,19 @@
 """The demo: its data, tokenizer, verdicts, and the --quick run end to end."""
 import ast
+from fractions import Fraction
 import json
 import math
 import os
 import re
-from fractions import Fraction
+import shutil
 
 import pytest
 
+from jaxdistill import config_lib
+from jaxdistill import demo
+from jaxdistill import tasks
+from jaxdistill.data import pipeline
+from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.demo import build
 from jaxdistill.demo import report
 from jaxdistill.demo import tasks as demo_tasks
@@ -68,8 +74,6 @@ def test_addition_records_gold_is_the_parity_of_the_true_sum():
 
 
 def test_tokenizer_round_trips_and_keeps_digits_apart(tmp_path):
-  from jaxdistill import tasks
-  from jaxdistill.data import tokenizer as tok_lib
   recs = (demo_tasks.arith_records(4, 300, 0) +
           demo_tasks.addition_records(300, 0))
   tok = build.build_tokenizer(str(tmp_path / "tok"), demo_tasks.corpus(recs), 512)
@@ -90,7 +94,6 @@ def test_tokenizer_round_trips_and_keeps_digits_apart(tmp_path):
 
 
 def test_training_configs_read_the_demo_records_from_a_file(tmp_path):
-  from jaxdistill.data import pipeline
   recs = demo_tasks.arith_records(4, 5, 0) + demo_tasks.addition_records(4, 0)
   path = build.write_records(recs, str(tmp_path), "mix")
   assert path == build.write_records(recs, str(tmp_path), "mix")  # by content
@@ -101,8 +104,7 @@ def test_training_configs_read_the_demo_records_from_a_file(tmp_path):
 
 
 def _demo_config():
-  from jaxdistill.study import grid as grid_lib
-  return grid_lib.load_config("configs/demo.py:quick")
+  return config_lib.load_config("configs/demo.py:quick")
 
 
 ID, HARD = report.ID_S, report.HARD_S
@@ -217,7 +219,6 @@ def test_harder_finding_is_untested_when_the_teacher_cannot_do_it():
 
 
 def test_bad_arguments_raise_before_any_work(tmp_path):
-  from jaxdistill import demo
   with pytest.raises(ValueError, match="--seed"):
     demo.main(["--quick", "--seed", "-1", "--workdir", str(tmp_path)])
   with pytest.raises(ValueError, match="--seeds"):
@@ -231,8 +232,6 @@ def test_bad_arguments_raise_before_any_work(tmp_path):
 
 @pytest.mark.slow
 def test_quick_demo_table_is_complete_finite_and_deterministic(tmp_path, capsys):
-  import shutil
-  from jaxdistill import demo
   summary = demo.main(["--quick", "--workdir", str(tmp_path)])
   rows = summary["rows"]
   assert len(rows) == 2 and {r["kl"] for r in rows} == {"forward", "reverse"}

@@ -22,14 +22,25 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxdistill import checkpoint as ckpt_lib
-from jaxdistill import train
-from jaxdistill import train_log
+from jaxdistill import config_lib
+from jaxdistill import models
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.models import safetensors_io as st
+from jaxdistill.rl import train as rl_train
+from jaxdistill.sweep import runner
+from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import log as train_log
+from jaxdistill.train import loop as train_loop
+from jaxdistill.train import step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from configs import distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from orbax.checkpoint._src.handlers import json_checkpoint_handler as jh
+
+from configs import \
+    distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import grpo_countdown  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import tiny_hf
 
 ONE_DEVICE = [jax.devices()[0]]
 
@@ -89,17 +100,17 @@ def _signal_at(monkeypatch, step, signum=signal.SIGTERM):
 @pytest.mark.slow
 def test_sigterm_checkpoints_stops_and_resumes_bitwise(tmp_path, monkeypatch):
   upd = {"total_steps": 5, "ckpt_every": 100, "eval_every": 100}
-  train.train(_config(**upd), str(tmp_path / "ref"), devices=ONE_DEVICE)
+  train_loop.train(_config(**upd), str(tmp_path / "ref"), devices=ONE_DEVICE)
   handler = signal.getsignal(signal.SIGTERM)
   _signal_at(monkeypatch, 2)
-  with pytest.raises(train.Preempted, match="SIGTERM after step 2") as e:
-    train.train(_config(**upd), str(tmp_path / "run"), devices=ONE_DEVICE)
+  with pytest.raises(train_loop.Preempted, match="SIGTERM after step 2") as e:
+    train_loop.train(_config(**upd), str(tmp_path / "run"), devices=ONE_DEVICE)
   assert e.value.exit_code == 128 + signal.SIGTERM
   assert signal.getsignal(signal.SIGTERM) == handler  # restored
   assert _ckpt_steps(tmp_path / "run") == [2]  # nothing lost but the signal step
   assert not (tmp_path / "run" / ".lock").exists()
   monkeypatch.undo()
-  train.train(_config(**upd), str(tmp_path / "run"), devices=ONE_DEVICE)
+  train_loop.train(_config(**upd), str(tmp_path / "run"), devices=ONE_DEVICE)
   jax.tree.map(np.testing.assert_array_equal, _params(tmp_path / "ref", 5),
                _params(tmp_path / "run", 5))
   steps = [r["step"] for r in train_log.read_metrics(str(tmp_path / "run"))]
@@ -108,8 +119,8 @@ def test_sigterm_checkpoints_stops_and_resumes_bitwise(tmp_path, monkeypatch):
 
 def test_sigint_checkpoints_and_stops(tmp_path, monkeypatch):
   _signal_at(monkeypatch, 1, signal.SIGINT)
-  with pytest.raises(train.Preempted, match="SIGINT after step 1") as e:
-    train.train(_config(total_steps=3, ckpt_every=100), str(tmp_path),
+  with pytest.raises(train_loop.Preempted, match="SIGINT after step 1") as e:
+    train_loop.train(_config(total_steps=3, ckpt_every=100), str(tmp_path),
                 devices=ONE_DEVICE)
   assert e.value.exit_code == 128 + signal.SIGINT
   assert _ckpt_steps(tmp_path) == [1]
@@ -118,11 +129,10 @@ def test_sigint_checkpoints_and_stops(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_grpo_sigterm_resume_is_bitwise_identical(tmp_path, monkeypatch):
-  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
   upd = {"total_steps": 3, "ckpt_every": 100}
   rl_train.train(_rl_config(**upd), str(tmp_path / "ref"), devices=ONE_DEVICE)
   _signal_at(monkeypatch, 1)
-  with pytest.raises(train.Preempted, match="after step 1"):
+  with pytest.raises(train_loop.Preempted, match="after step 1"):
     rl_train.train(_rl_config(**upd), str(tmp_path / "run"),
                    devices=ONE_DEVICE)
   assert _ckpt_steps(tmp_path / "run") == [1]
@@ -133,8 +143,7 @@ def test_grpo_sigterm_resume_is_bitwise_identical(tmp_path, monkeypatch):
 
 
 def _grid():
-  from jaxdistill import sweep  # pylint: disable=g-import-not-at-top
-  g = sweep.load_config(str(ROOT / "configs" / "grid_main.py") +
+  g = config_lib.load_config(str(ROOT / "configs" / "grid_main.py") +
                         ":runlocal,axes=policy+lr")
   g.base.total_steps = 3
   g.base.ckpt_every = 100
@@ -153,18 +162,17 @@ def _no_eval(grid, run, run_dir):
 @pytest.mark.slow
 def test_sweep_preempted_then_resumed_matches_uninterrupted(tmp_path,
                                                             monkeypatch):
-  from jaxdistill import sweep  # pylint: disable=g-import-not-at-top
   kw = dict(only=ONLY, devices=ONE_DEVICE, evaluate_fn=_no_eval,
             summarize=False)
-  sweep.run_sweep(_grid(), str(tmp_path / "ref"), **kw)
+  runner.run_sweep(_grid(), str(tmp_path / "ref"), **kw)
   _signal_at(monkeypatch, 2)
-  with pytest.raises(train.Preempted):
-    sweep.run_sweep(_grid(), str(tmp_path / "run"), **kw)
+  with pytest.raises(train_loop.Preempted):
+    runner.run_sweep(_grid(), str(tmp_path / "run"), **kw)
   (arm,) = [d for d in os.listdir(tmp_path / "run") if ONLY in d]
   assert not (tmp_path / "run" / arm / "results.json").exists()
   assert _ckpt_steps(tmp_path / "run" / arm) == [2]
   monkeypatch.undo()
-  sweep.run_sweep(_grid(), str(tmp_path / "run"), **kw)
+  runner.run_sweep(_grid(), str(tmp_path / "run"), **kw)
   jax.tree.map(np.testing.assert_array_equal,
                _params(tmp_path / "ref" / arm, 3),
                _params(tmp_path / "run" / arm, 3))
@@ -204,7 +212,7 @@ def test_cli_sigterm_exits_nonzero_with_one_line_and_a_checkpoint(tmp_path):
 def test_checkpoints_path_that_is_a_file_fails_before_compute(tmp_path):
   tmp_path.joinpath("checkpoints").write_text("not a directory")
   with pytest.raises(ValueError, match="checkpoints: exists and is not a dir"):
-    train.train(_config(total_steps=1), str(tmp_path), devices=ONE_DEVICE)
+    train_loop.train(_config(total_steps=1), str(tmp_path), devices=ONE_DEVICE)
   assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -229,7 +237,7 @@ def test_failing_tensorboard_warns_and_training_goes_on(tmp_path, monkeypatch,
     raise OSError(errno.EIO, "Input/output error")
   monkeypatch.setattr(train_log._TensorBoard, "write", broken)  # pylint: disable=protected-access
   caplog.set_level(logging.WARNING)
-  train.train(_config(total_steps=3, ckpt_every=100), str(tmp_path),
+  train_loop.train(_config(total_steps=3, ckpt_every=100), str(tmp_path),
               devices=ONE_DEVICE)
   assert "TensorBoard events" in caplog.text and "disabled" in caplog.text
   assert [r["step"] for r in train_log.read_metrics(str(tmp_path))] == [1, 2, 3]
@@ -240,7 +248,6 @@ def test_full_disk_stops_with_one_line_and_keeps_earlier_checkpoints(
     tmp_path, monkeypatch):
   """ENOSPC from TensorBoard's event writes (always) and from Orbax's writes
   (from the checkpoint of step 4 on, in its background thread)."""
-  from orbax.checkpoint._src.handlers import json_checkpoint_handler as jh  # pylint: disable=g-import-not-at-top
   from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
 
   def enospc(*a, **k):
@@ -254,7 +261,7 @@ def test_full_disk_stops_with_one_line_and_keeps_earlier_checkpoints(
     return await real(self, x, directory)
   monkeypatch.setattr(jh.JsonCheckpointHandler, "_save_fn", save_fn)
   with pytest.raises(OSError) as e:
-    train.train(_config(total_steps=6, ckpt_every=2), str(tmp_path),
+    train_loop.train(_config(total_steps=6, ckpt_every=2), str(tmp_path),
                 devices=ONE_DEVICE)
   msg = str(e.value)
   assert "\n" not in msg
@@ -271,15 +278,14 @@ def test_full_disk_stops_with_one_line_and_keeps_earlier_checkpoints(
 
 @pytest.mark.slow
 def test_sweep_reuses_only_arms_with_the_same_config(tmp_path, monkeypatch):
-  from jaxdistill import sweep  # pylint: disable=g-import-not-at-top
   kw = dict(only=ONLY, devices=ONE_DEVICE, evaluate_fn=_no_eval,
             summarize=False)
   work = tmp_path / "a"
-  sweep.run_sweep(_grid(), str(work), **kw)
+  runner.run_sweep(_grid(), str(work), **kw)
   (arm,) = [d for d in os.listdir(work) if ONLY in d]
   calls = []
-  real = train.train
-  monkeypatch.setattr(train, "train",
+  real = train_loop.train
+  monkeypatch.setattr(train_loop, "train",
                       lambda *a, **k: calls.append(a) or real(*a, **k))
   # Identical (display settings aside), and after moving the sweep directory
   # (local assets' absolute paths change): reused, nothing trains.
@@ -287,16 +293,16 @@ def test_sweep_reuses_only_arms_with_the_same_config(tmp_path, monkeypatch):
   g.base.log_every = 2
   os.rename(work, tmp_path / "b")
   work = tmp_path / "b"
-  sweep.run_sweep(g, str(work), **kw)
+  runner.run_sweep(g, str(work), **kw)
   assert calls == []
   # A setting outside the axes changed: refused, naming the field.
   g = _grid()
   g.base.optim.weight_decay = 0.01
   with pytest.raises(ValueError, match=r"optim\.weight_decay: 0\.0 -> 0\.01"):
-    sweep.run_sweep(g, str(work), **kw)
+    runner.run_sweep(g, str(work), **kw)
   assert calls == []
   old = json.loads((work / arm / "results.json").read_text())
-  sweep.run_sweep(g, str(work), rerun_stale=True, **kw)
+  runner.run_sweep(g, str(work), rerun_stale=True, **kw)
   assert len(calls) == 1
   assert json.loads((work / arm / "config.json").read_text())[
       "optim"]["weight_decay"] == 0.01
@@ -306,7 +312,6 @@ def test_sweep_reuses_only_arms_with_the_same_config(tmp_path, monkeypatch):
 
 
 def test_stale_fields_ignore_display_settings_and_moved_workdirs(tmp_path):
-  from jaxdistill.study import runner  # pylint: disable=g-import-not-at-top
   old = {"progress": True, "log_every": 1, "tokenizer": "/old/sw/assets/tok",
          "optim": {"lr": 1e-3}, "teacher": {"path": "/ckpt/t"}}
   new = {"progress": False, "log_every": 5,
@@ -333,7 +338,7 @@ def test_silently_accepted_values_are_refused(tmp_path, field, value):
   if field == "loss.iw_clip":
     c.loss.kind = "sampled"
   with pytest.raises(ValueError, match="config." + field.replace(".", r"\.")):
-    train.train(c, str(tmp_path), devices=ONE_DEVICE)
+    train_loop.train(c, str(tmp_path), devices=ONE_DEVICE)
   assert not (tmp_path / "config.json").exists()
 
 
@@ -341,7 +346,7 @@ def test_batch_not_divisible_by_the_data_axes_names_data_batch_size(tmp_path):
   c = _config(**{"data.batch_size": 3, "mesh": {"data": 2, "fsdp": 1,
                                                 "tensor": 1}})
   with pytest.raises(ValueError, match=r"config\.data\.batch_size: 3 .*2"):
-    train.train(c, str(tmp_path), devices=jax.devices()[:2])
+    train_loop.train(c, str(tmp_path), devices=jax.devices()[:2])
   assert not (tmp_path / "config.json").exists()
 
 
@@ -349,7 +354,6 @@ def test_batch_not_divisible_by_the_data_axes_names_data_batch_size(tmp_path):
     ("keep_ckpts", 0), ("optim.b1", 1.0), ("ckpt_every", 0),
     ("optim.final_lr_frac", 2.0)])
 def test_grpo_refuses_the_same_values(tmp_path, field, value):
-  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="config." + field.replace(".", r"\.")):
     rl_train.train(_rl_config(**{field: value}), str(tmp_path),
                    devices=ONE_DEVICE)
@@ -360,17 +364,16 @@ def test_training_workdir_as_student_path_says_use_hf_student(tmp_path):
   (tmp_path / "run" / "hf_student" / "config.json").write_text("{}")
   c = _config(**{"student.path": str(tmp_path / "run"), "student.init": None})
   with pytest.raises(ValueError, match=r"config\.student\.path: .*hf_student"):
-    train.train(c, str(tmp_path / "w"), devices=ONE_DEVICE)
+    train_loop.train(c, str(tmp_path / "w"), devices=ONE_DEVICE)
 
 
 def test_corrupt_workdir_config_json_names_the_file(tmp_path):
   tmp_path.joinpath("config.json").write_text('{"seed": 0,')
   with pytest.raises(ValueError, match="config.json: not valid JSON"):
-    train.train(_config(total_steps=1), str(tmp_path), devices=ONE_DEVICE)
+    train_loop.train(_config(total_steps=1), str(tmp_path), devices=ONE_DEVICE)
 
 
 def test_garbled_safetensors_header_names_the_file(tmp_path):
-  from jaxdistill.models import safetensors_io as st  # pylint: disable=g-import-not-at-top
   p = tmp_path / "model.safetensors"
   header = b'{"w": \xff\xfe}'
   p.write_bytes(struct.pack("<Q", len(header)) + header)
@@ -379,7 +382,6 @@ def test_garbled_safetensors_header_names_the_file(tmp_path):
 
 
 def test_tokenizer_errors_name_the_directory_or_file(tmp_path):
-  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="empty: no tokenizer files"):
     tok_lib.load_tokenizer(str(tmp_path / "empty"))
@@ -392,8 +394,8 @@ def test_tokenizer_errors_name_the_directory_or_file(tmp_path):
 # -- 6. flags -----------------------------------------------------------------------
 
 def _parse(*overrides):
-  script = ("import sys; from absl import flags; from jaxdistill import cli, train;"
-            "train.define_flags(); cli.parse_flags(sys.argv);"
+  script = ("import sys; from absl import flags; from jaxdistill import cli; from jaxdistill.train import loop as train_loop;"
+            "train_loop.define_flags(); cli.parse_flags(sys.argv);"
             "c = flags.FLAGS.config; print(repr(c.optim.clip_norm), "
             "repr(c.rollout.lam))")
   cmd = [sys.executable, "-c", script, "--config",
@@ -429,7 +431,7 @@ def test_workdir_in_use_is_refused_naming_pid_and_host(tmp_path):
         {"pid": holder.pid, "host": socket.gethostname()}))
     with pytest.raises(ValueError, match=f"in use by pid {holder.pid} on host "
                        f"{socket.gethostname()}"):
-      train.train(_config(total_steps=1), str(tmp_path), devices=ONE_DEVICE)
+      train_loop.train(_config(total_steps=1), str(tmp_path), devices=ONE_DEVICE)
     assert not (tmp_path / "config.json").exists()
   finally:
     holder.kill()
@@ -452,8 +454,6 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
 # -- 8. what a user should see -----------------------------------------------------------
 
 def test_nan_weights_in_a_checkpoint_are_named_at_load(tmp_path, caplog):
-  from jaxdistill import models  # pylint: disable=g-import-not-at-top
-  from tests import tiny_hf  # pylint: disable=g-import-not-at-top
   path = tmp_path / "m"
   tiny_hf.make_tiny_checkpoint("llama", path, vocab_size=64)
   cfg, params = models.load_pretrained(str(path), dtype="float32")
@@ -468,7 +468,6 @@ def test_nan_weights_in_a_checkpoint_are_named_at_load(tmp_path, caplog):
 
 def test_nan_stop_reports_the_norms_of_kept_checkpoints(tmp_path,
                                                          monkeypatch):
-  from jaxdistill import step as step_lib  # pylint: disable=g-import-not-at-top
   real = step_lib.train_step
 
   def poisoned(state, *a, **k):
@@ -478,7 +477,7 @@ def test_nan_stop_reports_the_norms_of_kept_checkpoints(tmp_path,
     return new, m
   monkeypatch.setattr(step_lib, "train_step", poisoned)
   with pytest.raises(FloatingPointError) as e:
-    train.train(_config(total_steps=6, ckpt_every=1), str(tmp_path),
+    train_loop.train(_config(total_steps=6, ckpt_every=1), str(tmp_path),
                 devices=ONE_DEVICE)
   msg = str(e.value)
   norms = {s: np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in
@@ -493,5 +492,5 @@ def test_dropped_long_prompts_are_counted_visibly(capsys):
   class Batches:
     num_dropped = 7
     records = list(range(50))
-  train.report_dropped(Batches())
+  train_loop.report_dropped(Batches())
   assert "dropped 7 of 50 training examples" in capsys.readouterr().err

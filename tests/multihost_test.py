@@ -29,12 +29,13 @@ import orbax.checkpoint as ocp
 import pytest
 from safetensors.numpy import load_file
 
-from jaxdistill import train as train_lib
 from jaxdistill.rl import train as rl_train
+from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from configs import distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import \
+    distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import grpo_countdown  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 LOOPBACK = "127.0.0.1"
@@ -213,7 +214,7 @@ def test_distributed_train_matches_one_process_and_resumes_after_sigkill(
   c = _set(distill_config.get_config(DISTILL_ARG), DISTILL)
   assert dict(c.mesh) == {"data": 1, "fsdp": -1, "tensor": 1}
   assert jax.device_count() == N_PROC * LOCAL_DEVICES  # conftest: 8 devices
-  train_lib.train(c, str(ref_dir))
+  train_loop.train(c, str(ref_dir))
 
   argv = _cli("jaxdistill.train",
               str(ROOT / "configs" / "distill.py") + ":" + DISTILL_ARG, work,

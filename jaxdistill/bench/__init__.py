@@ -1,5 +1,10 @@
 """Benchmarks: `python -m jaxdistill.bench.NAME` prints one JSON object with a
 `headline` {name, value, unit, goal, meets_goal} beside the details."""
+import time
+
+import numpy as np
+
+from jaxdistill import models as models_lib  # not `models`: bench.models is a module
 
 
 def torch_llama(cfg):
@@ -8,9 +13,8 @@ def torch_llama(cfg):
   random weights from torch seed 0: the PyTorch reference the benchmarks time."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from jaxdistill import models  # pylint: disable=g-import-not-at-top
   c = transformers.LlamaConfig.from_dict(
-      dict(models.config_to_hf(cfg), tie_word_embeddings=False))
+      dict(models_lib.config_to_hf(cfg), tie_word_embeddings=False))
   c._attn_implementation = "sdpa"  # pylint: disable=protected-access
   torch.manual_seed(0)
   return transformers.LlamaForCausalLM(c).float()
@@ -18,8 +22,6 @@ def torch_llama(cfg):
 
 def median_time(fn, warmup=1, iters=5):
   """(median seconds, all timings) of `fn()` over `iters` calls after `warmup`."""
-  import time  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   for _ in range(warmup):
     fn()
   ts = []

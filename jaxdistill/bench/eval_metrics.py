@@ -21,7 +21,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jaxdistill import metrics
+from jaxdistill import sparsity
 from jaxdistill.tasks import countdown
 
 
@@ -78,8 +78,8 @@ def main(argv=None):
   n_params = sum(x.size for x in jax.tree.leaves(p0))
   print(f"update_sparsity on {n_params / 1e6:.1f}M bf16 params", file=sys.stderr)
   d0, d1 = jax.device_put(p0), jax.device_put(p1)  # Checkpoints load to device.
-  metrics.update_sparsity(d0, d1)  # Compile.
-  t_jax, ours = _best_time(lambda: metrics.update_sparsity(d0, d1), args.repeats)
+  sparsity.update_sparsity(d0, d1)  # Compile.
+  t_jax, ours = _best_time(lambda: sparsity.update_sparsity(d0, d1), args.repeats)
   t_np, ref = _best_time(lambda: _numpy_sparsity(p0, p1), args.repeats)
   if (ours["num_params"], ours["sparsity"], ours["exact_sparsity"]) != ref:
     raise SystemExit(f"mismatch: {ours['sparsity']} vs {ref}")

@@ -24,14 +24,16 @@ import tracemalloc
 
 import jax
 import numpy as np
+from safetensors.numpy import load_file
+from safetensors.numpy import save_file
 
-from jaxdistill import metrics
 from jaxdistill import models
 from jaxdistill import rollout
+from jaxdistill import sparsity
 from jaxdistill import tasks
 from jaxdistill.data import pipeline
 from jaxdistill.data import tokenizer as tok_lib
-from jaxdistill.evaluation import core
+from jaxdistill.evaluate import core
 from jaxdistill.tasks import countdown
 
 
@@ -94,7 +96,6 @@ def _timed(fn):
 
 def _sparsity_bench(tmp, args):
   """Streamed checkpoint sparsity vs whole-file float64 NumPy."""
-  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   d, f = args.sparsity_hidden, 4 * args.sparsity_hidden
   shapes = {"model.embed_tokens.weight": (8 * d, d)}
@@ -126,7 +127,7 @@ def _sparsity_bench(tmp, args):
     return close / n
 
   def streamed():
-    return metrics.update_sparsity_from_checkpoints(
+    return sparsity.update_sparsity_from_checkpoints(
         *dirs, chunk_bytes=args.chunk_mb << 20)["sparsity"]
 
   out = {}

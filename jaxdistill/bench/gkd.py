@@ -11,10 +11,10 @@ over the vocabulary and averaged over response tokens, and AdamW (lr 1e-5,
 betas 0.9/0.999, eps 1e-8, no weight decay, constant schedule, gradient
 clipping at global norm 1.0) updates the student.
 
-jaxdistill: the training loop's own pieces, train_data.SequenceMaker
+jaxdistill: the training loop's own pieces, train_batches.SequenceMaker
 (rollout.generate with policy='student') then step.train_step with
 step.make_loss_fn (loss.kind='reverse') and step.make_optimizer, jitted and
-donated as jaxdistill/train.py does.
+donated as jaxdistill/train/loop.py does.
 
 TRL 1.16 (trl.experimental.gkd.GKDTrainer), configured for the same thing:
 lmbda=1.0 (student-generated data at every step), beta=1.0, temperature=1.0,
@@ -53,8 +53,8 @@ import numpy as np
 
 from jaxdistill import models
 from jaxdistill import sharding
-from jaxdistill import step as step_lib
-from jaxdistill import train_data
+from jaxdistill.train import batches as train_batches
+from jaxdistill.train import step as step_lib
 
 LR = 1e-5
 INSTALL = ("bench.gkd needs TRL: pip install -e '.[bench]' (or "
@@ -115,7 +115,7 @@ def _config(n: int) -> ml_collections.ConfigDict:
 
 
 def bench_jax(student_dir, teacher_dir, prompts, n, steps, warmup=2):
-  """Per-step seconds of rollout + update, as jaxdistill/train.py runs them
+  """Per-step seconds of rollout + update, as jaxdistill/train/loop.py runs them
   (two warm-up steps: the second recompiles for the donated state's layout)."""
   scfg, sp = models.load_pretrained(student_dir)
   tcfg, tp = models.load_pretrained(teacher_dir)
@@ -128,7 +128,7 @@ def bench_jax(student_dir, teacher_dir, prompts, n, steps, warmup=2):
   update = jax.jit(functools.partial(
       step_lib.train_step, optimizer=optimizer, schedule=schedule,
       loss_fn=loss_fn), donate_argnums=0)
-  make = train_data.SequenceMaker(config, scfg, tcfg, mesh,
+  make = train_batches.SequenceMaker(config, scfg, tcfg, mesh,
                                   sharding.DEFAULT_RULES, vocab_size=vocab)
   host = {"prompt": prompts, "prompt_mask": np.ones_like(prompts)}
   state = {"params": sp, "opt_state": optimizer.init(sp),
@@ -156,7 +156,8 @@ def bench_trl(student_dir, teacher_dir, prompts, n, steps, warmup=1):
     import tokenizers  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
-    from trl.experimental.gkd import GKDConfig, GKDTrainer  # pylint: disable=g-import-not-at-top
+    from trl.experimental.gkd import GKDConfig  # pylint: disable=g-import-not-at-top
+    from trl.experimental.gkd import GKDTrainer
   except ImportError as e:
     raise ImportError(f"{INSTALL} ({e})") from e
 

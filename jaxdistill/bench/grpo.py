@@ -35,9 +35,9 @@ import numpy as np
 from jaxdistill import bench
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
-from jaxdistill import step as step_lib
 from jaxdistill.rl import grpo
 from jaxdistill.rl import step as rl_step
+from jaxdistill.train import step as step_lib
 
 CLIP, BETA, TEMP, LR = 0.2, 0.04, 1.0, 1e-5
 

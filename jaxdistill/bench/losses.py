@@ -49,6 +49,7 @@ def _build(path, batch, tokens, vocab, d_model, chunk_size):
   """(jitted value_and_grad fn, argument ShapeDtypeStructs)."""
   import jax
   import jax.numpy as jnp
+
   from jaxdistill import losses
 
   def naive(hs, ws, ht, wt, mask):

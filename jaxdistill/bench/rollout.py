@@ -83,6 +83,7 @@ def _decode_timing(cfg, params, b, p, n, rounds, seed=0):
   temperature 1), the compile times, and the decode step (t_n - t_1)/(n - 1)."""
   import jax
   import numpy as np
+
   from jaxdistill import rollout
   ids = np.random.default_rng(seed).integers(3, cfg.vocab_size, (b, p))
   prompts, mask = rollout.pad_prompts(ids.tolist(), bucket=None)
@@ -122,6 +123,7 @@ def _bound_section(cfg, params, b, p, n, step_s, bw):
 def _small_model(rounds, bw):
   """The miniature study's student (configs/demo.py) decoding its batch."""
   import jax
+
   from jaxdistill import models
   try:
     from configs.demo import STUDENT  # run from the repository root
@@ -146,6 +148,7 @@ def _small_model(rounds, bw):
 
 def _preset_main(args):
   import jax
+
   from jaxdistill import models
   from jaxdistill.bench import presets
   pre = presets.get(args.preset)

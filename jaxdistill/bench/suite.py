@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from jaxdistill.bench import presets
+
 BENCHES = ("models", "rollout", "train")
 
 
@@ -45,6 +47,8 @@ def last_json(text: str):
 
 
 def device_info() -> dict:
+  # Imported here: the suite's own process must not start a backend (on a GPU
+  # it would take the memory the benchmarks it launches need).
   import jax  # pylint: disable=g-import-not-at-top
   d = jax.devices()[0]
   return {"backend": jax.default_backend(), "device_kind": d.device_kind,
@@ -84,7 +88,6 @@ def main(argv=None):
   ap.add_argument("--timeout", type=float, default=900,
                   help="seconds per benchmark")
   args = ap.parse_args(argv)
-  from jaxdistill.bench import presets  # pylint: disable=g-import-not-at-top
   presets.get(args.preset)  # an unknown name fails here, before any run
   names = [b for b in args.benches.split(",") if b]
   bad = [b for b in names if b not in BENCHES]

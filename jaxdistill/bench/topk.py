@@ -35,7 +35,7 @@ import optax
 
 from jaxdistill import losses
 from jaxdistill import models
-from jaxdistill import step as step_lib
+from jaxdistill.train import step as step_lib
 
 
 def _log(*a):

@@ -46,8 +46,8 @@ import optax
 
 from jaxdistill import bench
 from jaxdistill import models
-from jaxdistill import step as step_lib
 from jaxdistill.bench import presets
+from jaxdistill.train import step as step_lib
 
 
 def _log(*a):

@@ -26,9 +26,9 @@ import dataclasses
 import inspect
 import os
 
+from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from jaxdistill.data import sources
 from jaxdistill.tasks import countdown

@@ -42,14 +42,18 @@ config's `data` / `rollout` blocks (see `records_from_config`).
 """
 from __future__ import annotations
 
-import hashlib
-import logging
 from collections.abc import Callable, Mapping, Sequence
+import hashlib
+import json
+import logging
+import os
 
 import grain
 import numpy as np
 
 from jaxdistill import tasks
+from jaxdistill.data import builders
+from jaxdistill.data import sources
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.tasks import countdown as countdown_lib
 from jaxdistill.tasks import expr as expr_lib
@@ -301,7 +305,6 @@ def records_from_config(data) -> list[dict]:
   """
   task, split = data.get("task"), data.get("split") or "train"
   if task == "countdown":
-    from jaxdistill.data import builders  # pylint: disable=g-import-not-at-top
     n = int(data.get("n_numbers") or 3)
     size = data.get("num_problems")
     seed = int(data.get("data_seed") or 0)
@@ -320,7 +323,6 @@ def records_from_config(data) -> list[dict]:
                                config=config)
     return builders.load_records(builder, split)
   if task == "mcq":
-    from jaxdistill.data import builders  # pylint: disable=g-import-not-at-top
     if not data.get("data_dir") or not data.get("manual_dir"):
       raise ValueError("data.data_dir and data.manual_dir are required for task 'mcq'")
     builder = builders.prepare(builders.McqFiles, data_dir=data.data_dir,
@@ -339,7 +341,6 @@ def records_from_config(data) -> list[dict]:
 def read_records(path: str) -> list[dict]:
   """Task records from a .jsonl/.json file, each checked to be a Countdown or
   multiple-choice record; errors name the file and line."""
-  from jaxdistill.data import sources  # pylint: disable=g-import-not-at-top
   out = []
   for where, row in sources.read_rows(path):
     try:
@@ -369,8 +370,6 @@ def read_records(path: str) -> list[dict]:
 
 def write_records(records: Sequence[Mapping], path: str) -> None:
   """Writes records as JSON lines, readable by `read_records` (atomically)."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   tmp = f"{path}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     for r in records:

@@ -31,6 +31,7 @@ by (seed, question text), so it does not depend on file order. Unlabelled rows
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 import csv
 import hashlib
 import json
@@ -38,7 +39,6 @@ import logging
 import os
 import random
 import string
-from collections.abc import Callable, Iterator, Mapping
 
 LETTERS = string.ascii_uppercase
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")

@@ -9,12 +9,18 @@ special tokens below and a chat template, saved so that
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 import json
 import os
+import shutil
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import time
 
+import jax
 import numpy as np
+
+from jaxdistill import tasks
+from jaxdistill.tasks import countdown
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -91,7 +97,11 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
   The vocabulary holds the 256 byte symbols and SPECIAL_TOKENS, so
   `vocab_size` must exceed 256 + len(SPECIAL_TOKENS); the rest are merges.
   """
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from tokenizers import decoders
+  from tokenizers import models
+  from tokenizers import pre_tokenizers
+  from tokenizers import Tokenizer
+  from tokenizers import trainers
   transformers = import_transformers()
   floor = 256 + len(SPECIAL_TOKENS)
   if vocab_size <= floor:
@@ -144,3 +154,50 @@ def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int):
 
 def special_ids(tokenizer) -> Mapping[str, int]:
   return {"pad": int(tokenizer.pad_token_id), "eos": int(tokenizer.eos_token_id)}
+
+
+# -- the tokenizer of a run's config ----------------------------------------------
+
+def run_tokenizer(config):
+  """The run's tokenizer (a local Hugging Face dir), or None for synthetic data."""
+  path = config.get("tokenizer") or config.student.get("path")
+  if config.data.task == "synthetic" and not config.get("tokenizer"):
+    return None
+  if not path:
+    raise ValueError("config.tokenizer: a tokenizer directory is needed for "
+                     f"data.task={config.data.task!r}")
+  return load_tokenizer(os.path.expanduser(path))
+
+
+def runlocal_tokenizer(config, workdir):
+  """runlocal (config.tokenizer_build set): a byte-level BPE trained on
+  Countdown text into <workdir>/tokenizer, so that the tiny random models'
+  exports carry a tokenizer and `python -m jaxdistill.evaluate` runs on them."""
+  out = os.path.join(workdir, "tokenizer")
+  done = os.path.join(out, "tokenizer.json")
+  # On several hosts process 0 builds it (into a temporary directory renamed
+  # into place, so that no host reads a half-written one) and the others wait.
+  if jax.process_index() == 0 and not os.path.isfile(done):
+    recs = [p.to_record() for p in countdown.generate_problems(
+        int(config.data.get("n_numbers") or 3), 64, seed=0)]
+    texts = [tasks.prompt_text(r) + " " + tasks.reference_response(r)
+             for r in recs]
+    tmp = f"{out}.tmp-{os.getpid()}"
+    train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size),
+                                tmp)
+    if os.path.isdir(out):  # a leftover of a killed build
+      shutil.rmtree(out)
+    os.replace(tmp, out)
+  deadline = time.monotonic() + 600
+  while not os.path.isfile(done):
+    if time.monotonic() > deadline:
+      raise ValueError(f"{done}: process 0 did not write the runlocal "
+                       "tokenizer within 600 s (is the workdir on a "
+                       "filesystem every host sees?)")
+    time.sleep(0.2)
+  return load_tokenizer(out)
+
+
+def save_tokenizer(tokenizer, out_dir):
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)

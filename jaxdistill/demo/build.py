@@ -14,7 +14,10 @@ import os
 import shutil
 import sys
 
+from jaxdistill import config_lib
+from jaxdistill.data import pipeline
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.train import loop as train_loop
 
 
 def log(msg: str):
@@ -38,7 +41,6 @@ def _mark_done(path: str, info: dict):
 def write_records(records, root: str, name: str) -> str:
   """Writes `records` as <root>/data/<name>-<hash>.jsonl (once); returns the
   path, which training configs read with data.task='records'."""
-  from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
   path = os.path.join(root, "data", f"{name}-{cache_key(records)}.jsonl")
   if not os.path.isfile(path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -57,7 +59,11 @@ def build_tokenizer(out_dir: str, texts, vocab_size: int):
   arithmetic learnable). Special tokens and chat template are the shared
   ones, so loading and prompting follow the real-checkpoint path.
   """
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders  # pylint: disable=g-import-not-at-top
+  from tokenizers import models
+  from tokenizers import pre_tokenizers
+  from tokenizers import Tokenizer
+  from tokenizers import trainers
   import transformers  # pylint: disable=g-import-not-at-top
   if _done(out_dir):
     return tok_lib.load_tokenizer(out_dir)
@@ -102,8 +108,7 @@ def model_init(arch: dict, tokenizer) -> dict:
 def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
   """configs/distill.py shrunk to the demo: one CPU device, float32, quiet;
   `records` is a records file (write_records)."""
-  from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
-  c = grid_lib.load_config("configs/distill.py")
+  c = config_lib.load_config("configs/distill.py")
   c.seed = int(seed)
   c.tokenizer = tok_dir
   c.progress = False
@@ -144,9 +149,8 @@ def grpo_config(cfg, *, tok_dir: str, records: str):
   """configs/grpo_countdown.py shrunk to the demo's RLVR stage (cfg.rlvr):
   GRPO on `records` (the distillation prompts) with the arithmetic verifier,
   one CPU device, float32; the student's path is each arm's (study.rlvr)."""
-  from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
   r = cfg.rlvr
-  c = grid_lib.load_config("configs/grpo_countdown.py")
+  c = config_lib.load_config("configs/grpo_countdown.py")
   c.tokenizer = tok_dir
   c.progress = False
   c.total_steps = int(r.iterations)
@@ -169,7 +173,6 @@ def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
                 tok_dir: str, records: list[dict], steps: int, lr: float,
                 seed: int, devices) -> str:
   """Trains (or finds in the cache) one model; returns its HF directory."""
-  from jaxdistill import train  # pylint: disable=g-import-not-at-top
   init = model_init(arch, tokenizer)
   data = write_records(records, root, name)
   config = sft_config(cfg, init=init, tok_dir=tok_dir, records=data,
@@ -190,7 +193,7 @@ def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
       f"({steps} steps) in {out}")
   # A killed run resumes from its last checkpoint; a run of other settings
   # (an older jaxdistill) is moved aside by overwrite.
-  last = train.train(config, out, overwrite=True, devices=devices)
+  last = train_loop.train(config, out, overwrite=True, devices=devices)
   _mark_done(out, {"final_loss": last.get("train/loss"), "steps": steps})
   # Checkpoints are only needed to resume; the HF export is what is reused.
   shutil.rmtree(os.path.join(out, "checkpoints"), ignore_errors=True)

@@ -12,6 +12,13 @@ import json
 import os
 import sys
 
+from jaxdistill import config_lib
+from jaxdistill.demo import build
+from jaxdistill.demo import report
+from jaxdistill.demo import study
+from jaxdistill.demo import tasks
+from jaxdistill.sweep import table
+
 DEFAULT_WORKDIR = "~/.cache/jaxdistill/demo"
 
 
@@ -39,18 +46,16 @@ def parse(argv):
 
 
 def load_config(args):
-  from jaxdistill.study import grid as grid_lib  # pylint: disable=g-import-not-at-top
   path, _, arg = args.config.partition(":")
   extra = [a for a in (arg, "quick" if args.quick else "",
                        "spectrum" if args.spectrum else "",
                        "rlvr" if args.rlvr else "",
                        f"seed={args.seed}", f"seeds={args.seeds}") if a]
-  return grid_lib.load_config(f"{path}:{','.join(extra)}")
+  return config_lib.load_config(f"{path}:{','.join(extra)}")
 
 
 def results_name(args, cfg) -> str:
   """'<variant>-<hash of every setting>', e.g. 'default-1a2b3c4d5e6f'."""
-  from jaxdistill.demo import build  # pylint: disable=g-import-not-at-top
   parts = [p for p, on in (("quick", args.quick), ("spectrum", args.spectrum),
                            (f"seeds{args.seeds}", args.seeds > 1),
                            ("rlvr", args.rlvr)) if on]
@@ -68,10 +73,6 @@ def main(argv=None) -> dict:
   cfg = load_config(args)
   workdir = args.workdir or (DEFAULT_WORKDIR + ("-quick" if args.quick else ""))
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  from jaxdistill.demo import report  # pylint: disable=g-import-not-at-top
-  from jaxdistill.demo import study  # pylint: disable=g-import-not-at-top
-  from jaxdistill.demo import tasks  # pylint: disable=g-import-not-at-top
-  from jaxdistill.study import table  # pylint: disable=g-import-not-at-top
   res = study.run(cfg, workdir)
   out = os.path.join(workdir, "results", results_name(args, cfg))
   os.makedirs(out, exist_ok=True)

@@ -8,17 +8,17 @@ So small suites cannot "reproduce" a finding by noise.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from jaxdistill.demo import tasks as demo_tasks
-from jaxdistill.study import figures as study_figures
-from jaxdistill.study import grid as grid_lib
-from jaxdistill.study import rlvr as rlvr_lib
+from jaxdistill.sweep import figures as study_figures
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import rlvr as rlvr_lib
 
 ID_S = f"arith{demo_tasks.ID_NUMBERS}"  # suite names
 HARD_S = f"arith{demo_tasks.HARDER_NUMBERS}"

@@ -1,6 +1,6 @@
 """The miniature study: assets -> grid (jaxdistill.sweep) -> evaluation -> report.
 
-Every arm is one run of the study's grid machinery (jaxdistill.study:
+Every arm is one run of the study's grid machinery (jaxdistill.sweep:
 expand, run_sweep, aggregate) with the demo's evaluation: greedy and sampled
 accuracy on 4-number arithmetic (in distribution) and 6-number arithmetic
 (harder), pass@k,
@@ -23,8 +23,17 @@ import jax
 import ml_collections
 import numpy as np
 
+from jaxdistill import models
+from jaxdistill import sparsity as sparsity_lib
 from jaxdistill.demo import build
 from jaxdistill.demo import tasks as demo_tasks
+from jaxdistill.evaluate import core
+from jaxdistill.evaluate import report
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import rlvr
+from jaxdistill.sweep import runner
+from jaxdistill.sweep import table
+from jaxdistill.train import log as train_log
 
 ID = (f"arith{demo_tasks.ID_NUMBERS}",)
 HARDER = (f"arith{demo_tasks.HARDER_NUMBERS}",)
@@ -66,9 +75,6 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
   The arithmetic suites are scored greedily and with samples (pass@k); the
   addition suite greedily (forgetting is measured on greedy accuracy).
   """
-  from jaxdistill import models  # pylint: disable=g-import-not-at-top
-  from jaxdistill.evaluation import core  # pylint: disable=g-import-not-at-top
-  from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
   seed = int(cfg.seed if seed is None else seed)
   mcfg, params = models.load_pretrained(model_dir, dtype="float32")
   path = os.path.join(model_dir, "demo_eval.json")
@@ -102,20 +108,18 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
 def sparsity(cfg, params0, params1) -> dict:
   """sparsity/* compared in cfg.eval.sparsity_dtype (the study's checkpoints
   are bfloat16; the demo trains in float32), plus the float32 figure."""
-  from jaxdistill import metrics  # pylint: disable=g-import-not-at-top
-  from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
   atol = float(cfg.eval.sparsity_atol)
-  res = metrics.update_sparsity(params0, params1, atol=atol,
+  res = sparsity_lib.update_sparsity(params0, params1, atol=atol,
                                 dtype=cfg.eval.sparsity_dtype)
   out = report.sparsity_metrics(res)
-  f32 = metrics.update_sparsity(params0, params1, atol=atol, dtype="float32")
+  f32 = sparsity_lib.update_sparsity(params0, params1, atol=atol, dtype="float32")
   out["sparsity_f32/whole"] = float(f32["sparsity"])
   out["sparsity_f32/whole_exact"] = float(f32["exact_sparsity"])
   return out
 
 
 def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
-  """A jaxdistill.study grid: KL x rollout policy x learning rate x seed."""
+  """A jaxdistill.sweep grid: KL x rollout policy x learning rate x seed."""
   g = cfg.grid
   base = build.base_train_config(cfg, tok_dir=tok_dir, records=records_file,
                                  seed=cfg.seed)
@@ -141,7 +145,7 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
                ("lr", "optim.lr", tuple(float(x) for x in g.lrs)))
   grid.seeds = tuple(int(cfg.seed) + i for i in range(int(cfg.seeds)))
   grid.eval = None
-  if cfg.rlvr.enabled:  # the study's RLVR stage (jaxdistill.study.rlvr)
+  if cfg.rlvr.enabled:  # the study's RLVR stage (jaxdistill.sweep.rlvr)
     grid.rlvr = dict(
         base=build.grpo_config(cfg, tok_dir=tok_dir, records=records_file),
         base_spec="configs/grpo_countdown.py", updates={},
@@ -160,8 +164,6 @@ def _arm_line(i, n, name, flat, student_eval, seconds):
 
 
 def _rlvr_line(name, stage_dir, flat):
-  from jaxdistill import train_log  # pylint: disable=g-import-not-at-top
-  from jaxdistill.study import rlvr  # pylint: disable=g-import-not-at-top
   r = rlvr.rewards_of(train_log.read_metrics(stage_dir))
   k = rlvr.reward_window(len(r))
   return (f"RLVR {name}: reward {np.mean(r[:k]):.2f} (first {k} iterations) "
@@ -172,7 +174,6 @@ def _rlvr_line(name, stage_dir, flat):
 
 def run(cfg, workdir: str) -> dict:
   """The whole miniature study; returns {'rows', 'teacher', 'student', ...}."""
-  from jaxdistill import sweep  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
@@ -218,7 +219,7 @@ def run(cfg, workdir: str) -> dict:
   made_by.pop("rlvr", None)
   grid_dir = os.path.join(workdir, "grid-" + build.cache_key(
       made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}))
-  runs = sweep.expand(grid)
+  runs = grid_lib.expand(grid)
   spent = {"arms": 0, "arms_eval": 0.0, "rlvr": 0, "rlvr_eval": 0.0}
   t2 = time.time()
   clock = {"arm": t2, "rlvr": 0.0}  # when the next arm / the RLVR stage began
@@ -227,7 +228,6 @@ def run(cfg, workdir: str) -> dict:
     """The demo's evaluation of <run_dir>/hf_student against the student
     before distillation (forgetting, sparsity), for an arm or its RLVR stage
     (kind 'arms' or 'rlvr': what it counts and times)."""
-    from jaxdistill.evaluation import report  # pylint: disable=g-import-not-at-top
     t = time.time()
     flat, params = evaluate(cfg, os.path.join(run_dir, "hf_student"), tok,
                             suites, seed=int(run_.config.seed), cache=False)
@@ -257,11 +257,11 @@ def run(cfg, workdir: str) -> dict:
   done = sum(os.path.isfile(os.path.join(grid_dir, r.dirname, "results.json"))
              for r in runs)
   build.log(f"grid: {len(runs)} arms, {done} already finished, in {grid_dir}")
-  sweep.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
+  runner.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
                   summarize=False, rlvr_evaluate_fn=rlvr_evaluate_fn)
   t_end = time.time()
   t_grid = (clock["rlvr"] or t_end) - t2
-  rows = sweep.aggregate(grid_dir)
+  rows = table.aggregate(grid_dir)
   return {"rows": rows, "teacher": teacher_eval, "student": student_eval,
           "grid_dir": grid_dir, "workdir": workdir, "teacher_dir": teacher_dir,
           "student_dir": student_dir, "tokenizer_dir": tok_dir,

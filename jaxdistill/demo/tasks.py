@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 
+from jaxdistill import tasks
 from jaxdistill.tasks import arith
 from jaxdistill.tasks import mcq
 
@@ -85,6 +86,5 @@ def addition_records(count: int, seed: int, split: str = "train") -> list[dict]:
 
 def corpus(records) -> list[str]:
   """Prompt and response texts, for training the tokenizer."""
-  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
   return [t for r in records for t in (tasks.prompt_text(r),
                                        tasks.reference_response(r))]

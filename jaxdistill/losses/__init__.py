@@ -1,6 +1,8 @@
 """Distillation losses: exact token-level divergences, sampled estimators and a
 memory-bounded fused path from hidden states, and divergences against the
 teacher's top-k (renormalised, or with a tail bucket). Definitions: docs/method.md."""
+from jaxdistill.losses._common import KINDS
+from jaxdistill.losses._common import REDUCTIONS
 from jaxdistill.losses.divergence import divergence
 from jaxdistill.losses.divergence import forward_kl
 from jaxdistill.losses.divergence import jsd
@@ -11,15 +13,13 @@ from jaxdistill.losses.fused import fused_divergence
 from jaxdistill.losses.fused import fused_topk_divergence
 from jaxdistill.losses.sampled import ESTIMATORS
 from jaxdistill.losses.sampled import sampled_kl
-from jaxdistill.losses.topk import TeacherTopK
-from jaxdistill.losses.topk import VARIANTS as TOPK_VARIANTS
 from jaxdistill.losses.topk import teacher_topk
+from jaxdistill.losses.topk import TeacherTopK
 from jaxdistill.losses.topk import topk_divergence
 from jaxdistill.losses.topk import topk_forward_kl
 from jaxdistill.losses.topk import topk_jsd
 from jaxdistill.losses.topk import topk_reverse_kl
-from jaxdistill.losses._common import KINDS
-from jaxdistill.losses._common import REDUCTIONS
+from jaxdistill.losses.topk import VARIANTS as TOPK_VARIANTS
 
 __all__ = [
     "divergence", "forward_kl", "reverse_kl", "jsd", "token_divergence",

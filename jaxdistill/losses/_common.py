@@ -13,8 +13,8 @@ import math
 import numbers
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 KINDS = ("forward", "reverse", "jsd")
 REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")

@@ -26,8 +26,8 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from jaxdistill.losses import _common as c
 from jaxdistill.losses import topk as topk_lib

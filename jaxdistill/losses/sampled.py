@@ -29,7 +29,7 @@ FORWARD KL. WITHOUT the weight, teacher samples give none of these: k1 then
 follows -grad FKL (it pushes q away from the teacher's tokens), and k2, k3
 and rkl_surrogate follow neither KL's gradient. So the reverse-KL objective
 is 'rkl_surrogate' (or 'k2'), weighted by q/b whenever b is not the student;
-the training step (jaxdistill.step) applies that weight to every estimator
+the training step (jaxdistill.train.step) applies that weight to every estimator
 and refuses rollout.policy='dataset' (fixed text has no known b). The
 estimators also assume y ~ softmax(z / tau) at the loss temperature over
 the full vocabulary: config validation refuses a sampled loss with another
@@ -43,8 +43,8 @@ exactly 0, even where their log-ratio is infinite.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from jaxdistill.losses import _common as c
 

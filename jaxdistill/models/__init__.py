@@ -7,9 +7,19 @@
   logits, cache = models.apply(cfg, params, prompt, prompt_mask, cache=cache)
   logits, cache = models.apply(cfg, params, next_tok[:, None], cache=cache)
 """
-from jaxdistill.models.checkpoint import (
-    config_from_hf, config_to_hf, load_pretrained, save_pretrained)
-from jaxdistill.models.config import FAMILIES, PRESETS, ModelConfig, get_preset
-from jaxdistill.models.model import (
-    apply, cache_logical_axes, init, init_cache, logical_axes, num_params,
-    output_head, param_shapes)
+from jaxdistill.models.checkpoint import config_from_hf
+from jaxdistill.models.checkpoint import config_to_hf
+from jaxdistill.models.checkpoint import load_pretrained
+from jaxdistill.models.checkpoint import save_pretrained
+from jaxdistill.models.config import FAMILIES
+from jaxdistill.models.config import get_preset
+from jaxdistill.models.config import ModelConfig
+from jaxdistill.models.config import PRESETS
+from jaxdistill.models.model import apply
+from jaxdistill.models.model import cache_logical_axes
+from jaxdistill.models.model import init
+from jaxdistill.models.model import init_cache
+from jaxdistill.models.model import logical_axes
+from jaxdistill.models.model import num_params
+from jaxdistill.models.model import output_head
+from jaxdistill.models.model import param_shapes

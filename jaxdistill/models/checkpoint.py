@@ -24,8 +24,10 @@ import numpy as np
 
 from jaxdistill import sharding as sharding_lib
 from jaxdistill.models import safetensors_io as st
-from jaxdistill.models.config import ModelConfig, rope_scaling_to_tuple
-from jaxdistill.models.model import logical_axes, param_shapes
+from jaxdistill.models.config import ModelConfig
+from jaxdistill.models.config import rope_scaling_to_tuple
+from jaxdistill.models.model import logical_axes
+from jaxdistill.models.model import param_shapes
 
 _ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2"}
@@ -54,7 +56,7 @@ KEY_TABLE = (
     ("model.norm.weight", "norm/scale", "same"),
 )
 # Present in some checkpoints, never needed.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
                 "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -245,7 +247,7 @@ def _pieces(cfg, hf, kind, shape, chunk_rows):
 
 # -- loading -------------------------------------------------------------------
 
-def _index_tensors(path: pathlib.Path) -> dict[str, st.TensorInfo]:
+def index_tensors(path: pathlib.Path) -> dict[str, st.TensorInfo]:
   index = path / "model.safetensors.index.json"
   single = path / "model.safetensors"
   if index.is_file():
@@ -290,7 +292,7 @@ def _plan(cfg, infos, chunk_rows):
       used.add(name)
     plan.append((path, kind, shape, pieces))
   extra = [n for n in infos if n not in used
-           and not n.endswith(_IGNORED_SUFFIXES)
+           and not n.endswith(IGNORED_SUFFIXES)
            and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
   if extra:
     raise ValueError(f"checkpoint has {len(extra)} tensor(s) this "
@@ -358,7 +360,7 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
   if not path.is_dir():
     raise FileNotFoundError(f"checkpoint directory not found: {path}")
   cfg = read_config(path)
-  infos = _index_tensors(path)
+  infos = index_tensors(path)
   ckpt_dtype = cfg.dtype
   emb = infos.get("model.embed_tokens.weight")
   if emb is not None and emb.dtype.name in _DTYPE_NAMES:

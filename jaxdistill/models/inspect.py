@@ -18,6 +18,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
+from jaxdistill import cli
 from jaxdistill import models
 
 
@@ -61,5 +62,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
   cli.run(main)

@@ -26,8 +26,8 @@ import functools
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdistill.models.config import ModelConfig

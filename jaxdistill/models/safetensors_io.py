@@ -11,11 +11,11 @@ then the raw little-endian tensor bytes (offsets relative to the data start).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 import dataclasses
 import json
 import os
 import struct
-from collections.abc import Iterable
 
 import ml_dtypes
 import numpy as np

@@ -16,8 +16,8 @@ from typing import Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from jaxdistill.models import rope
 from jaxdistill.models.config import ModelConfig

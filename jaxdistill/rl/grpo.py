@@ -10,7 +10,7 @@ For response token t of row i, with log-probs at the rollout temperature T:
   kl_t  = k(log r_t),  log r_t = ref_t - logp_t   (r = pi_ref / pi_theta)
   L     = sum_t w_t (pg_t + beta kl_t)
 
-`w` implements the averaging (jaxdistill.step.loss_weights): 'token_mean'
+`w` implements the averaging (jaxdistill.train.step.loss_weights): 'token_mean'
 divides by the number of response tokens of the mini-batch (every token counts
 the same), 'sequence_mean' averages tokens within a row, then rows (original
 GRPO: long answers get less weight per token).
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdistill import models
-from jaxdistill import step as step_lib
+from jaxdistill.train import step as step_lib
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Which divergence's gradient each estimator follows when back-propagated.

@@ -13,26 +13,27 @@ reference's log-probs when a reference is given.
 
 `ppo_update` then runs `ppo_epochs` passes over the rollout batch, each
 shuffled into `num_minibatches` mini-batches, one optimizer step
-(jaxdistill.step.train_step, with its gradient accumulation) per mini-batch.
+(jaxdistill.train.step.train_step, with its gradient accumulation) per mini-batch.
 The loss weights are normalised over each mini-batch.
 
 Shapes: B prompts, G samples each, R = B G rows, P prompt width, N new tokens.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
+import functools
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
+import numpy as np
 
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
-from jaxdistill import step as step_lib
 from jaxdistill import tasks
 from jaxdistill.rl import grpo
+from jaxdistill.train import step as step_lib
 
 # reward_fn(rollout with host arrays, host prompt batch) -> {'reward': [R],
 # optionally 'format': [R]} (NumPy).
@@ -53,7 +54,6 @@ def to_host(x):
     return np.asarray(jax.device_get(x))
   if x.is_fully_replicated:
     return np.asarray(x.addressable_data(0))
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 

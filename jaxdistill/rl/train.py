@@ -22,20 +22,25 @@ import os
 import sys
 import time
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from jaxdistill import checkpoint as ckpt_lib
+from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill import models
 from jaxdistill import sharding
-from jaxdistill import step as step_lib
-from jaxdistill import train as train_lib
-from jaxdistill import train_data
-from jaxdistill import train_log
+from jaxdistill import sparsity
+from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.rl import grpo
 from jaxdistill.rl import step as rl_step
+from jaxdistill.train import batches as train_batches
+from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import log as train_log
+from jaxdistill.train import loop as train_loop
+from jaxdistill.train import setup as train_setup
+from jaxdistill.train import step as step_lib
 
 
 def resolve_init(path: str) -> str:
@@ -133,12 +138,12 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
   # devices in tests/rl/train_test.py).
   rules = tuple((k, tuple(v) if isinstance(v, list) else v)
                 for k, v in config.get("rules", sharding.DEFAULT_RULES))
-  with train_lib.locked_workdir(workdir):
+  with train_loop.locked_workdir(workdir):
     return _train(config, workdir, overwrite, mesh, rules, reward_fn)
 
 
 def _train(config, workdir, overwrite, mesh, rules, reward_fn):
-  scfg = train_lib.model_config(config.student, "student")
+  scfg = train_setup.model_config(config.student, "student")
   if not config.student.get("path"):
     logging.warning(
         "config.student has no path: a randomly initialised policy (runlocal). "
@@ -152,27 +157,27 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
     rmcfg = ml_collections.ConfigDict(dict(
         path=config.kl.reference, dtype=scfg.dtype,
         param_dtype=scfg.param_dtype))
-    rcfg = train_lib.model_config(rmcfg, "kl.reference")
+    rcfg = train_setup.model_config(rmcfg, "kl.reference")
     if rcfg.vocab_size != scfg.vocab_size:
       raise ValueError(f"config.kl.reference: vocabulary {rcfg.vocab_size} "
                        f"!= the policy's {scfg.vocab_size}")
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
-  tokenizer = None if build_tok else train_data.load_tokenizer(config)
+  tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   if jax.process_index() == 0:
-    train_lib.prepare_workdir(config, workdir, overwrite)
+    train_loop.prepare_workdir(config, workdir, overwrite)
   if build_tok:
-    tokenizer = train_data.tiny_tokenizer(config, workdir)
+    tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
   if len(tokenizer) > scfg.vocab_size:
     raise ValueError(f"config.tokenizer: {len(tokenizer)} tokens do not fit "
                      f"the model's vocabulary ({scfg.vocab_size})")
-  batches = train_data.make_batches(config, tokenizer, scfg.vocab_size)
-  train_lib.report_dropped(batches)
+  batches = train_batches.make_batches(config, tokenizer, scfg.vocab_size)
+  train_loop.report_dropped(batches)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
   eos = set(scfg.eos_token_id) | {int(tokenizer.eos_token_id)}
   eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
 
   seed_key = jax.random.key(config.seed)
-  params0 = train_lib.load_params(scfg, config.student, mesh, rules,
+  params0 = train_setup.load_params(scfg, config.student, mesh, rules,
                                   jax.random.fold_in(seed_key, 1 << 20))
   per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
   optimizer, schedule = step_lib.make_optimizer(
@@ -181,7 +186,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
                                     params0)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                keep=config.keep_ckpts)
-  state, state_shard, meta, start = train_lib.init_or_restore(
+  state, state_shard, meta, start = train_loop.init_or_restore(
       optimizer, params0, p_shard, mesh, ckpt, workdir)
   if meta:
     seed_key = jax.random.wrap_key_data(
@@ -190,13 +195,13 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
 
   reference = None
   if rmcfg is not None:
-    reference = (rcfg, train_lib.load_params(rcfg, rmcfg, mesh, rules, None))
+    reference = (rcfg, train_setup.load_params(rcfg, rmcfg, mesh, rules, None))
   elif use_ref:
     reference = (scfg, params0)
   if not config.get("track_sparsity", True):
     params0 = None
   else:  # compared in the dtype the base student is stored in
-    sparsity_dtype = train_data.base_dtype(config.student, scfg)
+    sparsity_dtype = sparsity.base_dtype(config.student, scfg)
 
   update = jax.jit(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
@@ -212,9 +217,9 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
                          log_every=config.log_every, prefix="grpo")
-  init_norm = train_lib.param_norm(state["params"]) if start == 0 else None
+  init_norm = train_loop.param_norm(state["params"]) if start == 0 else None
   last = {}
-  stop = train_lib.StopOnSignal()
+  stop = train_loop.StopOnSignal()
   try:
     for step in stop.steps(start, config.total_steps):
       t0 = time.perf_counter()
@@ -224,7 +229,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       state, upd = update(state, batch, r_upd)
       metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})
       if not math.isfinite(metrics["train/loss"]):
-        raise FloatingPointError(train_lib.nan_stop_message(
+        raise FloatingPointError(train_loop.nan_stop_message(
             step + 1, metrics["train/loss"], ckpt, state, init_norm))
       dt = time.perf_counter() - t0
       metrics.update({"perf/step_time_s": dt, "perf/rollout_time_s": t1 - t0,
@@ -232,7 +237,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       done = step + 1
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
-        metrics.update(train_data.sparsity_metrics(params0, state["params"],
+        metrics.update(sparsity.sparsity_metrics(params0, state["params"],
                                                    scfg, sparsity_dtype))
       log.write(done, metrics)
       last = metrics
@@ -249,22 +254,20 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
     ckpt.close()
     log.close()
   if config.get("export_hf", True):
-    train_lib.export_hf(scfg, state["params"], tokenizer, workdir)
+    train_loop.export_hf(scfg, state["params"], tokenizer, workdir)
   return last
 
 
 def main(argv):
   del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  train_lib.initialize_distributed(f)
+  train_loop.initialize_distributed(f)
   try:
     train(f.config, f.workdir, overwrite=f.overwrite)
-  except train_lib.Preempted as e:
+  except train_loop.Preempted as e:
     print(e, file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":
-  from jaxdistill import cli  # pylint: disable=g-import-not-at-top
-  cli.run_absl(main, train_lib.define_flags)
+  cli.run_absl(main, train_loop.define_flags)

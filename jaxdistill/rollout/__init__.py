@@ -5,7 +5,12 @@
 
 See generation.py for the Rollout layout and loop.py for the RNG guarantees.
 """
-from jaxdistill.rollout.generation import POLICIES, Rollout, generate
-from jaxdistill.rollout.prompts import (bucket_length, decode_responses,
-                                        pad_prompts, response_token_ids)
-from jaxdistill.rollout.sampling import Sampler, sample
+from jaxdistill.rollout.generation import generate
+from jaxdistill.rollout.generation import POLICIES
+from jaxdistill.rollout.generation import Rollout
+from jaxdistill.rollout.prompts import bucket_length
+from jaxdistill.rollout.prompts import decode_responses
+from jaxdistill.rollout.prompts import pad_prompts
+from jaxdistill.rollout.prompts import response_token_ids
+from jaxdistill.rollout.sampling import sample
+from jaxdistill.rollout.sampling import Sampler

@@ -48,16 +48,17 @@ that nearby prompt widths share a program. RNG guarantees: see loop.py.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
 
 from jaxdistill import models
 from jaxdistill import sharding

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxdistill.tasks import arith, countdown, mcq
+from jaxdistill.tasks import arith
+from jaxdistill.tasks import countdown
+from jaxdistill.tasks import mcq
 
 COUNTDOWN, MCQ, ARITH = 0, 1, 2
 TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq", ARITH: "arith"}

@@ -23,12 +23,12 @@ raises or loops on hostile text; the arithmetic limits live in `expr`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import dataclasses
+from fractions import Fraction
 import hashlib
 import itertools
 import random
-from collections.abc import Sequence
-from fractions import Fraction
 
 from jaxdistill.tasks import expr as expr_lib
 

@@ -19,9 +19,9 @@ scores 0 and is counted separately (`parsed` in `score`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import re
 import string
-from collections.abc import Sequence
 
 MAX_SCAN_CHARS = 32_768
 MAX_OPTIONS = 26

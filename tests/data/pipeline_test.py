@@ -1,4 +1,5 @@
 """Prompt / sequence batches: deterministic, random-access, correctly laid out."""
+import ml_collections
 import numpy as np
 import pytest
 
@@ -209,7 +210,6 @@ def test_argument_errors(tiny_tokenizer):
 
 
 def test_batches_from_config(tiny_tokenizer, tmp_path):
-  import ml_collections
   config = ml_collections.ConfigDict({
       "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 128},
       "data": {"task": "countdown", "n_numbers": 3, "batch_size": 4,
@@ -230,7 +230,6 @@ def test_batches_from_config(tiny_tokenizer, tmp_path):
 
 
 def test_records_task_reads_a_mixed_file(tiny_tokenizer, tmp_path):
-  import ml_collections
   recs = [{"numbers": [3, 4, 5], "target": 27, "solution": "(4+5)*3"},
           {"question": "Which is even?", "options": ["3", "8"], "answer": "B",
            "response": "8 is even.\nThe answer is: B"}]

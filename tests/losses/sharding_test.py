@@ -1,8 +1,9 @@
 """On 8 simulated CPU devices, sharded losses equal unsharded ones."""
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxdistill import losses
 from jaxdistill.sharding import make_mesh

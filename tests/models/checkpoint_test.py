@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from jaxdistill import models
+from tests import tiny_hf
 
 
 def _logits_hf(model, tokens):
@@ -217,7 +218,6 @@ def test_error_bad_dtype_argument(tiny_ckpt):
 
 
 def test_bfloat16_checkpoint_written_by_transformers(tmp_path):
-  from tests import tiny_hf
   model = tiny_hf.make_tiny_model("qwen2", tie_word_embeddings=False)
   model.to(torch.bfloat16).save_pretrained(tmp_path)
   cfg, params = models.load_pretrained(tmp_path)  # keeps the stored dtype

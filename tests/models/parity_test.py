@@ -1,4 +1,6 @@
 """Logit parity with transformers (PyTorch, float32) on tiny random models."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,7 +62,6 @@ def test_left_padded_batch_matches_transformers(name, rope_form, tiny_ckpt,
 
 def test_llama3_rope_scaling_matters(tiny_ckpt, hf_model):
   """Guards the parity test: without the llama3 scaling the logits differ."""
-  import dataclasses
   path = tiny_ckpt("llama3")
   cfg, params = models.load_pretrained(path)
   tokens, _ = _batch(cfg.vocab_size, b=1, pads=(0,))
@@ -107,7 +108,6 @@ def test_return_hidden_times_head_is_logits(tiny_ckpt, hf_model):
 
 def test_gradients_match_torch_autograd(tiny_ckpt, hf_model):
   """Gradients through the scanned, rematerialised layers vs torch autograd."""
-  import dataclasses
   path = tiny_ckpt("qwen2_untied")
   cfg, params = models.load_pretrained(path)
   cfg = dataclasses.replace(cfg, remat="full")

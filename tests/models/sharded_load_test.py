@@ -1,10 +1,12 @@
 """Loading straight onto an 8-device (fsdp x tensor) CPU mesh."""
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import torch
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxdistill import models, sharding
+from jaxdistill import models
+from jaxdistill import sharding
 
 
 def test_sharded_load_gives_same_logits(tiny_ckpt, hf_model):

@@ -5,10 +5,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxdistill import config_lib
 from jaxdistill import models
 from jaxdistill import rollout
-from jaxdistill import step as step_lib
+from jaxdistill import sharding
 from jaxdistill.rl import grpo
+from jaxdistill.rl import step as rl_step
+from jaxdistill.train import step as step_lib
 
 
 def np_advantages(r, g, scale, eps):
@@ -229,13 +232,8 @@ def test_equal_reward_group_adds_nothing_to_a_mixed_batch(tiny_rollout):
 @pytest.mark.slow
 def test_sharded_update_matches_single_device(tiny_rollout):
   """ppo_update (2 epochs x 2 mini-batches) on fsdp x tensor == 1 device."""
-  import sys, pathlib  # pylint: disable=g-import-not-at-top,multiple-imports
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-  from configs import grpo_countdown  # pylint: disable=g-import-not-at-top
-  from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
-  from jaxdistill.rl import step as rl_step  # pylint: disable=g-import-not-at-top
   params, ro = tiny_rollout
-  config = grpo_countdown.get_config("runlocal")
+  config = config_lib.load_config("configs/grpo_countdown.py:runlocal")
   config.grpo.update(ppo_epochs=2, num_minibatches=2)
   config.kl.coef = 0.05
   config.rollout.temperature = 0.7

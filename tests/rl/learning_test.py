@@ -1,14 +1,14 @@
 """GRPO learns a toy verifiable task: answer the prompt's target token."""
-import sys
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxdistill import models
-from jaxdistill import step as step_lib
 from jaxdistill.rl import step as rl_step
+from jaxdistill.train import step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

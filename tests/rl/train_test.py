@@ -11,10 +11,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxdistill import train as train_lib
-from jaxdistill import train_data
-from jaxdistill import train_log
+from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.rl import train as rl_train
+from jaxdistill.train import log as train_log
+from jaxdistill.train import setup as train_setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -95,9 +95,9 @@ def test_cli_resumes_where_an_uninterrupted_run_goes(tmp_path):
   init = rl_train.resolve_paths(_config(**{"student.path": str(work),
                                        "tokenizer_build": None}))
   assert init.student.path == str(work / "hf_student")
-  scfg = train_lib.model_config(init.student, "student")
-  assert len(train_data.load_tokenizer(init)) <= scfg.vocab_size
-  loaded = train_lib.load_params(scfg, init.student, None, None, None)
+  scfg = train_setup.model_config(init.student, "student")
+  assert len(tok_lib.run_tokenizer(init)) <= scfg.vocab_size
+  loaded = train_setup.load_params(scfg, init.student, None, None, None)
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, loaded),
                p_res)
 

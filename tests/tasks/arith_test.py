@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxdistill import tasks
+from jaxdistill.data import pipeline
 from jaxdistill.tasks import arith
 
 
@@ -64,7 +65,6 @@ def test_reward_table(text, value, want):
 
 
 def test_score_batch_and_records_carry_the_gold_value(tmp_path):
-  from jaxdistill.data import pipeline
   recs = [p.to_record() for p in arith.generate_problems(4, 3, 0)]
   path = str(tmp_path / "a.jsonl")
   pipeline.write_records(recs, path)

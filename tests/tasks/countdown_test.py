@@ -5,10 +5,11 @@ test-generated strings plus `fractions`, and the brute force enumerates every
 expression tree over 3 numbers: neither shares code with jaxdistill.tasks.
 """
 import ast
-import itertools
-import time
 from collections import Counter
 from fractions import Fraction
+import itertools
+import random
+import time
 
 import pytest
 
@@ -86,7 +87,6 @@ def test_solver_solutions_check_with_reference(n, count):
 
 
 def test_solver_agrees_with_brute_force_on_three_numbers():
-  import random
   rng = random.Random(0)
   found = missed = 0
   for _ in range(150):
@@ -202,7 +202,6 @@ def test_verifier_table(completion, numbers, target, expected):
 
 
 def test_verifier_never_raises_on_random_junk():
-  import random
   rng = random.Random(0)
   alphabet = "0123456789+-*/()= <>answer/\\x٣"
   for _ in range(500):
@@ -274,7 +273,6 @@ def _brute_force_problems(n, max_number=9, max_target=100):
   """Every (sorted numbers, target) reachable under the generator's rules
   (positive integer intermediates, exact division, no division by 1), by
   combining any two values of a multiset until one is left."""
-  import itertools
   def values(vals):
     if len(vals) == 1:
       yield vals[0]

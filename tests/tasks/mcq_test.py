@@ -2,9 +2,9 @@
 import time
 
 import numpy as np
-
 import pytest
 
+from jaxdistill import tasks
 from jaxdistill.tasks import mcq
 
 # (text, expected letter or None)
@@ -102,7 +102,6 @@ def test_extract_answer_rejects_bad_num_options():
 
 
 def test_score_batch_uses_offered_options():
-  from jaxdistill import tasks
   batch = {"task": np.array([tasks.MCQ], np.int32),
            "numbers": np.full((1, 6), -1, np.int32),
            "target": np.array([-1], np.int32), "gold": np.array([2], np.int32),

@@ -1,0 +1,177 @@
+"""Flat metric dicts for comparisons, and the plain-text tables of a result.
+
+Keys added next to the per-suite ones of evaluation.core:
+
+  {group}/{metric}            mean over a group's suites (group: id, harder,
+                              ood; metric: greedy_acc, sampled_acc, pass@k)
+  baseline/{suite}/{metric}   the baseline model's figures
+  forgetting/{suite}_pp       100 * (baseline - checkpoint) accuracy, per OOD
+  forgetting/mean_pp          suite, and their mean (positive = forgotten)
+  sparsity/whole              fraction of entries with |after - before| <= atol,
+                              compared in the default dtype (the base
+                              checkpoint's stored dtype; result['sparsity']
+                              ['dtype'] names it)
+  sparsity/whole_exact        fraction bit-equal in that dtype
+  sparsity/layer_{i:02d}[_exact], sparsity/{tensor group}[_exact]   the same
+  sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}   whole model, named by
+                              the comparison dtype: the default one and the
+                              other (bfloat16 / float32) side by side
+  sparsity/num_params
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from jaxdistill.evaluate import metrics
+
+GROUP_METRICS = ("greedy_acc", "sampled_acc")
+# Rows of the per-suite table: (key suffix, label, is a fraction to show in %).
+_ROWS = (
+    ("greedy_acc", "greedy accuracy", True),
+    ("sampled_acc", "sampled accuracy", True),
+    ("pass@*", None, True),
+    ("distinct_correct", "distinct correct / problem", False),
+    ("greedy_format", "format score (greedy)", False),
+    ("greedy_parse_rate", "parse rate (greedy)", True),
+    ("greedy_len", "response tokens (greedy)", False),
+    ("greedy_truncated", "truncated (greedy)", True),
+    ("sampled_format", "format score (sampled)", False),
+    ("sampled_parse_rate", "parse rate (sampled)", True),
+    ("sampled_len", "response tokens (sampled)", False),
+    ("sampled_truncated", "truncated (sampled)", True),
+)
+
+
+def group_means(flat: Mapping[str, float], groups: Mapping[str, Sequence[str]]
+                ) -> dict:
+  """{group}/{metric}: mean over the group's suites that have the metric."""
+  out = {}
+  for group, suites in groups.items():
+    if not suites:
+      continue
+    keys = set(GROUP_METRICS) | {k.split("/", 1)[1] for k in flat
+                                 if k.split("/", 1)[-1].startswith("pass@")}
+    for m in sorted(keys):
+      vals = [flat[f"{s}/{m}"] for s in suites if f"{s}/{m}" in flat]
+      if vals and len(vals) == len(suites):
+        out[f"{group}/{m}"] = float(np.mean(vals))
+  return out
+
+
+def forgetting_metrics(after: Mapping[str, float], before: Mapping[str, float],
+                       ood: Sequence[str], metric: str = "greedy_acc") -> dict:
+  """forgetting/{suite}_pp and forgetting/mean_pp via metrics.forgetting.
+
+  `after` / `before` are flat per-suite dicts ('{suite}/{metric}' keys) of the
+  evaluated checkpoint and of the baseline (the student before training).
+  """
+  if not ood:
+    raise ValueError("ood: forgetting needs at least one out-of-distribution suite")
+  missing = [s for s in ood for d in (after, before) if f"{s}/{metric}" not in d]
+  if missing:
+    raise ValueError(f"forgetting: no '{metric}' for suite(s) {sorted(set(missing))}")
+  res = metrics.forgetting({s: before[f"{s}/{metric}"] for s in ood},
+                           {s: after[f"{s}/{metric}"] for s in ood})
+  out = {f"forgetting/{s}_pp": v for s, v in res["per_suite"].items()}
+  out["forgetting/mean_pp"] = res["mean"]
+  return out
+
+
+def sparsity_metrics(res: Mapping, other: Mapping | None = None) -> dict:
+  """Flat sparsity/* numbers from update_sparsity(_from_checkpoints).
+
+  `res` is the comparison in the default dtype; `other` (optional) the same
+  in the other dtype, whose whole-model figures are added under keys naming
+  it (module docstring)."""
+  out = {"sparsity/whole": float(res["sparsity"]),
+         "sparsity/whole_exact": float(res["exact_sparsity"]),
+         "sparsity/num_params": float(res["num_params"])}
+  for r in (res, other):
+    if r is not None:
+      out[f"sparsity/whole_{r['dtype']}"] = float(r["sparsity"])
+      out[f"sparsity/whole_exact_{r['dtype']}"] = float(r["exact_sparsity"])
+  for i, v in res["per_layer"].items():
+    out[f"sparsity/layer_{int(i):02d}"] = float(v["sparsity"])
+    out[f"sparsity/layer_{int(i):02d}_exact"] = float(v["exact_sparsity"])
+  for g, v in res["per_group"].items():
+    g = g.removeprefix("model.").removesuffix(".weight")
+    out[f"sparsity/{g}"] = float(v["sparsity"])
+    out[f"sparsity/{g}_exact"] = float(v["exact_sparsity"])
+  return out
+
+
+def _fmt(v, pct: bool) -> str:
+  if v is None:
+    return "-"
+  return f"{100 * v:.1f} %" if pct else f"{v:.3g}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+  widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+  line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+  return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+          *map(line, rows)]
+
+
+def format_report(result: Mapping) -> str:
+  """Markdown tables: one per suite, then groups, forgetting and sparsity."""
+  m = result["metrics"]
+  info = result.get("suites", {})
+  lines = [f"checkpoint: {result['checkpoint']}"]
+  if result.get("baseline"):
+    lines.append(f"baseline:   {result['baseline']}")
+  for suite, meta in info.items():
+    base = any(k.startswith(f"baseline/{suite}/") for k in m)
+    lines += ["", f"## {suite} ({meta.get('group', 'other')}, "
+              f"{int(m[f'{suite}/num_problems'])} problems"
+              + (f", {int(m[f'{suite}/num_dropped'])} dropped as too long"
+                 if m.get(f"{suite}/num_dropped") else "") + ")", ""]
+    header = ["metric", "checkpoint"] + (["baseline", "change"] if base else [])
+    rows = []
+    for key, label, pct in _ROWS:
+      keys = ([k.split("/", 1)[1] for k in m if k.startswith(f"{suite}/pass@")]
+              if key == "pass@*" else [key])
+      for k in keys:
+        if f"{suite}/{k}" not in m:
+          continue
+        v, row = m[f"{suite}/{k}"], [label or k, _fmt(m[f"{suite}/{k}"], pct)]
+        if base:
+          b = m.get(f"baseline/{suite}/{k}")
+          row += [_fmt(b, pct), "-" if b is None else
+                  (f"{100 * (v - b):+.1f} pp" if pct else f"{v - b:+.3g}")]
+        rows.append(row)
+    lines += _table(header, rows)
+  groups = sorted(k for k in m if k.split("/")[0] in ("id", "harder", "ood"))
+  if groups:
+    lines += ["", "## group means", ""]
+    lines += _table(["metric", "value"], [[k, _fmt(m[k], True)] for k in groups])
+  fkeys = sorted(k for k in m if k.startswith("forgetting/"))
+  if fkeys:
+    lines += ["", "## forgetting (accuracy drop on OOD suites, "
+              f"{result.get('forgetting_metric', 'greedy_acc')})", ""]
+    lines += _table(["suite", "drop (pp)"],
+                    [[k.split("/", 1)[1].removesuffix("_pp"), f"{m[k]:+.2f}"]
+                     for k in fkeys])
+  sp = result.get("sparsity")
+  if sp:
+    d, o = sp["dtype"], sp.get("other_dtype")
+    lines += ["", f"## update sparsity (compared in {d}, the baseline's stored "
+              f"dtype unless configured{f', and in {o}' if o else ''}; atol "
+              f"{sp['atol']:g}; stored: checkpoint {sp['stored_dtype']['after']}, "
+              f"baseline {sp['stored_dtype']['before']}; "
+              f"{int(m['sparsity/num_params']):,} parameters)", ""]
+    header = ["part", f"|delta| <= {sp['atol']:g} ({d})", f"exact ({d})"]
+    rows = [["whole model", _fmt(m["sparsity/whole"], True),
+             _fmt(m["sparsity/whole_exact"], True)]]
+    if o:
+      header += [f"|delta| <= {sp['atol']:g} ({o})", f"exact ({o})"]
+      rows[0] += [_fmt(m.get(f"sparsity/whole_{o}"), True),
+                  _fmt(m.get(f"sparsity/whole_exact_{o}"), True)]
+    layers = sorted(k for k in m if k.startswith("sparsity/layer_")
+                    and not k.endswith("_exact"))
+    rows += [[k.split("/")[1], _fmt(m[k], True), _fmt(m[k + "_exact"], True)]
+             + (["-", "-"] if o else []) for k in layers]
+    lines += _table(header, rows)
+  return "\n".join(lines)

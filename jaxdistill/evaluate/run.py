@@ -1,0 +1,241 @@
+r"""Evaluate a checkpoint on the study's suites; with --baseline, also forgetting
+and update sparsity.
+
+  python -m jaxdistill.evaluate --config configs/eval.py:task=countdown \
+      --config.suites.science.path=/data/sciq/test.jsonl \
+      --config.suites.medical.path=/data/medmcqa/dev.json \
+      --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
+      --out /runs/qwen_rkl_on/eval.json
+
+--checkpoint / --baseline name a Hugging Face directory, or a training workdir
+(then its hf_student/ export is used). The tokenizer (and chat template) is the
+directory's own unless config.tokenizer is set. Prints one markdown table per
+suite (plus group means, forgetting and sparsity) to stdout; progress bars and
+logs go to stderr. --out writes the JSON: {'metrics': flat namespaced numbers
+(keys in jaxdistill.evaluate.core and .report), 'checkpoint', 'baseline',
+'suites', 'sparsity' (comparison and stored dtypes), 'config', ...}.
+
+With --baseline (the student before training):
+  forgetting   the baseline is evaluated on the OOD suites (config.ood),
+               greedily unless config.forgetting asks otherwise, and the drop in
+               accuracy is reported in percentage points per suite and mean.
+  sparsity     both checkpoints are read tensor by tensor in their stored
+               dtypes (sparsity.update_sparsity_from_checkpoints), whole model
+               and per layer, |delta| <= atol and exact, compared in the
+               baseline's stored dtype (config.sparsity.dtype overrides it),
+               and whole-model also in the other of bfloat16 / float32;
+               the keys sparsity/whole_{dtype} name the dtype.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxdistill import models
+from jaxdistill import sharding
+from jaxdistill import sparsity
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.evaluate import core
+from jaxdistill.evaluate import report
+from jaxdistill.evaluate import suites as suites_lib
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def resolve_checkpoint(path: str, flag: str = "--checkpoint") -> str:
+  """The Hugging Face directory of `path` (itself, or <workdir>/hf_student)."""
+  if not path:
+    raise ValueError(f"{flag}: a checkpoint directory is required")
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{flag}: checkpoint directory not found: {path}")
+  if os.path.isfile(os.path.join(path, "config.json")) and (
+      os.path.isfile(os.path.join(path, "model.safetensors")) or
+      os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
+    return path
+  export = os.path.join(path, "hf_student")
+  if os.path.isdir(export):
+    return resolve_checkpoint(export, flag)
+  raise FileNotFoundError(
+      f"{flag}: {path} is neither a Hugging Face directory (config.json + "
+      "model.safetensors) nor a training workdir with an hf_student/ export")
+
+
+def _has_tokenizer(path: str) -> bool:
+  return any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+
+
+def _generation_eos(path: str) -> set[int]:
+  """EOS ids of generation_config.json (Llama 3 Instruct lists <|eot_id|> there)."""
+  f = os.path.join(path, "generation_config.json")
+  if not os.path.isfile(f):
+    return set()
+  with open(f) as fh:
+    e = json.load(fh).get("eos_token_id")
+  if e is None:
+    return set()
+  return {int(x) for x in (e if isinstance(e, list) else [e])}
+
+
+def check_config(config) -> tuple[str, ...]:
+  """Validates everything that needs no weights; returns the suite names."""
+  names = suites_lib.check_names(config)
+  s = config.sampler
+  core.check_settings(greedy=bool(s.greedy), num_samples=int(s.num_samples),
+                      temperature=s.temperature, ks=tuple(s.ks),
+                      batch_size=s.batch_size, seed=config.seed)
+  f = config.forgetting
+  if f.metric not in ("greedy_acc", "sampled_acc"):
+    raise ValueError(f"config.forgetting.metric: expected 'greedy_acc' or "
+                     f"'sampled_acc', got {f.metric!r}")
+  if f.metric == "greedy_acc" and not s.greedy:
+    raise ValueError("config.forgetting.metric: 'greedy_acc' needs "
+                     "config.sampler.greedy=True")
+  if f.metric == "sampled_acc" and not (s.num_samples and f.baseline_samples):
+    raise ValueError("config.forgetting.metric: 'sampled_acc' needs "
+                     "sampler.num_samples > 0 and forgetting.baseline_samples=True")
+  if f.baseline_suites not in ("ood", "all"):
+    raise ValueError(f"config.forgetting.baseline_suites: expected 'ood' or 'all', "
+                     f"got {f.baseline_suites!r}")
+  if not float(config.sparsity.atol) >= 0:
+    raise ValueError(f"config.sparsity.atol: must be >= 0, got {config.sparsity.atol}")
+  return names
+
+
+def load_model(path: str, config, mesh):
+  """(cfg, params, tokenizer, eos ids) of a Hugging Face directory."""
+  tok_path = config.get("tokenizer") or path
+  if not config.get("tokenizer") and not _has_tokenizer(path):
+    raise FileNotFoundError(f"{path}: no tokenizer files ({_TOKENIZER_FILES}); "
+                            "set config.tokenizer to a tokenizer directory")
+  tokenizer = tok_lib.load_tokenizer(os.path.expanduser(tok_path))
+  cfg, params = models.load_pretrained(path, dtype=config.get("dtype"), mesh=mesh)
+  eos = set(cfg.eos_token_id) | _generation_eos(path)
+  if tokenizer.eos_token_id is not None:
+    eos.add(int(tokenizer.eos_token_id))
+  if config.sampler.get("eos_token_ids"):
+    eos = {int(e) for e in config.sampler.eos_token_ids}
+  if len(tokenizer) > cfg.vocab_size:
+    raise ValueError(f"{path}: tokenizer has {len(tokenizer)} tokens but the "
+                     f"model only {cfg.vocab_size} embeddings")
+  return cfg, params, tokenizer, tuple(sorted(eos))
+
+
+def _rollout_factory(config, mesh):
+  s = config.sampler
+
+  def make(role, cfg, params, tokenizer, eos):
+    del role
+    return core.rollout_generator(
+        cfg, params, tokenizer, max_new_tokens=int(s.max_new_tokens),
+        top_k=s.get("top_k"), top_p=s.get("top_p"), eos_token_ids=eos, mesh=mesh)
+  return make
+
+
+def _evaluate(role, path, config, mesh, factory, suites, *, num_samples):
+  s = config.sampler
+  cfg, params, tokenizer, eos = load_model(path, config, mesh)
+  logging.info("%s: %s (%s, %d layers, dtype %s)", role, path, cfg.family,
+               cfg.num_hidden_layers, cfg.dtype)
+  gen = factory(role, cfg, params, tokenizer, eos)
+  return core.evaluate_suites(
+      gen, tokenizer, suites, greedy=bool(s.greedy), num_samples=num_samples,
+      temperature=float(s.temperature), ks=tuple(s.ks),
+      batch_size=int(s.batch_size), seed=int(config.seed),
+      max_prompt_len=int(s.max_prompt_len), prompt_bucket=s.get("prompt_bucket"),
+      system=config.get("system"), progress=bool(config.get("progress", True)))
+
+
+def run(config, checkpoint: str, baseline: str | None = None,
+        out: str | None = None, *, generator_factory=None) -> dict:
+  """Evaluates `checkpoint` (and compares with `baseline`); returns the result.
+
+  `generator_factory(role, cfg, params, tokenizer, eos_ids) -> generator`
+  (role 'checkpoint' or 'baseline') replaces the rollout sampler; tests use it
+  to feed known completions through the whole command.
+  """
+  t0 = time.time()
+  names = check_config(config)
+  checkpoint = resolve_checkpoint(checkpoint, "--checkpoint")
+  baseline = resolve_checkpoint(baseline, "--baseline") if baseline else None
+  if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+    raise FileNotFoundError(f"--out: directory of {out} does not exist")
+  suites = suites_lib.load_suites(config, names)
+  mesh = sharding.make_mesh(dict(config.mesh)) if config.get("mesh") else None
+  factory = generator_factory or _rollout_factory(config, mesh)
+  groups = {"id": tuple(config.get("in_distribution") or ()),
+            "harder": tuple(config.get("harder") or ()),
+            "ood": tuple(config.get("ood") or ())}
+  result = {"checkpoint": checkpoint, "baseline": baseline,
+            "suites": {n: {"group": next((g for g, m in groups.items() if n in m),
+                                         "other"),
+                           "kind": config.suites[n].kind} for n in names},
+            "forgetting_metric": config.forgetting.metric, "sparsity": None}
+
+  flat = {}
+  if baseline:
+    # Cheap next to evaluation, and it checks that the two models match.
+    # In the baseline's stored dtype (unless configured), and in the other
+    # of bfloat16 / float32 beside it: the two can differ several-fold.
+    atol = float(config.sparsity.atol)
+    sp = sparsity.update_sparsity_from_checkpoints(
+        baseline, checkpoint, atol=atol, dtype=config.sparsity.get("dtype"))
+    other = sparsity.update_sparsity_from_checkpoints(
+        baseline, checkpoint, atol=atol,
+        dtype=sparsity.other_sparsity_dtype(sp["dtype"].split(",")[0]))
+    flat.update(report.sparsity_metrics(sp, other))
+    result["sparsity"] = {"dtype": sp["dtype"], "other_dtype": other["dtype"],
+                          "atol": sp["atol"], "stored_dtype": sp["stored_dtype"]}
+
+  s = config.sampler
+  flat.update(_evaluate("checkpoint", checkpoint, config, mesh, factory, suites,
+                        num_samples=int(s.num_samples)))
+  flat.update(report.group_means(flat, groups))
+  if baseline:
+    f = config.forgetting
+    base_names = groups["ood"] if f.baseline_suites == "ood" else names
+    if not groups["ood"]:
+      logging.warning("config.ood is empty: no forgetting figures")
+    if base_names:
+      before = _evaluate("baseline", baseline, config, mesh, factory,
+                         {n: suites[n] for n in base_names},
+                         num_samples=int(s.num_samples) if f.baseline_samples else 0)
+      flat.update({f"baseline/{k}": v for k, v in before.items()})
+      if groups["ood"]:
+        flat.update(report.forgetting_metrics(flat, before, groups["ood"],
+                                              f.metric))
+  result["metrics"] = flat
+  result["config"] = json.loads(json.dumps(config.to_dict(), default=str))
+  result["elapsed_s"] = time.time() - t0
+  if out:
+    tmp = out + ".tmp"
+    with open(tmp, "w") as fh:
+      json.dump(result, fh, indent=2, sort_keys=True)
+    os.replace(tmp, out)
+  return result
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  result = run(f.config, f.checkpoint, f.baseline, f.out)
+  print(report.format_report(result))
+  sys.stdout.flush()
+
+
+def define_flags():
+  config_flags.DEFINE_config_file(
+      "config", None, "Eval config file (configs/eval.py[:arg]).",
+      lock_config=True)
+  flags.DEFINE_string("checkpoint", None,
+                      "Hugging Face dir, or a training workdir (uses hf_student/).")
+  flags.DEFINE_string("baseline", None,
+                      "The student before training: forgetting and sparsity.")
+  flags.DEFINE_string("out", None, "Write the results JSON here.")
+  flags.mark_flags_as_required(["config", "checkpoint"])

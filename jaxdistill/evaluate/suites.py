@@ -1,0 +1,127 @@
+"""Evaluation suites: named sets of problems, built from the eval config.
+
+A suite spec is a small dict in `config.suites`:
+
+  countdown3 = dict(kind='countdown', n_numbers=3, num_problems=500, data_seed=0)
+      the Countdown-3 TEST split of tasks.countdown.generate_problems (its
+      targets never occur in any training split, whatever the seed).
+  science = dict(kind='mcq', path='/data/sciq/test.jsonl', source='sciq',
+                 num_problems=None, data_seed=0)
+      a user file (JSONL / JSON / CSV / Parquet) in one of
+      jaxdistill.data.sources.SOURCES, converted in memory; or, with
+      `manual_dir` + `data_dir` (+ `split`, default 'test') instead of `path`,
+      the prepared `mcq_files` TFDS builder over that directory.
+
+`num_problems` caps a suite: Countdown generates exactly that many; an MCQ
+file keeps a seeded random subset (in file order) of that size, or all rows
+when None.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import logging
+import os
+
+import numpy as np
+
+from jaxdistill.data import builders
+from jaxdistill.data import sources
+from jaxdistill.tasks import countdown
+
+KINDS = ("countdown", "mcq")
+
+
+def _field(name: str, key: str) -> str:
+  return f"config.suites.{name}.{key}"
+
+
+def suite_records(name: str, spec: Mapping) -> list[dict]:
+  """The problems of one suite spec (see the module docstring)."""
+  kind = spec.get("kind")
+  num = spec.get("num_problems")
+  if num is not None and (not isinstance(num, int) or num <= 0):
+    raise ValueError(f"{_field(name, 'num_problems')}: must be a positive int or "
+                     f"None, got {num!r}")
+  seed = int(spec.get("data_seed") or 0)
+  if kind == "countdown":
+    n = spec.get("n_numbers")
+    if n is None:
+      raise ValueError(f"{_field(name, 'n_numbers')}: required for kind 'countdown'")
+    if num is None:
+      raise ValueError(f"{_field(name, 'num_problems')}: required for kind "
+                       "'countdown' (problems are generated)")
+    try:
+      problems = countdown.generate_problems(int(n), num, seed, split="test")
+    except ValueError as e:
+      raise ValueError(f"config.suites.{name}: {e}") from None
+    return [p.to_record() for p in problems]
+  if kind == "mcq":
+    records = _mcq_records(name, spec)
+    if num is not None and len(records) > num:
+      keep = np.sort(np.random.default_rng(seed).permutation(len(records))[:num])
+      records = [records[i] for i in keep]
+    return records
+  raise ValueError(f"{_field(name, 'kind')}: expected one of {KINDS}, got {kind!r}")
+
+
+def _mcq_records(name, spec) -> list[dict]:
+  source = spec.get("source") or "generic"
+  if source not in sources.SOURCES:
+    raise ValueError(f"{_field(name, 'source')}: expected one of "
+                     f"{tuple(sources.SOURCES)}, got {source!r}")
+  path = spec.get("path")
+  if path:
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{_field(name, 'path')}: data file not found: {path}")
+    records = sources.convert_file(path, source, seed=int(spec.get("data_seed") or 0))
+  elif spec.get("manual_dir"):
+    manual = os.path.expanduser(spec.manual_dir)
+    if not os.path.isdir(manual):
+      raise FileNotFoundError(f"{_field(name, 'manual_dir')}: directory not found: "
+                              f"{manual}")
+    if not spec.get("data_dir"):
+      raise ValueError(f"{_field(name, 'data_dir')}: required with manual_dir "
+                       "(where the TFDS builder is prepared)")
+    builder = builders.prepare(builders.McqFiles, data_dir=spec.data_dir,
+                               config=source, manual_dir=manual)
+    records = builders.load_records(builder, spec.get("split") or "test")
+  else:
+    raise ValueError(
+        f"{_field(name, 'path')}: not set. Pass the suite's data file, e.g. "
+        f"--config.suites.{name}.path=/data/test.jsonl, or leave '{name}' out "
+        "of the evaluated suites (configs/eval.py:suites=...)")
+  if not records:
+    raise ValueError(f"config.suites.{name}: the data holds no labelled questions")
+  return records
+
+
+def check_names(config) -> tuple[str, ...]:
+  """The evaluated suite names; ValueError naming any unknown or misplaced one."""
+  known = sorted(config.suites.keys())
+  names = tuple(config.eval_suites)
+  if not names:
+    raise ValueError("config.eval_suites: no suite to evaluate")
+  unknown = [n for n in names if n not in config.suites]
+  if unknown:
+    raise ValueError(f"config.eval_suites: unknown suite(s) {unknown}; known "
+                     f"suites: {known}")
+  for group in ("in_distribution", "harder", "ood"):
+    stray = [n for n in config.get(group) or () if n not in names]
+    if stray:
+      raise ValueError(f"config.{group}: suite(s) {stray} are not evaluated "
+                       f"(config.eval_suites = {list(names)})")
+  return names
+
+
+def load_suites(config, names: Sequence[str] | None = None) -> dict[str, list[dict]]:
+  """{name: records} for `names` (default: config.eval_suites), in order."""
+  names = check_names(config) if names is None else tuple(names)
+  out = {}
+  for n in names:
+    if n not in config.suites:
+      raise ValueError(f"unknown suite {n!r}; known suites: "
+                       f"{sorted(config.suites.keys())}")
+    out[n] = suite_records(n, config.suites[n])
+    logging.info("suite %s: %d problems", n, len(out[n]))
+  return out

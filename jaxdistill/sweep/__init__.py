@@ -1,0 +1,10 @@
+"""The study as experiments: `python -m jaxdistill.sweep` (a grid of runs).
+
+  cli.py       the command: run every arm, or print their launch commands
+  grid.py      grid configs -> runs (names, configs, commands, snapshots)
+  runner.py    runs the arms one after another (train, evaluate), resumes
+  rlvr.py      the optional GRPO stage after the arms
+  table.py     results.csv / results.md: per arm mean, std, n over seeds
+  figures.py   the summary figures
+  flops.py     FLOP counts of training and rollouts (the compute columns)
+"""

@@ -1,0 +1,103 @@
+r"""Run a grid of distillation runs, or print their launch commands.
+
+  # Every arm, one after another, then the table and figures:
+  python -m jaxdistill.sweep --config configs/grid_main.py \
+      --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
+      --config.presets.family.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
+      --workdir /runs/main
+  # One launch command per run, for a cluster or a TPU pod:
+  python -m jaxdistill.sweep --config configs/grid_spectrum.py ... \
+      --workdir /runs/spectrum --print_commands
+  # Only the runs whose name contains a string; tiny CPU version of a grid:
+  python -m jaxdistill.sweep --config configs/grid_main.py:runlocal \
+      --workdir /tmp/grid --only kl=reverse
+
+Each run gets <workdir>/<run name>/ (run_config.json, config.json, checkpoints, metrics.jsonl,
+hf_student/, eval.json, results.json); finished runs (results.json present)
+are skipped and interrupted ones resume from their checkpoints. The summary
+(results.csv, results.md, figures) goes to <workdir>/summary/.
+
+After cluster runs of the printed commands have finished, the same command
+without --print_commands (same --workdir) evaluates and tabulates them:
+train.train finds each run at its final step and trains nothing.
+
+A grid config with an `rlvr` block (jaxdistill/sweep/rlvr.py; e.g.
+configs/grid_countdown_harder.py) adds GRPO after the arms: each chosen arm
+gets <workdir>/<run name>/rlvr/ (trained from the arm's hf_student/, then
+evaluated like the arm), and the summary tables accuracy before RLVR, after
+it and the change. --print_commands prints one `python -m
+jaxdistill.rl.train` line per stage after the training lines.
+
+Functions for other code (the demo uses them):
+  grid_lib.expand(grid, only=None) -> [Run]          the runs of a grid config
+  grid_lib.command(grid, run, workdir) -> str        its `python -m jaxdistill.train` line
+  runner.run_sweep(grid, workdir, only=None, evaluate_fn=None, devices=None)
+  aggregate(workdir) -> rows                one row per finished run
+  write_table(rows, out_dir) -> (csv, md)   per arm: mean, std, n over seeds
+  make_figures(rows, out_dir) -> [paths]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import rlvr
+from jaxdistill.sweep import runner
+
+
+def print_rlvr_commands(grid, runs, workdir):
+  """One `python -m jaxdistill.rl.train` line per arm's RLVR stage, to run
+  after that arm's training; with grid.rlvr.select, once every arm has
+  finished (the choice needs their results)."""
+  results = {}
+  for run in runs:
+    path = os.path.join(workdir, run.dirname, "results.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        results[run.name] = json.load(f)
+  chosen = rlvr.select(grid, runs, results)
+  if chosen is None:
+    print("# RLVR stage: grid.rlvr.select chooses arms by their results; run "
+          "the commands above, then this command again (or the sweep without "
+          "--print_commands) for the RLVR commands")
+    return
+  for run in chosen:
+    print(rlvr.command(grid, run, workdir))
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  grid = f.config
+  if f.print_commands:
+    runs = grid_lib.expand(grid, f.only)
+    if not runs:
+      raise ValueError(f"--only {f.only!r}: no run of the grid matches")
+    for run in runs:  # snapshots first: a command may read its run's
+      grid_lib.write_snapshot(run, os.path.join(f.workdir, run.dirname))
+      print(grid_lib.command(grid, run, f.workdir))
+    if rlvr.declared(grid):
+      print_rlvr_commands(grid, runs, f.workdir)
+    return
+  runner.run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
+  print(open(f"{f.workdir}/summary/results.md").read())
+  sys.stdout.flush()
+
+
+def define_flags():
+  config_flags.DEFINE_config_file(
+      "config", None, "Grid config file (configs/grid_*.py[:arg]).",
+      lock_config=False)
+  flags.DEFINE_string("workdir", None, "Sweep directory: one subdir per run.")
+  flags.DEFINE_bool("print_commands", False,
+                    "Print one launch command per run instead of running.")
+  flags.DEFINE_string("only", None, "Only runs whose name contains this.")
+  flags.DEFINE_bool("rerun_stale", False,
+                    "Rerun runs trained under a config other than the grid's "
+                    "now (moved into <workdir>/stale/); default: refuse.")
+  flags.mark_flags_as_required(["config", "workdir"])

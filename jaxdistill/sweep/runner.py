@@ -1,0 +1,380 @@
+"""Running a grid: one run after another, each in <workdir>/<run name>/.
+
+A run is finished when its results.json exists (written atomically, last):
+finished runs are skipped, others are (re)started with train_loop.train, which
+resumes from the run's newest good checkpoint by itself. results.json holds
+
+  name, dirname, factors        as in study.grid.Run
+  study                         kl, policy, lam (1 = on-policy, 0 = teacher),
+                                lr, task, seed: the study's factors read from
+                                the config, whatever the axes were called
+  train                         the last logged training metrics (the last
+                                sparsity/* values included)
+  eval                          evaluation metrics (jaxdistill.evaluate), or None
+  compute                       steps, tokens_generated (response tokens),
+                                tokens_processed (prompt + response), model
+                                FLOPs of training and of rollouts (flops.py)
+
+With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
+<run>/rlvr/ with its own results.json (run_rlvr_one).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from jaxdistill import config_lib
+from jaxdistill import models
+from jaxdistill import tasks
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.evaluate import run as evaluate_run
+from jaxdistill.rl import train as rl_train
+from jaxdistill.sweep import figures
+from jaxdistill.sweep import flops as flops_lib
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import rlvr as rlvr_lib
+from jaxdistill.sweep import table
+from jaxdistill.tasks import countdown
+from jaxdistill.train import log as train_log
+from jaxdistill.train import loop as train_loop
+from jaxdistill.train import setup as train_setup
+
+RESULTS = "results.json"
+
+
+def log(msg: str):
+  print(f"[sweep] {msg}", file=sys.stderr, flush=True)
+
+
+def write_json_atomic(path: str, obj) -> None:
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+def is_finished(run_dir: str) -> bool:
+  return os.path.isfile(os.path.join(run_dir, RESULTS))
+
+
+def prepare_local_assets(grid, workdir: str) -> None:
+  """runlocal: a tiny tokenizer and student checkpoint under <workdir>/assets.
+
+  With them the runlocal path is the real one (student loaded from a
+  Hugging Face directory, tokenizer saved with the export, evaluation with a
+  baseline), only tiny. Written once; the same for every arm.
+  """
+  root = os.path.join(os.path.abspath(workdir), "assets")
+  tok_dir, student_dir = os.path.join(root, "tokenizer"), os.path.join(root, "student")
+  if not os.path.isfile(os.path.join(student_dir, "model.safetensors")):
+    recs = [p.to_record() for n in (3, 4, 5, 6)
+            for p in countdown.generate_problems(n, 20, seed=0)]
+    tok = tok_lib.train_bpe_tokenizer(
+        [tasks.prompt_text(r) + " " + tasks.reference_response(r) for r in recs],
+        300, tok_dir)
+    init = dict(grid.base.student.init or {})
+    if not init:
+      raise ValueError("grid.local_assets: needs grid.base.student.init (the "
+                       "tiny student's ModelConfig fields)")
+    cfg = dataclasses.replace(models.ModelConfig(), **init)
+    if cfg.vocab_size < len(tok):
+      raise ValueError(f"grid.base.student.init.vocab_size: {cfg.vocab_size} < "
+                       f"the local tokenizer's {len(tok)} tokens")
+    rng = np.random.default_rng(0)
+
+    def fill(path, s):
+      norm = "norm" in jax.tree_util.keystr(path) or "scale" in jax.tree_util.keystr(path)
+      return np.asarray(rng.normal(0.0, 0.2, s.shape) + norm, s.dtype)
+    params = jax.tree_util.tree_map_with_path(fill, models.param_shapes(cfg))
+    tmp = student_dir + ".tmp"
+    models.save_pretrained(cfg, params, tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, student_dir)
+  b = grid.base
+  b.student.path, b.student.init = student_dir, None
+  b.tokenizer = tok_dir
+
+
+def study_factors(config) -> dict:
+  """The study's factors of a run, read from its training config."""
+  ro = config.rollout
+  lam = {"student": 1.0, "teacher": 0.0}.get(ro.policy)
+  if ro.policy == "mixture":
+    lam = float(ro.lam)
+  task = config.data.task
+  if task == "mcq" and config.data.get("source"):
+    task = config.data.source
+  if task == "countdown":
+    task = f"countdown{int(config.data.get('n_numbers') or 3)}"
+  return {"kl": config.loss.kind, "policy": ro.policy, "lam": lam,
+          "lr": float(config.optim.lr), "task": task, "seed": int(config.seed),
+          "clip": config.optim.clip_norm, "max_new_tokens":
+          int(ro.max_new_tokens)}
+
+
+def compute_record(config, records: list[dict]) -> dict:
+  """Tokens and model FLOPs of a run, from its metrics.jsonl records."""
+  scfg = train_setup.model_config(config.student, "student")
+  tcfg = (None if config.loss.kind == "ce"
+          else train_setup.model_config(config.teacher, "teacher"))
+  b = int(config.data.batch_size)
+  out = {"steps": len(records), "tokens_generated": 0.0,
+         "tokens_processed": 0.0, "train_flops": 0.0, "rollout_flops": 0.0}
+  for r in records:
+    tok = float(r.get("rollout/tokens", 0.0))
+    seq = tok / b
+    out["tokens_generated"] += float(r.get("train/response_tokens", 0.0))
+    out["tokens_processed"] += tok
+    out["train_flops"] += flops_lib.train_step_flops(scfg, tcfg, tok, seq)
+    out["rollout_flops"] += flops_lib.rollout_flops(
+        scfg, tcfg, config.rollout.policy, tok, seq)
+  # With log_every > 1 not every step is logged: scale to all steps.
+  total = int(config.total_steps)
+  if records and len(records) < total:
+    scale = total / len(records)
+    for k in ("tokens_generated", "tokens_processed", "train_flops",
+              "rollout_flops"):
+      out[k] *= scale
+    out["estimated_from_logged_steps"] = len(records)
+  out["steps"] = total if records else 0
+  out["flops"] = out["train_flops"] + out["rollout_flops"]
+  out["student_matmul_params"] = flops_lib.matmul_params(scfg)
+  if tcfg is not None:
+    out["teacher_matmul_params"] = flops_lib.matmul_params(tcfg)
+  return out
+
+
+def default_evaluate(grid, run: grid_lib.Run, run_dir: str) -> dict | None:
+  """jaxdistill.evaluate on the run's export (and the student it started from)."""
+  spec = grid_lib.eval_spec(grid, run)
+  if spec is None:
+    return None
+  cfg = config_lib.load_config(spec)
+  grid_lib.merge(cfg, grid.eval.get("updates") or {}, "grid.eval.updates")
+  baseline = run.config.student.get("path") if grid.eval.get("baseline") else None
+  res = evaluate_run.run(cfg, run_dir, baseline or None,
+                     out=os.path.join(run_dir, "eval.json"))
+  return res["metrics"]
+
+
+def run_one(grid, run: grid_lib.Run, run_dir: str, *,
+            evaluate_fn: Callable | None = None, devices=None) -> dict:
+  """Trains (or resumes) one run, evaluates it, writes results.json."""
+  t0 = time.time()
+  grid_lib.write_snapshot(run, run_dir)
+  train_loop.train(run.config, run_dir, devices=devices)
+  records = train_log.read_metrics(run_dir)
+  last = {}
+  for r in records:  # sparsity is logged only every eval_every steps
+    last.update(r)
+  evaluate_fn = evaluate_fn or default_evaluate
+  ev = evaluate_fn(grid, run, run_dir)
+  result = {"name": run.name, "dirname": run.dirname, "factors": run.factors,
+            "study": study_factors(run.config), "train": last,
+            "eval": ev, "compute": compute_record(run.config, records),
+            "elapsed_s": time.time() - t0, "finished": time.time()}
+  write_json_atomic(os.path.join(run_dir, RESULTS), result)
+  return result
+
+
+def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
+                 evaluate_fn: Callable | None = None, devices=None) -> dict:
+  """GRPO from one finished arm (study.rlvr), evaluated; writes the stage's
+  results.json. Resumes an interrupted stage from its checkpoints."""
+  t0 = time.time()
+  out = rlvr_lib.stage_dir(run_dir)
+  config = rlvr_lib.stage_config(grid, run, run_dir)
+  grid_lib.write_config_snapshot(config, out)
+  rl_train.train(config, out, devices=devices)
+  records = train_log.read_metrics(out)
+  last = {}
+  for r in records:
+    last.update(r)
+  ev = (evaluate_fn or default_evaluate)(grid, run, out)
+  with open(os.path.join(run_dir, RESULTS)) as f:
+    arm = json.load(f)
+  result = {k: arm[k] for k in ("name", "dirname", "factors", "study")}
+  result.update({"stage": "rlvr", "train": last,
+                 "rewards": rlvr_lib.rewards_of(records), "eval": ev,
+                 "elapsed_s": time.time() - t0, "finished": time.time()})
+  write_json_atomic(os.path.join(out, RESULTS), result)
+  return result
+
+
+def _check_runnable(grid, runs, workdir):
+  """Config errors of any unfinished run surface before the first one starts."""
+  for run in runs:
+    if is_finished(os.path.join(workdir, run.dirname)):
+      continue
+    try:
+      config_lib.validate(run.config)
+      config_lib.validate_run(run.config)
+      train_setup.model_config(run.config.student, "student")
+      if run.config.loss.kind != "ce":
+        train_setup.model_config(run.config.teacher, "teacher")
+    except ValueError as e:
+      raise ValueError(f"run {run.name!r}: {e}") from None
+  if rlvr_lib.declared(grid):
+    rlvr_lib.check(grid, runs, workdir)
+
+
+# Settings that do not change a finished run's result: a finished arm whose
+# config differs from the new one only in these is reused.
+DISPLAY_FIELDS = ("progress", "log_every", "ckpt_every", "keep_ckpts")
+STALE_DIR = "stale"
+
+
+def _config_changes(old, new, workdir: str, prefix: str = "") -> list[str]:
+  """Dotted fields whose values differ between two config dicts. A path
+  inside the sweep's own workdir (e.g. local_assets' tokenizer and student)
+  matches the old run's path with the same relative part, so a moved sweep
+  directory is not stale."""
+  out = []
+  root = os.path.abspath(workdir) + os.sep
+  for k in sorted(set(old) | set(new)):
+    key = f"{prefix}{k}"
+    a, b = old.get(k, "<missing>"), new.get(k, "<missing>")
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += _config_changes(a, b, workdir, key + ".")
+    elif a != b:
+      if (isinstance(a, str) and isinstance(b, str) and b.startswith(root)
+          and a.endswith(os.sep + b[len(root):])):
+        continue
+      out.append(f"{key}: {a!r} -> {b!r}")
+  return out
+
+
+def stale_changes(run: grid_lib.Run, run_dir: str, workdir: str) -> list[str]:
+  """How the config `run_dir` was trained with differs from `run.config`
+  ([] when it matches, or nothing was trained there yet)."""
+  return config_changes(run.config, run_dir, workdir)
+
+
+def config_changes(config, run_dir: str, workdir: str) -> list[str]:
+  """How the config `run_dir` was trained with differs from `config`."""
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    return []
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except ValueError as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from None
+  new = json.loads(config_lib.to_json(config))
+  # An unfinished run resumes, and may then change what resuming allows.
+  ignore = DISPLAY_FIELDS if is_finished(run_dir) else train_loop.RESUMABLE_FIELDS
+  return [c for c in _config_changes(old, new, workdir)
+          if c.split(":")[0] not in ignore]
+
+
+def _handle_stale(grid, runs, workdir: str, rerun_stale: bool) -> None:
+  """Refuses (or, with rerun_stale, moves aside) runs, and RLVR stages, done
+  under another config."""
+  stale = []  # (name, directory, changes)
+  for run in runs:
+    run_dir = os.path.join(workdir, run.dirname)
+    changes = stale_changes(run, run_dir, workdir)
+    if changes:
+      stale.append((run.name, run_dir, changes))
+    elif rlvr_lib.declared(grid):
+      out = rlvr_lib.stage_dir(run_dir)
+      changes = config_changes(rlvr_lib.stage_config(grid, run, run_dir), out,
+                               workdir)
+      if changes:
+        stale.append((f"{run.name} (RLVR stage)", out, changes))
+  if not stale:
+    return
+  if not rerun_stale:
+    name, _, changes = stale[0]
+    raise ValueError(
+        f"{workdir}: {len(stale)} run(s) were trained under a different "
+        f"config than the grid now gives, e.g. {name!r}: "
+        f"{'; '.join(changes[:5])}; pass rerun_stale=True (--rerun_stale) to "
+        f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them")
+  aside = os.path.join(workdir, STALE_DIR)
+  os.makedirs(aside, exist_ok=True)
+  for name, path, changes in stale:
+    rel = os.path.relpath(path, workdir).replace(os.sep, "-")
+    dst = os.path.join(aside, f"{rel}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, dst)
+    log(f"{name}: config changed ({'; '.join(changes[:3])}); "
+        f"old run moved to {dst}")
+
+
+def _run_rlvr(grid, runs, workdir, results, *, devices, evaluate_fn):
+  """The RLVR stage of every chosen arm (study.rlvr), skipping finished ones."""
+  chosen = rlvr_lib.select(grid, runs, {r["name"]: r for r in results})
+  for i, run in enumerate(chosen):
+    run_dir = os.path.join(workdir, run.dirname)
+    out = rlvr_lib.stage_dir(run_dir)
+    if is_finished(out):
+      log(f"RLVR {i + 1}/{len(chosen)} {run.name}: finished, skipped")
+      continue
+    state = ("resuming" if os.path.isdir(os.path.join(out, "checkpoints"))
+             else "starting")
+    log(f"RLVR {i + 1}/{len(chosen)} {run.name}: {state}")
+    run_rlvr_one(grid, run, run_dir, evaluate_fn=evaluate_fn, devices=devices)
+
+
+def run_sweep(grid, workdir: str, *, only: str | None = None,
+              evaluate_fn: Callable | None = None, devices=None,
+              summarize: bool = True, rerun_stale: bool = False,
+              rlvr_evaluate_fn: Callable | None = None) -> list[dict]:
+  """Runs every unfinished run of `grid` in turn; returns all results.
+
+  With grid.rlvr (study.rlvr), GRPO then runs from every chosen arm in
+  <arm dir>/rlvr/ and is evaluated the same way. Then writes
+  <workdir>/summary/: results.csv, results.md and the figures.
+  `evaluate_fn(grid, run, run_dir) -> flat metrics | None` replaces the
+  default evaluation (jaxdistill.evaluate with grid.eval); `rlvr_evaluate_fn`
+  (default: evaluate_fn) that of the RLVR stages (run_dir: <arm dir>/rlvr).
+
+  A run directory trained under a config other than the run's (a setting
+  changed outside the grid's axes) is refused, naming the fields, unless
+  `rerun_stale`, which moves it into <workdir>/stale/ and runs it again.
+  Fields in DISPLAY_FIELDS, and paths inside `workdir` that differ only by
+  where the sweep directory lives, are not differences.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  if grid.get("local_assets"):
+    prepare_local_assets(grid, workdir)
+  runs = grid_lib.expand(grid, only)
+  if not runs:
+    raise ValueError(f"--only {only!r}: no run of the grid matches")
+  _handle_stale(grid, runs, workdir, rerun_stale)
+  _check_runnable(grid, runs, workdir)
+  sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
+           "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
+  path = os.path.join(workdir, "sweep.json")
+  if not os.path.isfile(path) or json.load(open(path)) != sweep:
+    write_json_atomic(path, sweep)
+  results = []
+  for i, run in enumerate(runs):
+    run_dir = os.path.join(workdir, run.dirname)
+    path = os.path.join(run_dir, RESULTS)
+    if is_finished(run_dir):
+      log(f"{i + 1}/{len(runs)} {run.name}: finished, skipped")
+      with open(path) as f:
+        results.append(json.load(f))
+      continue
+    state = ("resuming" if os.path.isdir(os.path.join(run_dir, "checkpoints"))
+             else "starting")
+    log(f"{i + 1}/{len(runs)} {run.name}: {state}")
+    results.append(run_one(grid, run, run_dir, evaluate_fn=evaluate_fn,
+                           devices=devices))
+  if rlvr_lib.declared(grid):
+    _run_rlvr(grid, runs, workdir, results, devices=devices,
+              evaluate_fn=rlvr_evaluate_fn or evaluate_fn)
+  if summarize:
+    rows = table.aggregate(workdir)
+    out = os.path.join(workdir, "summary")
+    table.write_table(rows, out)
+    figures.make_figures(rows, out)
+  return results

@@ -1,0 +1,225 @@
+"""Finished runs -> one row per run -> a table per arm (mean, std, n over seeds).
+
+A row is a flat dict: run identity (name, arm), the grid's factor labels, the
+study's factors (kl, policy, lam, lr, task, seed, clip, max_new_tokens) and
+the metrics below (None when a run has no such figure):
+
+  accuracy        in-distribution greedy accuracy (evaluation 'id/greedy_acc')
+  coverage        in-distribution pass@k at the largest k evaluated
+  forgetting_pp   mean accuracy drop on the OOD suites, percentage points
+  sparsity_bfloat16, sparsity_float32   update sparsity, whole model,
+                  |delta| <= atol, compared in that dtype (evaluation on the
+                  stored checkpoints; else the training loop's figure)
+  sparsity_exact_bfloat16, sparsity_exact_float32   the same, bit-equal
+  sparsity, sparsity_exact   row fields only (figures): the same in the
+                  run's default dtype, the base checkpoint's stored one
+  harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
+  acc/<suite>     greedy accuracy per suite
+  tokens_generated, flops   compute of the run (runner.compute_record)
+
+Arms with a finished RLVR stage (study.rlvr) also carry, for each metric m
+above that the stage's evaluation gives, `rlvr/m` (after RLVR) and
+`rlvr_change/m` (after - before), and `rlvr_rewards` (mean reward of each
+GRPO iteration, for the figures).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import csv
+import glob
+import json
+import math
+import os
+
+import numpy as np
+
+from jaxdistill.sweep import rlvr
+
+STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
+SPARSITY_DTYPES = ("bfloat16", "float32")
+METRICS = ("accuracy", "coverage", "forgetting_pp",
+           *(f"sparsity_{d}" for d in SPARSITY_DTYPES),
+           *(f"sparsity_exact_{d}" for d in SPARSITY_DTYPES),
+           "harder_acc", "tokens_generated", "flops")
+
+
+def _pass_at_max_k(ev: Mapping, group: str = "id"):
+  ks = [int(k.split("@")[1]) for k in ev if k.startswith(f"{group}/pass@")]
+  return ev[f"{group}/pass@{max(ks)}"] if ks else None
+
+
+def row_of(result: Mapping) -> dict:
+  """The table row of one results.json."""
+  ev, tr = result.get("eval") or {}, result.get("train") or {}
+  # Axis order is the run name's (results.json stores factors sorted).
+  factors = result["factors"]
+  order = [p.split("=", 1)[0] for p in result["name"].split(",")]
+  order = [k for k in order if k in factors and k != "seed"]
+  row = {"name": result["name"],
+         "arm": ",".join(p for p in result["name"].split(",")
+                         if not p.startswith("seed="))}
+  row.update({f"f:{k}": factors[k] for k in order})
+  row.update(result["study"])
+  row["accuracy"] = ev.get("id/greedy_acc")
+  row["coverage"] = _pass_at_max_k(ev)
+  row["forgetting_pp"] = ev.get("forgetting/mean_pp")
+  row["sparsity"] = ev.get("sparsity/whole", tr.get("sparsity/whole"))
+  row["sparsity_exact"] = ev.get("sparsity/whole_exact",
+                                 tr.get("sparsity/whole_exact"))
+  for d in SPARSITY_DTYPES:  # named by the comparison dtype
+    for part in ("", "exact_"):
+      key = f"sparsity/whole_{part}{d}"
+      row[f"sparsity_{part}{d}"] = ev.get(key, tr.get(key))
+  row["harder_acc"] = ev.get("harder/greedy_acc")
+  for k, v in sorted(ev.items()):
+    suite, _, metric = k.partition("/")
+    if metric == "greedy_acc" and suite not in ("id", "ood", "harder", "baseline"):
+      row[f"acc/{suite}"] = v
+  c = result.get("compute") or {}
+  row["tokens_generated"] = c.get("tokens_generated")
+  row["flops"] = c.get("flops")
+  return row
+
+
+RLVR, CHANGE = "rlvr/", "rlvr_change/"
+# Compute columns describe the distillation run, not a change.
+_NO_CHANGE = ("tokens_generated", "flops")
+
+
+def with_rlvr(row: Mapping, stage: Mapping) -> dict:
+  """`row` plus the rlvr/, rlvr_change/ columns of its RLVR stage's
+  results.json (study.rlvr)."""
+  after = row_of(stage)
+  out = dict(row)
+  for m in [*METRICS, *sorted(k for k in after if k.startswith("acc/"))]:
+    if m in _NO_CHANGE or after.get(m) is None:
+      continue
+    out[RLVR + m] = after[m]
+    if _num(row.get(m)):
+      out[CHANGE + m] = after[m] - row[m]
+  out["rlvr_rewards"] = list(stage.get("rewards") or [])
+  return out
+
+
+def aggregate(workdir: str) -> list[dict]:
+  """One row per finished run (<workdir>/*/results.json), sorted by name,
+  with its RLVR stage's columns when <run>/rlvr/results.json exists."""
+  rows = []
+  for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
+    with open(path) as f:
+      row = row_of(json.load(f))
+    stage = os.path.join(rlvr.stage_dir(os.path.dirname(path)), "results.json")
+    if os.path.isfile(stage):
+      with open(stage) as f:
+        row = with_rlvr(row, json.load(f))
+    rows.append(row)
+  return rows
+
+
+def metric_columns(rows: Sequence[Mapping]) -> list[str]:
+  """The metric columns present: METRICS, acc/<suite>, then their rlvr/ and
+  rlvr_change/ versions."""
+  extra = sorted({k for r in rows for k in r if k.startswith("acc/")})
+  base = [m for m in METRICS if any(r.get(m) is not None for r in rows)] + extra
+  return base + [p + m for p in (RLVR, CHANGE) for m in base
+                 if any(r.get(p + m) is not None for r in rows)]
+
+
+def _num(v):
+  return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def summarize_arms(rows: Sequence[Mapping]) -> list[dict]:
+  """Rows grouped by arm: factors, then {metric}_mean/_std/_n over seeds.
+
+  std is the sample standard deviation (ddof=1); 0 when n == 1.
+  """
+  groups: dict[str, list] = {}
+  for r in rows:
+    groups.setdefault(r["arm"], []).append(r)
+  cols = metric_columns(rows)
+  out = []
+  for arm, rs in groups.items():
+    a = {k: v for k, v in rs[0].items()
+         if k.startswith("f:") or k in STUDY}
+    a["arm"], a["seeds"] = arm, sorted(r["seed"] for r in rs)
+    for m in cols:
+      vals = np.asarray([r[m] for r in rs if _num(r.get(m))], np.float64)
+      a[f"{m}_n"] = int(vals.size)
+      a[f"{m}_mean"] = float(vals.mean()) if vals.size else None
+      a[f"{m}_std"] = float(vals.std(ddof=1)) if vals.size > 1 else (
+          0.0 if vals.size else None)
+    out.append(a)
+  return out
+
+
+def _cell(mean, std, n, metric):
+  if mean is None:
+    return "-"
+  if metric in ("tokens_generated", "flops"):
+    return f"{mean:.3g}"
+  change = metric.startswith(CHANGE)
+  pp = metric.removeprefix(CHANGE).removeprefix(RLVR) == "forgetting_pp"
+  scale = 1.0 if pp else 100.0  # forgetting is already in points
+  unit = " pp" if pp or change else " %"
+  s = f"{scale * mean:+.1f}" if change else f"{scale * mean:.1f}"
+  if n > 1:
+    s += f" ± {scale * std:.1f}"
+  return s + unit + (f" (n={n})" if n != 1 else "")
+
+
+def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
+  """results.csv (per arm: factors, mean/std/n per metric) and results.md."""
+  if not rows:
+    raise ValueError("rows: no finished run to tabulate")
+  os.makedirs(out_dir, exist_ok=True)
+  arms = summarize_arms(rows)
+  cols = metric_columns(rows)
+  factor_cols = [k for k in arms[0] if k.startswith("f:")] or []
+  # The study's factors that vary (kl and policy always), unless an axis of
+  # the same name already shows them.
+  study_cols = [k for k in STUDY if f"f:{k}" not in factor_cols and (
+      len({json.dumps(a.get(k)) for a in arms}) > 1 or k in ("kl", "policy"))]
+  csv_path = os.path.join(out_dir, "results.csv")
+  header = (["arm"] + factor_cols + study_cols + ["seeds"] +
+            [f"{m}_{s}" for m in cols for s in ("mean", "std", "n")])
+  with open(csv_path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow([h.removeprefix("f:") for h in header])
+    for a in arms:
+      w.writerow(["+".join(map(str, a[h])) if h == "seeds" else a.get(h)
+                  for h in header])
+  md_path = os.path.join(out_dir, "results.md")
+  keys = factor_cols + study_cols
+  base = [m for m in cols if not m.startswith((RLVR, CHANGE))]
+
+  def section(prefix, shown):
+    head = [h.removeprefix("f:") for h in keys] + base
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in shown:
+      cells = [str(a.get(h)) for h in keys]
+      for m in base:
+        k = prefix + m
+        cells.append(_cell(a.get(f"{k}_mean"), a.get(f"{k}_std"),
+                           a.get(f"{k}_n", 0), k) if k in cols else "-")
+      out.append("| " + " | ".join(cells) + " |")
+    return out
+  staged = [a for a in arms if any(a.get(f"{RLVR}{m}_n") for m in base)]
+  lines = section("", arms)
+  if staged:
+    lines = (["After distillation:", ""] + lines +
+             ["", "After RLVR (GRPO from the arm's student; the same "
+              "evaluation):", ""] + section(RLVR, staged) +
+             ["", "Change with RLVR (after - before; accuracy in percentage "
+              "points):", ""] + section(CHANGE, staged))
+  spread = ("mean ± std over seeds (n = seeds with the figure)"
+            if any(a[f"{m}_n"] > 1 for a in arms for m in cols)
+            else "one seed per arm, so no spread is shown")
+  lines += ["", "Accuracy, coverage (pass@k) and sparsity in %, forgetting in "
+            f"percentage points (positive = forgotten); {spread}. "
+            "sparsity_<dtype>: share of parameter entries with |change| <= "
+            "atol after both are rounded to <dtype> (sparsity_exact_<dtype>: "
+            "bit-equal)."]
+  with open(md_path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return csv_path, md_path

@@ -1,0 +1,136 @@
+"""Data for the training loop: prompt/sequence batches and rollouts.
+
+`make_batches(config, tokenizer, vocab)` returns a random-access sequence:
+`batches[step]` is the host batch of that step (a dict of numpy arrays), so
+the data position of a run is just its step and resuming needs no iterator
+state. Prompt batches hold {'prompt', 'prompt_mask', ...task metadata};
+sequence batches (policy='dataset', fixed teacher/reference text) hold
+{'tokens', 'attention_mask', 'response_mask'}.
+
+`SequenceMaker` turns a host batch into the [B, L] training sequences of
+jaxdistill.train.step: by sampling rollouts from the configured policy, or, for a
+fixed dataset, by placing the stored sequences on the mesh.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
+from jaxdistill.data import pipeline
+
+
+class SyntheticPrompts:
+  """Random left-padded prompts (and sequences) from a seed: for tests/benchmarks."""
+
+  def __init__(self, *, batch_size, prompt_len, vocab, seed, fixed=False,
+               response_len=0, min_token=3):
+    self.b, self.p, self.v, self.seed = batch_size, prompt_len, vocab, seed
+    self.fixed, self.n, self.lo = fixed, response_len, min_token
+
+  def __len__(self):
+    return 1 << 30
+
+  def __getitem__(self, step):
+    rs = np.random.default_rng([self.seed, 0 if self.fixed else int(step)])
+    lens = rs.integers(max(1, self.p // 2), self.p + 1, size=self.b)
+    mask = (np.arange(self.p)[None] >= (self.p - lens)[:, None]).astype(np.int32)
+    prompt = rs.integers(self.lo, self.v, size=(self.b, self.p)) * mask
+    out = {"prompt": prompt.astype(np.int32), "prompt_mask": mask}
+    if self.n:  # a fixed "reference response" per row, for policy='dataset'
+      resp = rs.integers(self.lo, self.v, size=(self.b, self.n)).astype(np.int32)
+      rmask = np.ones((self.b, self.n), np.int32)
+      out = {"tokens": np.concatenate([out["prompt"], resp], 1),
+             "attention_mask": np.concatenate([mask, rmask], 1),
+             "response_mask": np.concatenate([np.zeros_like(mask), rmask], 1)}
+    return out
+
+
+def make_batches(config, tokenizer, vocab):
+  d = config.data
+  if d.task == "synthetic":
+    return SyntheticPrompts(
+        batch_size=d.batch_size, prompt_len=d.max_prompt_len, vocab=vocab,
+        seed=config.seed, fixed=bool(d.get("fixed_batch", False)),
+        response_len=(config.rollout.max_new_tokens
+                      if config.rollout.policy == "dataset" else 0))
+  return pipeline.batches_from_config(config, tokenizer)
+
+
+class SequenceMaker:
+  """Host batch + current params -> device batch of sequences, rollout metrics."""
+
+  def __init__(self, config, student_cfg, teacher_cfg, mesh, rules,
+               tokenizer=None, vocab_size=None):
+    """`vocab_size`: the shared real vocabulary rollouts sample over (train.py
+    passes the one the loss compares over); default len(tokenizer), else the
+    models' smallest embedding width."""
+    self.ro = config.rollout
+    # data.bucket: rollouts are cut after their longest response, rounded up
+    # to a multiple of it (the loss then runs on [B, P + that] columns).
+    self.bucket = config.data.get("bucket")
+    if vocab_size is None and tokenizer is not None:
+      vocab_size = len(tokenizer)
+    self.vocab = None if vocab_size is None else int(vocab_size)
+    # Only the sampled estimators' importance weights need the mixture's
+    # log-probs (exact KLs take the full vocabulary at every prefix).
+    self.behaviour = (config.loss.kind == "sampled"
+                      and config.rollout.policy != "student")
+    self.scfg, self.tcfg = student_cfg, teacher_cfg
+    self.mesh, self.rules = mesh, rules
+    # Pad with what the data pipeline pads with; stop on the models' EOS ids
+    # and the tokenizer's (chat templates end turns with their own token).
+    self.pad = getattr(tokenizer, "pad_token_id", None) or 0
+    eos = set(student_cfg.eos_token_id) | set(teacher_cfg.eos_token_id)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+      eos.add(int(tokenizer.eos_token_id))
+    self.eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
+
+  def _put(self, x):
+    # Every host holds the global batch; each places its devices' rows.
+    return sharding.put_global(
+        x, sharding.batch_sharding(self.mesh, np.ndim(x), self.rules))
+
+  def __call__(self, host_batch, params, teacher_params, rng):
+    ro = self.ro
+    if ro.policy == "dataset":
+      batch = {"tokens": self._put(host_batch["tokens"]),
+               "attention_mask": self._put(host_batch["attention_mask"]),
+               "loss_mask": self._put(host_batch["response_mask"])}
+      n_resp = float(np.sum(host_batch["response_mask"]))
+      n_tok = float(np.sum(host_batch["attention_mask"]))
+      return batch, {"rollout/tokens": n_tok,
+                     "rollout/len": n_resp / len(host_batch["tokens"])}
+    prompts = self._put(host_batch["prompt"])
+    pmask = self._put(host_batch["prompt_mask"])
+    r = rollout_lib.generate(
+        (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
+        rng=rng, policy=ro.policy,
+        lam=float(ro.lam) if ro.policy == "mixture" else None,
+        max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
+        top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
+        eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
+        return_logprobs=self.behaviour, vocab_size=self.vocab)
+    batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
+             "loss_mask": r.loss_mask}
+    if self.behaviour:  # [B, P+N], aligned with tokens (0 on the prompt)
+      batch["behaviour_logprobs"] = jnp.concatenate(
+          [jnp.zeros(r.prompt_mask.shape, jnp.float32), r.behaviour_logprobs],
+          axis=1)
+    stats = jax.device_get({"len": r.lengths.mean(), "frac": r.student_fraction,
+                            "ended": r.ended.mean(), "longest": r.lengths.max(),
+                            "tokens": batch["attention_mask"].sum()})
+    if self.bucket:  # drop the columns after the longest response (bucketed)
+      n = int(ro.max_new_tokens)
+      width = prompts.shape[1] + pipeline.bucketed(int(stats["longest"]),
+                                                   self.bucket, n)
+      if width < prompts.shape[1] + n:
+        batch = {k: v[:, :width] for k, v in batch.items()}
+    return batch, {"rollout/len": float(stats["len"]),
+                   "rollout/student_fraction": float(stats["frac"]),
+                   "rollout/ended_frac": float(stats["ended"]),
+                   "rollout/tokens": float(stats["tokens"])}
+
+

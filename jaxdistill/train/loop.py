@@ -1,0 +1,438 @@
+r"""Distillation training loop.
+
+  python -m jaxdistill.train --config configs/distill.py:runlocal --workdir /tmp/jd
+  python -m jaxdistill.train --config configs/distill.py:kl=reverse,lr=5e-5 \
+      --config.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
+      --config.teacher.path=/ckpt/Qwen2.5-7B-Instruct --workdir /runs/qwen_rkl
+
+Reads top to bottom: config -> mesh -> models (sharded) -> data ->
+jax.eval_shape(init) -> shardings -> jit(init) or restore -> jit(update) ->
+loop (rollout, update, log, checkpoint) -> export as a Hugging Face directory.
+Re-running with the same --workdir resumes from the newest good checkpoint.
+
+SIGTERM (a TPU VM preemption) or SIGINT: the step in flight finishes, a
+checkpoint is written, and the run stops with `Preempted` (the CLI exits with
+status 128 + signal); the same command resumes it. One process per workdir
+(<workdir>/.lock names the holder).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+from absl import flags
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+from ml_collections import config_flags
+import optax
+
+from jaxdistill import config_lib
+from jaxdistill import models
+from jaxdistill import sharding
+from jaxdistill import sparsity
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.train import batches as train_batches
+from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import log as train_log
+from jaxdistill.train import setup as train_setup
+from jaxdistill.train import step as step_lib
+from jaxdistill.train import teacher_cache
+
+# Fields that may change when a run is resumed (they do not change its result).
+RESUMABLE_FIELDS = ("total_steps", "log_every", "eval_every", "ckpt_every",
+                    "keep_ckpts", "progress", "export_hf")
+
+
+def prepare_workdir(config, workdir: str, overwrite: bool):
+  """Writes config.json; refuses to reuse a workdir of a different config."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(config_lib.to_json(config))
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        old = json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path}: not valid JSON ({e}); move the workdir "
+                       "aside or pass --overwrite") from None
+    changed = [d for d in config_lib.diff(old, new)
+               if d.split(":")[0] not in RESUMABLE_FIELDS]
+    if changed and not overwrite:
+      raise ValueError(
+          f"--workdir {workdir} holds a run of a different config:\n  " +
+          "\n  ".join(changed[:20]) +
+          "\nUse another --workdir, or pass --overwrite to move the old run "
+          "aside (into <workdir>/replaced-<time>/) and start fresh.")
+    if changed and overwrite:
+      aside = os.path.join(workdir, time.strftime("replaced-%Y%m%d-%H%M%S"))
+      os.makedirs(aside)
+      for entry in os.listdir(workdir):
+        if not entry.startswith("replaced-") and entry != ckpt_lib.WorkdirLock.NAME:
+          shutil.move(os.path.join(workdir, entry), aside)
+      logging.warning("moved the previous run of %s into %s", workdir, aside)
+  with open(path, "w") as f:
+    f.write(config_lib.to_json(config))
+
+
+def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
+  """Shardings of an optax state: each param-shaped leaf like its param, the
+  rest (counts, scalars) replicated."""
+  return optax.tree_map_params(
+      optimizer, lambda _, s: s, abstract_opt, param_shardings,
+      transform_non_params=lambda _: sharding.replicated(mesh))
+
+
+def init_or_restore(optimizer, params0, param_shardings, mesh, ckpt, workdir):
+  """The train state {params, opt_state, step}, sharded: restored from the
+  latest checkpoint in `ckpt` if there is one, else built from `params0`.
+
+  Returns (state, state_shardings, meta, start): `meta` is the checkpoint's
+  metadata ({} when starting fresh) and `start` the step to run next.
+  """
+  make_state = lambda p: {"params": p, "opt_state": optimizer.init(p),
+                          "step": jnp.zeros((), jnp.int32)}
+  state_shard = {"params": param_shardings,
+                 "opt_state": opt_shardings(
+                     optimizer, jax.eval_shape(optimizer.init, params0),
+                     param_shardings, mesh),
+                 "step": sharding.replicated(mesh)}
+  abstract = jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      jax.eval_shape(make_state, params0), state_shard)
+  restored = ckpt.restore_latest(abstract)
+  if restored is None:
+    state = jax.jit(make_state, out_shardings=state_shard)(params0)
+    return state, state_shard, {}, 0
+  state, meta, start = restored
+  logging.warning("resuming %s from step %d", workdir, start)
+  if int(meta.get("step", start)) != start:
+    raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
+  return state, state_shard, meta, start
+
+
+def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
+  """Saves the trained student as a Hugging Face directory <workdir>/hf_student
+  (with its tokenizer). Sharded params are gathered on every host; host 0
+  writes. Returns the directory on host 0, else None."""
+  if jax.process_count() > 1:
+    params = multihost_utils.process_allgather(params, tiled=True)
+  else:
+    params = jax.device_get(params)
+  if jax.process_index() != 0:
+    return None
+  out = os.path.join(workdir, "hf_student")
+  models.save_pretrained(scfg, params, out)
+  tok_lib.save_tokenizer(tokenizer, out)
+  return out
+
+
+def train(config, workdir: str, *, overwrite: bool = False,
+          devices=None) -> dict:
+  """Runs (or resumes) one distillation run; returns the last metrics.
+
+  `devices` restricts the mesh to these devices (default: all).
+  """
+  config_lib.validate(config)
+  config_lib.validate_run(config)
+  try:
+    mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
+  config_lib.validate_run(config, mesh)
+  rules = tuple((k, tuple(v) if isinstance(v, list) else v)
+                for k, v in config.get("rules", sharding.DEFAULT_RULES))
+  with locked_workdir(workdir):
+    return _train(config, workdir, overwrite, mesh, rules)
+
+
+def _train(config, workdir, overwrite, mesh, rules):
+  # Everything that can be checked without weights is checked first.
+  scfg = train_setup.model_config(config.student, "student")
+  # Supervised fine-tuning ('ce') needs no teacher.
+  sft = config.loss.kind == "ce"
+  # A teacher cache (jaxdistill.train.teacher_cache) replaces the teacher: its
+  # records are the run's batches, and no teacher weights are loaded.
+  cached = bool(config.loss.get("teacher_cache"))
+  tcfg = scfg if sft or cached else train_setup.model_config(config.teacher, "teacher")
+  tokenizer = tok_lib.run_tokenizer(config)
+  vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
+  if cached:
+    batches = teacher_cache.TeacherCache(config.loss.teacher_cache)
+    batches.check(config, tokenizer, vocab)
+  else:
+    batches = train_batches.make_batches(config, tokenizer, vocab)
+  report_dropped(batches)
+  if jax.process_index() == 0:
+    prepare_workdir(config, workdir, overwrite)
+  ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
+
+  seed_key = jax.random.key(config.seed)
+  s_key, t_key = jax.random.split(jax.random.fold_in(seed_key, 1 << 20))
+  tparams = None if sft or cached else train_setup.load_params(tcfg, config.teacher, mesh,
+                                                    rules, t_key)
+  params0 = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
+
+  # Shardings, from shapes alone.
+  optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)
+  p_shard = sharding.tree_shardings(models.logical_axes(scfg), mesh, rules,
+                                    params0)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                               keep=config.keep_ckpts)
+  state, state_shard, _, start = init_or_restore(optimizer, params0, p_shard,
+                                                 mesh, ckpt, workdir)
+  track_sparsity = bool(config.get("track_sparsity", True))
+  if not track_sparsity:
+    del params0
+    params0 = None
+  else:  # compared in the dtype the base student is stored in
+    sparsity_dtype = sparsity.base_dtype(config.student, scfg)
+
+  loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab)
+  update = jax.jit(
+      functools.partial(step_lib.train_step, optimizer=optimizer,
+                        schedule=schedule, loss_fn=loss_fn,
+                        grad_accum=int(config.optim.grad_accum)),
+      in_shardings=(state_shard, None, None),
+      out_shardings=(state_shard, None),
+      donate_argnums=0)
+  make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
+                                            tokenizer, vocab_size=vocab)
+  if cached:
+    make_sequences = teacher_cache.CachedSequences(make_sequences._put)  # pylint: disable=protected-access
+
+  log = train_log.Logger(workdir, total=config.total_steps, start=start,
+                         progress=config.get("progress", True),
+                         log_every=config.log_every)
+  init_norm = param_norm(state["params"]) if start == 0 else None
+  last = {}
+  stop = StopOnSignal()
+  try:
+    for step in stop.steps(start, config.total_steps):
+      rng = jax.random.fold_in(seed_key, step)
+      t0 = time.perf_counter()
+      batch, ro_metrics = make_sequences(
+          batches[step], state["params"], tparams, rng)
+      batch["weights"] = step_lib.loss_weights(batch["loss_mask"],
+                                               config.loss.reduction)
+      state, metrics = update(state, tparams, batch)
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      metrics.update(ro_metrics)
+      if not math.isfinite(metrics["train/loss"]):
+        raise FloatingPointError(nan_stop_message(
+            step + 1, metrics["train/loss"], ckpt, state, init_norm))
+      dt = time.perf_counter() - t0
+      metrics["perf/step_time_s"] = dt
+      metrics["perf/tokens_per_s"] = metrics["rollout/tokens"] / dt
+      done = step + 1
+      if params0 is not None and (done % config.eval_every == 0 or
+                                  done == config.total_steps):
+        metrics.update(sparsity.sparsity_metrics(params0, state["params"],
+                                                   scfg, sparsity_dtype))
+      log.write(done, metrics)
+      last = metrics
+      stopping = stop.requested(done)  # every step: a multi-host sync point
+      if (done % config.ckpt_every == 0 or done == config.total_steps
+          or stopping):
+        ckpt.save(done, state, {"step": done, "data_position": done,
+                                "seed": int(config.seed)})
+    ckpt.wait()
+    stop.raise_if_stopped(ckpt)
+  finally:
+    stop.restore()
+    ckpt.close()
+    log.close()
+  if config.get("export_hf", True):
+    if tokenizer is None and config.get("tokenizer_build"):  # runlocal
+      tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
+    export_hf(scfg, state["params"], tokenizer, workdir)
+  return last
+
+
+class Preempted(RuntimeError):
+  """The run stopped on SIGTERM/SIGINT after writing a checkpoint."""
+
+  def __init__(self, msg: str, signum: int):
+    super().__init__(msg)
+    self.exit_code = 128 + int(signum)
+
+
+class StopOnSignal:
+  """SIGTERM/SIGINT -> stop after the step in flight, with a checkpoint.
+
+  Handlers are installed only in the main thread and restored by `restore()`
+  (train() runs many times in one process in tests and the demo). On several
+  hosts the decision comes from JAX's preemption sync point, so every host
+  stops after the same step; a second SIGINT interrupts at once.
+  """
+
+  def __init__(self):
+    self.signum = None
+    self.stopped_at = None
+    self._prev = {}
+    self._multi = jax.process_count() > 1
+    if threading.current_thread() is not threading.main_thread():
+      return
+    sigs = (signal.SIGINT,) if self._multi else (signal.SIGTERM, signal.SIGINT)
+    for sig in sigs:
+      self._prev[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signum = signum
+    print(f"received {signal.Signals(signum).name}: finishing the step in "
+          "flight, then writing a checkpoint (Ctrl-C again to stop at once)",
+          file=sys.stderr, flush=True)
+
+  def requested(self, done: int) -> bool:
+    """True (once) when the run must stop after step `done`."""
+    stop = self.signum is not None
+    if self._multi:
+      try:
+        if multihost_utils.reached_preemption_sync_point(done):
+          stop, self.signum = True, self.signum or signal.SIGTERM
+      except RuntimeError:  # no preemption service: the local signal only
+        pass
+    if stop:
+      self.stopped_at = done
+    return stop
+
+  def steps(self, start: int, total: int):
+    for step in range(start, total):
+      if self.stopped_at is not None:
+        return
+      yield step
+
+  def raise_if_stopped(self, ckpt):
+    if self.stopped_at is not None:
+      raise Preempted(
+          f"stopped by {signal.Signals(self.signum).name} after step "
+          f"{self.stopped_at}; checkpoint {self.stopped_at} written to "
+          f"{ckpt.directory}; run the same command to resume", self.signum)
+
+  def restore(self):
+    for sig, prev in self._prev.items():
+      signal.signal(sig, prev)
+    self._prev = {}
+
+
+class locked_workdir:  # pylint: disable=invalid-name
+  """Holds <workdir>/.lock (process 0) for the duration of a run."""
+
+  def __init__(self, workdir: str):
+    self._lock = None
+    if jax.process_index() == 0:
+      ckpt_lib.check_writable_dir(workdir)
+      self._lock = ckpt_lib.WorkdirLock(workdir)
+
+  def __enter__(self):
+    if self._lock is not None:
+      self._lock.acquire()
+    return self
+
+  def __exit__(self, *exc):
+    if self._lock is not None:
+      self._lock.release()
+
+
+def report_dropped(batches) -> None:
+  """Says, visibly, how many training examples the length limits dropped."""
+  n = getattr(batches, "num_dropped", 0)
+  if n:
+    total = len(getattr(batches, "records", ())) or "?"
+    msg = (f"data: dropped {n} of {total} training examples longer than "
+           "data.max_prompt_len (or rollout.max_new_tokens for a dataset "
+           "response)")
+    logging.warning(msg)
+    if jax.process_index() == 0:
+      print(msg, file=sys.stderr, flush=True)
+
+
+def param_norm(params) -> float:
+  return float(jax.device_get(optax.global_norm(
+      jax.tree.map(lambda x: x.astype(jnp.float32), params))))
+
+
+# A kept checkpoint looks sane when its weights are finite and their norm is
+# within this factor of the initial weights' norm.
+SANE_NORM_FACTOR = 10.0
+
+
+def nan_stop_message(step, loss, ckpt, state, init_norm) -> str:
+  """The NaN stop's message: the kept checkpoints with their parameter norms
+  and the last one whose weights look sane."""
+  ckpt.wait()
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      state)
+  norms = ckpt.param_norms(abstract)
+  if init_norm is None and norms and norms[0][1] is not None:
+    init_norm = norms[0][1]  # resumed: the oldest kept one is the yardstick
+  sane = [s for s, n in norms if n is not None and math.isfinite(n) and
+          (init_norm is None or n <= SANE_NORM_FACTOR * max(init_norm, 1e-6))]
+  kept = ", ".join(f"{s} (param norm {n:.4g})" if n is not None else
+                   f"{s} (unreadable)" for s, n in norms) or "none"
+  if sane:
+    verdict = f"resume from step {sane[-1]}, the last whose weights look sane"
+  else:
+    verdict = "no kept checkpoint has sane weights: start again"
+  ref = f"; initial norm {init_norm:.4g}" if init_norm else ""
+  return (f"step {step}: loss is {loss}; stopping. Kept checkpoints in "
+          f"{ckpt.directory}: {kept}{ref}; {verdict}.")
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  initialize_distributed(f)
+  try:
+    train(f.config, f.workdir, overwrite=f.overwrite)
+  except Preempted as e:
+    print(e, file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
+
+
+def initialize_distributed(f) -> None:
+  """--distributed: jax.distributed.initialize(), before any JAX computation.
+  On a TPU VM (or SLURM, Open MPI, Kubernetes) JAX finds the coordinator and
+  this process's id itself; elsewhere pass --coordinator_address,
+  --num_processes and --process_id."""
+  given = {k: getattr(f, k) for k in ("coordinator_address", "num_processes",
+                                      "process_id")
+           if getattr(f, k) is not None}
+  if given and not f.distributed:
+    raise ValueError(f"--{next(iter(given))} needs --distributed")
+  if f.distributed:
+    jax.distributed.initialize(**given)
+
+
+def define_flags():
+  """The flags of `python -m jaxdistill.train` (and of jaxdistill.rl.train)."""
+  config_flags.DEFINE_config_file(
+      "config", None, "Experiment config file (configs/*.py[:arg]).",
+      lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory (resumes if it exists).")
+  flags.DEFINE_bool("overwrite", False,
+                    "Move an existing run of a different config aside.")
+  flags.DEFINE_bool("distributed", False,
+                    "Call jax.distributed.initialize() (multi-host TPU/GPU).")
+  flags.DEFINE_string("coordinator_address", None,
+                      "--distributed: host:port of process 0's coordinator "
+                      "(default: found by JAX on a TPU VM / SLURM / MPI).")
+  flags.DEFINE_integer("num_processes", None,
+                       "--distributed: number of processes (default: found "
+                       "by JAX).")
+  flags.DEFINE_integer("process_id", None,
+                       "--distributed: this process's index (default: found "
+                       "by JAX).")
+  flags.mark_flags_as_required(["config", "workdir"])

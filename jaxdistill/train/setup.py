@@ -1,0 +1,85 @@
+"""The models a run's config names, before any training: their ModelConfigs
+(from a Hugging Face directory, a preset or an init block), their params
+placed on the mesh, and the vocabulary both models' logits share.
+
+Shared by every command that loads config.student / config.teacher: train,
+rl.train, train.teacher_cache, analysis and the sweep.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+
+from jaxdistill import models
+from jaxdistill import sharding
+
+
+def model_config(mcfg, name: str) -> models.ModelConfig:
+  """The ModelConfig of config.student / config.teacher, without any weights."""
+  overrides = dict(mcfg.get("overrides") or {})
+  if mcfg.get("path"):
+    path = os.path.expanduser(mcfg.path)
+    if not os.path.isdir(path):
+      raise ValueError(
+          f"config.{name}.path: checkpoint directory {path!r} does not exist")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+      hint = (f"; it is a training workdir: use {os.path.join(path, 'hf_student')}"
+              if os.path.isfile(os.path.join(path, "hf_student", "config.json"))
+              else "")
+      raise ValueError(f"config.{name}.path: {path} is not a Hugging Face "
+                       f"checkpoint directory (no config.json){hint}")
+    try:
+      cfg = models.checkpoint.read_config(path)
+    except (ValueError, KeyError, TypeError) as e:
+      msg = str(e).strip("'\"")
+      raise ValueError(f"config.{name}.path: {msg}"
+                       if path in msg else f"config.{name}.path: {path}: {msg}"
+                       ) from None
+  elif mcfg.get("preset") or mcfg.get("init"):
+    cfg = (models.get_preset(mcfg.preset) if mcfg.get("preset")
+           else models.ModelConfig())
+    cfg = dataclasses.replace(cfg, **dict(mcfg.get("init") or {}))
+  else:
+    raise ValueError(f"config.{name}.path: set it to a Hugging Face checkpoint "
+                     f"directory (or set config.{name}.preset/.init for a "
+                     "randomly initialised model)")
+  return dataclasses.replace(cfg, dtype=mcfg.dtype, param_dtype=mcfg.param_dtype,
+                             **overrides)
+
+
+def load_params(cfg, mcfg, mesh, rules, rng):
+  """Params placed on the mesh: streamed from the checkpoint, or random init."""
+  if mcfg.get("path"):
+    loaded_cfg, params = models.load_pretrained(
+        os.path.expanduser(mcfg.path), dtype=cfg.param_dtype, mesh=mesh,
+        rules=rules)
+    del loaded_cfg
+    return params
+  shapes = jax.eval_shape(functools.partial(models.init, cfg), rng)
+  shard = sharding.tree_shardings(models.logical_axes(cfg), mesh, rules, shapes)
+  return jax.jit(functools.partial(models.init, cfg), out_shardings=shard)(rng)
+
+
+def shared_vocab(config, scfg, tcfg, tokenizer) -> int:
+  """The real vocabulary both models' logits are compared over."""
+  explicit = config.loss.get("vocab_size")
+  if explicit:
+    v = int(explicit)
+  elif tokenizer is not None:
+    v = len(tokenizer)
+  elif scfg.vocab_size == tcfg.vocab_size:
+    v = scfg.vocab_size
+  else:
+    raise ValueError(
+        f"config.loss.vocab_size: student vocab {scfg.vocab_size} and teacher "
+        f"vocab {tcfg.vocab_size} differ and no tokenizer gives the real "
+        "vocabulary; set loss.vocab_size to the shared real vocabulary size")
+  if v > min(scfg.vocab_size, tcfg.vocab_size):
+    raise ValueError(
+        f"config.loss.vocab_size: the real vocabulary ({v}) is larger than "
+        f"the student ({scfg.vocab_size}) or teacher ({tcfg.vocab_size}) "
+        "vocabulary: the models do not share a tokenizer")
+  return v

@@ -1,0 +1,214 @@
+"""evaluate_suites with a stub generator of known completions.
+
+Every completion below is hand-labelled (correct?, answer class, parsed?,
+format score); the expected metrics are computed from those labels by brute
+force (pass@k by enumerating k-subsets), never by the code under test.
+"""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdistill import models
+from jaxdistill import tasks
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.evaluate import core
+from tests.evaluate.conftest import MCQ
+from tests.evaluate.conftest import TINY
+
+A = "<answer>{}</answer>"
+# (text, correct, answer class among correct ones, parsed, format score)
+CD_PROBLEMS = [
+    {"numbers": [2, 3, 4], "target": 10, "solution": "2*3+4"},
+    {"numbers": [1, 5, 6], "target": 30, "solution": "5*6*1"},
+    {"numbers": [7, 8, 9], "target": 65, "solution": "8*7+9"},
+]
+CD_SAMPLES = [
+    [(A.format("2*3+4"), 1, "a", 1, 1.0), (A.format("4+3*2"), 1, "a", 1, 1.0),
+     (A.format("3*4-2"), 1, "b", 1, 1.0), ("I give up", 0, None, 0, 0.0)],
+    [(A.format("5*6*1"), 1, "a", 1, 1.0), (A.format("6*5/1"), 1, "b", 1, 1.0),
+     (A.format("1*(6*5)"), 1, "a", 1, 1.0), (A.format("5+6+1"), 0, None, 1, 1.0)],
+    [(A.format("7+8+"), 0, None, 0, 0.5), (A.format("7*8"), 0, None, 1, 1.0),
+     ("<answer>65", 0, None, 0, 0.0), (A.format("8*7+9 = 64"), 0, None, 1, 1.0)],
+]
+CD_GREEDY = [(A.format("(2*3)+4"), 1, "a", 1, 1.0),
+             (A.format("5*6"), 0, None, 1, 1.0),
+             (A.format("9+7*8 = 65"), 1, "a", 1, 1.0)]
+MC_SAMPLES = [
+    [("The answer is: B", 1, "B", 1, 1.0), ("\\boxed{B}", 1, "B", 1, 1.0),
+     ("The answer is: A", 0, None, 1, 1.0), ("no idea", 0, None, 0, 0.0)],
+    [("The answer is A, then the answer is: D", 0, None, 1, 1.0),
+     ("blah", 0, None, 0, 0.0), ("Answer: **A**", 1, "A", 1, 1.0),
+     ("The answer is: A", 1, "A", 1, 1.0)],
+    [("none", 0, None, 0, 0.0)] * 4,
+]
+MC_GREEDY = [("The answer is: B", 1, "B", 1, 1.0), ("the answer is a bit", 0, None, 0, 0.0),
+             ("\\boxed{C}", 1, "C", 1, 1.0)]
+SUITES = {"cd": CD_PROBLEMS, "mc": MCQ}
+TABLES = {"cd": (CD_GREEDY, CD_SAMPLES), "mc": (MC_GREEDY, MC_SAMPLES)}
+
+
+def brute_pass_at_k(labels, k):
+  subsets = list(itertools.combinations(range(len(labels)), k))
+  return sum(any(labels[i] for i in s) for s in subsets) / len(subsets)
+
+
+def expected(suite, ks):
+  greedy, sampled = TABLES[suite]
+  out = {f"{suite}/num_problems": len(greedy), f"{suite}/num_dropped": 0}
+  for mode, rows in (("greedy", [[g] for g in greedy]), ("sampled", sampled)):
+    flat = [r for row in rows for r in row]
+    out[f"{suite}/{mode}_acc"] = np.mean([r[1] for r in flat])
+    out[f"{suite}/{mode}_parse_rate"] = np.mean([r[3] for r in flat])
+    out[f"{suite}/{mode}_format"] = np.mean([r[4] for r in flat])
+    out[f"{suite}/{mode}_len"] = np.mean([len(r[0]) for r in flat])
+  for k in ks:
+    out[f"{suite}/pass@{k}"] = np.mean([brute_pass_at_k([r[1] for r in row], k)
+                                        for row in sampled])
+  out[f"{suite}/distinct_correct"] = np.mean(
+      [len({r[2] for r in row if r[1]}) for row in sampled])
+  out[f"{suite}/greedy_truncated"] = 0.0
+  out[f"{suite}/sampled_truncated"] = 0.5  # odd sample ids "hit the limit"
+  return out
+
+
+class Stub:
+  """Returns the tables' completions; checks the prompts it is given."""
+
+  def __init__(self, tokenizer):
+    self.tok, self.calls, self.rows = tokenizer, [], 0
+    self.suite = None
+
+  def __call__(self, prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+               temperature, rng):
+    del rng
+    assert prompts.shape == prompt_mask.shape and len(prompts) == len(row_ids)
+    records = SUITES[self.suite]
+    greedy, sampled = TABLES[self.suite]
+    texts = []
+    for p, m, i, j in zip(prompts, prompt_mask, problem_ids, sample_ids):
+      want = tok_lib.chat_prompt(self.tok, tasks.prompt_text(records[i]))
+      assert self.tok.decode(p[m.astype(bool)]) == want
+      texts.append(greedy[i][0] if temperature == 0 else sampled[i][j][0])
+    self.calls.append((len(prompts), float(temperature)))
+    self.rows += len(prompts)
+    ended = np.asarray([temperature == 0 or j % 2 == 0 for j in sample_ids])
+    return texts, np.asarray([len(t) for t in texts]), ended
+
+
+def run(stub, tokenizer, suite, **kw):
+  stub.suite = suite
+  args = dict(greedy=True, num_samples=4, temperature=0.7, ks=(1, 2, 4),
+              batch_size=8, seed=0, max_prompt_len=512, prompt_bucket=16,
+              progress=False)
+  return core.evaluate_suites(stub, tokenizer, {suite: SUITES[suite]},
+                              **{**args, **kw})
+
+
+@pytest.mark.parametrize("suite", ["cd", "mc"])
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_metrics_equal_brute_force(tokenizer, suite, batch_size):
+  got = run(Stub(tokenizer), tokenizer, suite, batch_size=batch_size)
+  want = expected(suite, (1, 2, 4))
+  assert set(got) == set(want)
+  for k, v in want.items():
+    assert got[k] == pytest.approx(v, abs=1e-12), k
+
+
+def test_labels_agree_with_the_verifiers():
+  # Guards the hand labels themselves: a mislabelled row would make the test
+  # above compare against a wrong reference.
+  for suite, (greedy, sampled) in TABLES.items():
+    for recs, rows in ((SUITES[suite], [[g] for g in greedy]),
+                       (SUITES[suite], sampled)):
+      for rec, row in zip(recs, rows):
+        for text, correct, *_ in row:
+          batch = {"task": np.array([tasks.task_of(rec)]),
+                   "numbers": np.array([rec.get("numbers", [-1]) + [-1] * (
+                       6 - len(rec.get("numbers", [-1])))]),
+                   "target": np.array([rec.get("target", -1)]),
+                   "gold": np.array(["ABCD".find(rec.get("answer", "?"))])}
+          assert tasks.score_batch([text], batch)["reward"][0] == correct, text
+
+
+def test_sample_layout_and_batching(tokenizer):
+  stub = Stub(tokenizer)
+  run(stub, tokenizer, "cd", batch_size=8)
+  # Greedy: one call of 8 rows (3 problems + 5 padding rows); sampling: 8 // 4
+  # = 2 prompts x 4 samples per call, two calls for 3 problems.
+  assert stub.calls == [(8, 0.0), (8, 0.7), (8, 0.7)]
+
+
+def test_greedy_only_and_sampled_only(tokenizer):
+  want = expected("cd", (1, 2))
+  got = run(Stub(tokenizer), tokenizer, "cd", num_samples=0, ks=())
+  assert all(not k.startswith("cd/sampled") and "pass@" not in k for k in got)
+  assert got["cd/greedy_acc"] == pytest.approx(want["cd/greedy_acc"])
+  got = run(Stub(tokenizer), tokenizer, "cd", greedy=False, ks=(1, 2))
+  assert "cd/greedy_acc" not in got
+  assert got["cd/pass@2"] == pytest.approx(want["cd/pass@2"])
+
+
+def test_too_long_prompts_are_dropped_and_counted(tokenizer):
+  lens = [len(tok_lib.encode(tokenizer, [tok_lib.chat_prompt(
+      tokenizer, tasks.prompt_text(r))])[0]) for r in MCQ]
+  limit = sorted(lens)[1]  # keeps the two shortest
+  got = run(Stub(tokenizer), tokenizer, "mc", max_prompt_len=limit)
+  kept = [i for i, n in enumerate(lens) if n <= limit]
+  assert got["mc/num_problems"] == len(kept) == 2
+  assert got["mc/num_dropped"] == 1
+  assert got["mc/greedy_acc"] == pytest.approx(np.mean([MC_GREEDY[i][1] for i in kept]))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_samples=2), r"ks: .*num_samples=2"),
+    (dict(greedy=False, num_samples=0, ks=()), "nothing to evaluate"),
+    (dict(temperature=0.0), "temperature"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(seed=-1), "seed"),
+])
+def test_bad_settings_name_the_argument(tokenizer, kw, match):
+  stub = Stub(tokenizer)
+  with pytest.raises(ValueError, match=match):
+    run(stub, tokenizer, "cd", **kw)
+  assert stub.rows == 0  # nothing generated before the check
+
+
+def test_bad_records_name_the_suite(tokenizer):
+  with pytest.raises(ValueError, match=r"suites\['x'\]\[1\]"):
+    core.evaluate_suites(Stub(tokenizer), tokenizer,
+                         {"x": [CD_PROBLEMS[0], {"question": "q"}]},
+                         batch_size=2, seed=0, num_samples=0, ks=())
+  with pytest.raises(ValueError, match=r"suites\['y'\]: no problems"):
+    core.evaluate_suites(Stub(tokenizer), tokenizer, {"y": []}, batch_size=2,
+                         seed=0, num_samples=0, ks=())
+
+
+def test_rollout_generator_samples_only_the_tokenizers_vocabulary(
+    tokenizer, monkeypatch):
+  cfg = models.ModelConfig(**TINY)
+  real = len(tokenizer)
+  assert real < cfg.vocab_size
+  params = models.init(cfg, jax.random.key(0))
+  emb = np.array(params["embed_tokens"]["embedding"])  # tied head [V, D]
+  # Padding rows aligned with the final hidden state's scale: they dominate.
+  emb[real:] = 3.0 * np.asarray(params["norm"]["scale"])[None]
+  params["embed_tokens"]["embedding"] = jnp.asarray(emb)
+  seen = []
+  real_generate = core.rollout_lib.generate
+
+  def spy(*a, **kw):
+    r = real_generate(*a, **kw)
+    seen.append(np.asarray(r.tokens)[:, np.asarray(r.prompt_mask).shape[1]:]
+                [np.asarray(r.response_mask) > 0])
+    return r
+  monkeypatch.setattr(core.rollout_lib, "generate", spy)
+  gen = core.rollout_generator(cfg, params, tokenizer, max_new_tokens=6,
+                               eos_token_ids=(2,))
+  prompts = np.array([[0, 5, 6, 7], [0, 0, 8, 9]], np.int32)
+  gen(prompts, (prompts > 0).astype(np.int32), row_ids=np.arange(2),
+      temperature=1.0, rng=jax.random.key(1))
+  toks = np.concatenate(seen)
+  assert toks.size and toks.max() < real

@@ -1,0 +1,201 @@
+"""The `jaxdistill.evaluate` command: end to end, forgetting, sparsity, errors.
+
+References: update sparsity is counted in float64 NumPy over the tensors that
+`safetensors.numpy` reads from the two files; forgetting is the difference of
+the two accuracies in the JSON, and, with a stub generator whose correct
+answers are chosen by the test, the hand-computed drop.
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from safetensors.numpy import save_file
+
+from jaxdistill.evaluate import report
+from jaxdistill.evaluate import run as evaluate_run
+from tests.evaluate.conftest import MCQ
+from tests.evaluate.suites_test import get_config
+from tests.evaluate.suites_test import write_jsonl
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny_ckpt, tmp_path_factory):
+  """A copy of tiny_ckpt with known changes, some within the tolerance."""
+  out = tmp_path_factory.mktemp("perturbed")
+  for f in os.listdir(tiny_ckpt):
+    if f != "model.safetensors":
+      shutil.copy(tiny_ckpt / f, out / f)
+  t = load_file(str(tiny_ckpt / "model.safetensors"))
+  rng = np.random.default_rng(1)
+  t["model.embed_tokens.weight"][:10] += 1e-3
+  w = t["model.layers.1.mlp.down_proj.weight"]
+  w.reshape(-1)[::7] += 1e-6  # within atol, not exact
+  b = t["model.layers.0.self_attn.q_proj.bias"]
+  b[rng.random(b.shape) < 0.5] -= 5e-3
+  t["model.layers.0.input_layernorm.weight"][3] += 2e-5
+  save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+  return out
+
+
+def numpy_sparsity(dir0, dir1):
+  a, b = (load_file(str(pathlib.Path(d) / "model.safetensors")) for d in (dir0, dir1))
+  assert set(a) == set(b) and "lm_head.weight" not in a  # tied: counted once
+  out = {}
+  def count(names):
+    n = sum(a[k].size for k in names)
+    diff = [np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)) for k in names]
+    return (sum(int((d <= ATOL).sum()) for d in diff) / n,
+            sum(int((d == 0).sum()) for d in diff) / n)
+  out["whole"], out["whole_exact"] = count(list(a))
+  for i in range(2):
+    out[f"layer_{i:02d}"], out[f"layer_{i:02d}_exact"] = count(
+        [k for k in a if f".layers.{i}." in k])
+  return out
+
+
+@pytest.mark.slow
+def test_cli_end_to_end(tiny_ckpt, perturbed, tmp_path):
+  # The checkpoint is given as a training workdir (its hf_student/ is used).
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_ckpt, workdir / "hf_student")
+  out = tmp_path / "results.json"
+  cmd = [sys.executable, "-m", "jaxdistill.evaluate",
+         "--config", "configs/eval.py:runlocal,samples=2",
+         "--config.suites.countdown3.num_problems=3",
+         "--config.suites.countdown5.num_problems=2",
+         "--checkpoint", str(workdir), "--baseline", str(perturbed),
+         "--out", str(out)]
+  # One CPU device: the runlocal config evaluates without a mesh.
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads(out.read_text())
+  assert res["checkpoint"] == str(workdir / "hf_student")
+  assert res["baseline"] == str(perturbed)
+  assert res["config"]["sampler"]["num_samples"] == 2
+  m = res["metrics"]
+  per_suite = ["num_problems", "num_dropped", "greedy_acc", "greedy_format",
+               "greedy_parse_rate", "greedy_len", "greedy_truncated",
+               "sampled_acc", "sampled_format", "sampled_parse_rate",
+               "sampled_len", "sampled_truncated", "pass@1", "pass@2",
+               "distinct_correct"]
+  want = {f"{s}/{k}" for s in ("countdown3", "countdown5") for k in per_suite}
+  want |= {f"baseline/countdown5/{k}" for k in per_suite[:7]}
+  want |= {"forgetting/countdown5_pp", "forgetting/mean_pp", "id/greedy_acc",
+           "ood/greedy_acc", "sparsity/whole", "sparsity/whole_exact",
+           "sparsity/layer_00", "sparsity/layer_01_exact", "sparsity/num_params"}
+  assert want <= set(m), sorted(want - set(m))
+  assert all(isinstance(v, float) for v in m.values())
+  assert m["countdown3/num_problems"] == 3 and m["countdown5/num_problems"] == 2
+  assert 0 < m["countdown3/greedy_len"] <= 8  # runlocal max_new_tokens
+  # Forgetting is the accuracy difference, in percentage points.
+  assert m["forgetting/countdown5_pp"] == pytest.approx(
+      100 * (m["baseline/countdown5/greedy_acc"] - m["countdown5/greedy_acc"]))
+  assert m["forgetting/mean_pp"] == m["forgetting/countdown5_pp"]
+  # Sparsity equals a NumPy count over the two files, in their stored dtype.
+  ref = numpy_sparsity(perturbed, tiny_ckpt)
+  for k, v in ref.items():
+    assert m[f"sparsity/{k}"] == pytest.approx(v, abs=1e-12), k
+  assert 0 < ref["whole_exact"] < ref["whole"] < 1
+  assert res["sparsity"]["dtype"] == "float32"
+  # The other dtype beside it, named in the keys and the table.
+  assert res["sparsity"]["other_dtype"] == "bfloat16"
+  assert m["sparsity/whole_float32"] == m["sparsity/whole"]
+  assert 0 <= m["sparsity/whole_exact_bfloat16"] <= m["sparsity/whole_bfloat16"] <= 1
+  assert "exact (bfloat16)" in proc.stdout
+  assert res["sparsity"]["stored_dtype"] == {"before": "float32", "after": "float32"}
+  # The readable tables.
+  assert "## countdown3 (id, 3 problems)" in proc.stdout
+  assert re.search(r"\| greedy accuracy +\| [\d.]+ % +\| [\d.]+ % +\|", proc.stdout)
+  assert "update sparsity (compared in float32" in proc.stdout
+
+
+def stub_factory(tokenizer_answers):
+  """Generators that answer the MCQ suite from a table: checkpoint vs baseline."""
+  def factory(role, cfg, params, tokenizer, eos):
+    del cfg, params, tokenizer, eos
+    right = tokenizer_answers[role]
+
+    def gen(prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+            temperature, rng):
+      del prompt_mask, sample_ids, row_ids, temperature, rng
+      texts = []
+      for p in problem_ids:
+        # Countdown rows never match; MCQ rows answer by the table.
+        gold = MCQ[p]["answer"] if p < len(MCQ) else "A"
+        texts.append(f"The answer is: {gold if right(p) else 'Z'}")
+      return texts, np.full(len(prompts), 5), np.ones(len(prompts), bool)
+    return gen
+  return factory
+
+
+def stub_config(tmp_path):
+  c = get_config("runlocal,suites=countdown3+mcq,ood=mcq")
+  c.suites.mcq = dict(kind="mcq", path=write_jsonl(tmp_path / "mcq.jsonl", MCQ),
+                      source="generic", num_problems=None, data_seed=0)
+  c.progress = False
+  return c
+
+
+def test_forgetting_with_known_answers(tiny_ckpt, perturbed, tmp_path):
+  c = stub_config(tmp_path)
+  # Checkpoint: right on MCQ problem 0 only (1/3); baseline: right on all.
+  factory = stub_factory({"checkpoint": lambda p: p == 0,
+                          "baseline": lambda p: True})
+  out = tmp_path / "r.json"
+  res = evaluate_run.run(c, str(tiny_ckpt), str(perturbed), str(out),
+                     generator_factory=factory)
+  m = res["metrics"]
+  assert m["mcq/greedy_acc"] == pytest.approx(1 / 3)
+  assert m["baseline/mcq/greedy_acc"] == 1.0
+  assert m["forgetting/mcq_pp"] == pytest.approx(100 * (1 - 1 / 3))
+  assert m["forgetting/mean_pp"] == pytest.approx(100 * 2 / 3)
+  assert m["mcq/pass@4"] == pytest.approx(1 / 3)  # every sample alike
+  assert m["countdown3/greedy_acc"] == 0.0
+  assert "baseline/countdown3/greedy_acc" not in m  # baseline: OOD suites only
+  assert "baseline/mcq/sampled_acc" not in m       # ... and greedy only
+  assert json.loads(out.read_text())["metrics"] == m
+  text = report.format_report(res)
+  assert "## mcq (ood, 3 problems)" in text and "| mcq " in text
+  assert "+66.67" in text
+
+
+def test_errors_name_the_problem(tiny_ckpt, tmp_path):
+  c = stub_config(tmp_path)
+  with pytest.raises(FileNotFoundError, match=r"--checkpoint: .*not found"):
+    evaluate_run.run(c, str(tmp_path / "missing"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match=r"--baseline: .*hf_student"):
+    evaluate_run.run(c, str(tiny_ckpt), str(tmp_path / "empty"))
+  bad = get_config("runlocal,suites=countdown3+physics,ood=")
+  with pytest.raises(ValueError, match=r"unknown suite\(s\) \['physics'\]"):
+    evaluate_run.run(bad, str(tiny_ckpt))
+  c.suites.mcq.path = str(tmp_path / "gone.jsonl")
+  with pytest.raises(FileNotFoundError, match=r"config.suites.mcq.path.*gone.jsonl"):
+    evaluate_run.run(c, str(tiny_ckpt))
+  c = get_config("runlocal")
+  c.sampler.ks = (1, 8)
+  with pytest.raises(ValueError, match=r"ks: .*num_samples=4"):
+    evaluate_run.run(c, str(tiny_ckpt))
+
+
+def test_checkpoint_sparsity_rejects_mismatched_models(tiny_ckpt, tmp_path):
+  other = tmp_path / "other"
+  shutil.copytree(tiny_ckpt, other)
+  t = load_file(str(other / "model.safetensors"))
+  t["model.norm.weight"] = np.ones(7, np.float32)
+  save_file(t, str(other / "model.safetensors"), metadata={"format": "pt"})
+  c = get_config("runlocal")
+  with pytest.raises(ValueError, match=r"model.norm.weight.*shape"):
+    evaluate_run.run(c, str(tiny_ckpt), str(other))

@@ -1,0 +1,105 @@
+"""Rollouts of the training loop (train_batches.SequenceMaker): the sampling
+vocabulary and the mixture's log-probs that the sampled estimators weight by.
+
+References: float64 NumPy softmaxes of full forward passes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdistill import config_lib
+from jaxdistill import models
+from jaxdistill import sharding
+from jaxdistill.train import batches as train_batches
+from jaxdistill.train import setup as train_setup
+
+REAL = 40  # the "tokenizer's" size; the configs' embeddings are wider
+
+
+def _setup(kl, policy, lam=None):
+  c = config_lib.load_config(f"configs/distill.py:runlocal,kl={kl},policy={policy}")
+  if lam is not None:
+    c.rollout.lam = lam
+  scfg = train_setup.model_config(c.student, "student")
+  tcfg = train_setup.model_config(c.teacher, "teacher")
+  assert min(scfg.vocab_size, tcfg.vocab_size) > REAL
+  sp = models.init(scfg, jax.random.key(0))
+  tp = models.init(tcfg, jax.random.key(1))
+  # Padding columns of both heads made far more likely than real tokens.
+  for cfg, p in ((scfg, sp), (tcfg, tp)):
+    head = np.array(models.output_head(cfg, p))
+    head[:, REAL:] += 4.0 / np.sqrt(head.shape[0])
+    if cfg.tie_word_embeddings:
+      p["embed_tokens"]["embedding"] = jnp.asarray(head.T)
+    else:
+      p["lm_head"]["kernel"] = jnp.asarray(head)
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1),
+                            devices=jax.devices()[:1])
+  data = train_batches.SyntheticPrompts(batch_size=4, prompt_len=6, vocab=REAL,
+                                     seed=0)
+  return c, scfg, tcfg, sp, tp, mesh, data[0]
+
+
+def _logp(cfg, params, tokens, attn, t):
+  x = np.asarray(models.apply(cfg, params, tokens, attn), np.float64)
+  x = x[:, :-1, :REAL] / t
+  lp = x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+  return np.take_along_axis(lp, np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+
+
+def test_training_rollouts_sample_only_the_real_vocabulary():
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("forward", "student")
+  rules = sharding.DEFAULT_RULES
+  loose = train_batches.SequenceMaker(c, scfg, tcfg, mesh, rules)
+  b, _ = loose(host, sp, tp, jax.random.key(5))
+  m = np.asarray(b["loss_mask"]) > 0
+  assert (np.asarray(b["tokens"])[m] >= REAL).mean() > 0.5  # the bug, shown
+  maker = train_batches.SequenceMaker(c, scfg, tcfg, mesh, rules, vocab_size=REAL)
+  b, _ = maker(host, sp, tp, jax.random.key(5))
+  m = np.asarray(b["loss_mask"]) > 0
+  assert m.any() and np.asarray(b["tokens"])[m].max() < REAL
+  assert "behaviour_logprobs" not in b  # exact KL: not needed
+
+
+@pytest.mark.slow  # compiles a mixture rollout
+def test_sampled_mixture_batch_carries_the_mixture_logprobs():
+  lam = 0.3
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("sampled", "mixture", lam)
+  maker = train_batches.SequenceMaker(c, scfg, tcfg, mesh, sharding.DEFAULT_RULES,
+                                   vocab_size=REAL)
+  b, _ = maker(host, sp, tp, jax.random.key(6))
+  tokens, attn = b["tokens"], b["attention_mask"]
+  m = np.asarray(b["loss_mask"])[:, 1:] > 0
+  t = float(c.rollout.temperature)
+  want = np.logaddexp(np.log(lam) + _logp(scfg, sp, tokens, attn, t),
+                      np.log1p(-lam) + _logp(tcfg, tp, tokens, attn, t))
+  got = np.asarray(b["behaviour_logprobs"])[:, 1:]
+  np.testing.assert_allclose(got[m], want[m], atol=2e-4)
+  np.testing.assert_array_equal(got[~m], 0.0)
+
+
+def test_bucket_cuts_rollouts_after_the_longest_response():
+  """data.bucket drops only columns where no row has a token: the batch is
+  the unbucketed one cut at P + the longest response rounded up."""
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("forward", "student")
+  # A third of the real tokens end a row, so rows end at different steps.
+  c.rollout.update(max_new_tokens=16, eos_token_ids=tuple(range(0, REAL, 3)))
+  rules = sharding.DEFAULT_RULES
+  full, _ = train_batches.SequenceMaker(c, scfg, tcfg, mesh, rules,
+                                     vocab_size=REAL)(host, sp, tp,
+                                                      jax.random.key(5))
+  c.data.bucket = 3
+  cut, _ = train_batches.SequenceMaker(c, scfg, tcfg, mesh, rules,
+                                    vocab_size=REAL)(host, sp, tp,
+                                                     jax.random.key(5))
+  p = host["prompt"].shape[1]
+  resp = np.asarray(full["loss_mask"])[:, p:]
+  longest = int(resp.sum(1).max())
+  want = p + min(resp.shape[1], 3 * -(-longest // 3))
+  assert want < full["tokens"].shape[1]  # the rows end early: a cut is made
+  assert cut["tokens"].shape[1] == want
+  for k in full:
+    np.testing.assert_array_equal(np.asarray(cut[k]),
+                                  np.asarray(full[k])[:, :want])
+    assert not np.asarray(full[k])[:, want:].any() or k == "tokens"
