@@ -325,15 +325,12 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
   s_key, t_key = jax.random.split(jax.random.fold_in(key, 1 << 20))
   sp = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
   tp = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key)
-  eos = set(scfg.eos_token_id) | set(tcfg.eos_token_id)
-  if getattr(tok, "eos_token_id", None) is not None:
-    eos.add(int(tok.eos_token_id))
   rows = lambda_spectrum(
       (scfg, sp), (tcfg, tp), [data[i] for i in range(int(batches))], lams=lams,
       rng=jax.random.fold_in(key, 7), max_new_tokens=int(config.rollout.max_new_tokens),
       temperature=float(config.rollout.temperature),
       loss_temperature=float(config.loss.temperature), vocab_size=vocab,
-      eos_token_ids=tuple(sorted(eos)),
+      eos_token_ids=rollout_lib.eos_ids(scfg, tcfg, tokenizer=tok),
       pad_token_id=getattr(tok, "pad_token_id", None) or 0,
       topk=config.loss.get("teacher_topk"),
       topk_variant=config.loss.get("topk_variant", "renorm"))

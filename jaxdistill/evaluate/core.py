@@ -70,10 +70,7 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
     raise ValueError(f"tokenizer: {vocab} tokens do not fit the model's "
                      f"vocabulary ({cfg.vocab_size})")
   if eos_token_ids is None:
-    eos = set(cfg.eos_token_id)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-      eos.add(int(tokenizer.eos_token_id))
-    eos_token_ids = tuple(sorted(eos))
+    eos_token_ids = rollout_lib.eos_ids(cfg, tokenizer=tokenizer)
   if not eos_token_ids:
     raise ValueError("eos_token_ids: the model config and tokenizer name no EOS "
                      "token; pass eos_token_ids")

@@ -38,6 +38,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdistill import models
+from jaxdistill import rollout
 from jaxdistill import sharding
 from jaxdistill import sparsity
 from jaxdistill.data import tokenizer as tok_lib
@@ -69,18 +70,6 @@ def resolve_checkpoint(path: str, flag: str = "--checkpoint") -> str:
 
 def _has_tokenizer(path: str) -> bool:
   return any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
-
-
-def _generation_eos(path: str) -> set[int]:
-  """EOS ids of generation_config.json (Llama 3 Instruct lists <|eot_id|> there)."""
-  f = os.path.join(path, "generation_config.json")
-  if not os.path.isfile(f):
-    return set()
-  with open(f) as fh:
-    e = json.load(fh).get("eos_token_id")
-  if e is None:
-    return set()
-  return {int(x) for x in (e if isinstance(e, list) else [e])}
 
 
 def check_config(config) -> tuple[str, ...]:
@@ -116,15 +105,13 @@ def load_model(path: str, config, mesh):
                             "set config.tokenizer to a tokenizer directory")
   tokenizer = tok_lib.load_tokenizer(os.path.expanduser(tok_path))
   cfg, params = models.load_pretrained(path, dtype=config.get("dtype"), mesh=mesh)
-  eos = set(cfg.eos_token_id) | _generation_eos(path)
-  if tokenizer.eos_token_id is not None:
-    eos.add(int(tokenizer.eos_token_id))
-  if config.sampler.get("eos_token_ids"):
-    eos = {int(e) for e in config.sampler.eos_token_ids}
+  eos = rollout.eos_ids(cfg, tokenizer=tokenizer,
+                        extra=models.checkpoint.generation_eos_ids(path),
+                        override=config.sampler.get("eos_token_ids"))
   if len(tokenizer) > cfg.vocab_size:
     raise ValueError(f"{path}: tokenizer has {len(tokenizer)} tokens but the "
                      f"model only {cfg.vocab_size} embeddings")
-  return cfg, params, tokenizer, tuple(sorted(eos))
+  return cfg, params, tokenizer, eos
 
 
 def _rollout_factory(config, mesh):

@@ -183,6 +183,19 @@ def read_config(path) -> ModelConfig:
   return config_from_hf(d, str(f))
 
 
+
+def generation_eos_ids(path) -> tuple[int, ...]:
+  """The eos_token_id of <path>/generation_config.json, () without one
+  (Llama 3 Instruct lists <|eot_id|> there, not in config.json)."""
+  f = os.path.join(path, "generation_config.json")
+  if not os.path.isfile(f):
+    return ()
+  with open(f) as fh:
+    e = json.load(fh).get("eos_token_id")
+  if e is None:
+    return ()
+  return tuple(int(x) for x in (e if isinstance(e, list) else [e]))
+
 # -- tensor layout ------------------------------------------------------------
 
 def _get(tree, path):

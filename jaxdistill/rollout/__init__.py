@@ -5,6 +5,7 @@
 
 See generation.py for the Rollout layout and loop.py for the RNG guarantees.
 """
+from jaxdistill.rollout.generation import eos_ids
 from jaxdistill.rollout.generation import generate
 from jaxdistill.rollout.generation import POLICIES
 from jaxdistill.rollout.generation import Rollout

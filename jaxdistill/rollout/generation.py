@@ -48,7 +48,7 @@ that nearby prompt widths share a program. RNG guarantees: see loop.py.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 import dataclasses
 import functools
 import math
@@ -243,11 +243,26 @@ def _host(x):
     return None
 
 
-def _eos_of(cfg) -> tuple[int, ...]:
-  e = getattr(cfg, "eos_token_id", None)
-  if e is None:
-    return ()
-  return tuple(int(x) for x in (e if isinstance(e, (tuple, list)) else (e,)))
+def eos_ids(*cfgs, tokenizer=None, extra: Iterable[int] = (),
+            override: Sequence[int] | None = None) -> tuple[int, ...]:
+  """The token ids that end a rollout row, sorted: the one rule for them.
+
+  `override` (a config's eos_token_ids), if non-empty, is the whole set.
+  Otherwise the union of each model config's eos_token_id (an int, a
+  sequence or None), the tokenizer's eos_token_id (chat templates end the
+  assistant turn with their own token) and `extra` (e.g. the ids of a
+  checkpoint's generation_config.json, models.checkpoint.generation_eos_ids).
+  """
+  if override:
+    return tuple(sorted({int(e) for e in override}))
+  eos = {int(e) for e in extra}
+  for cfg in cfgs:
+    e = getattr(cfg, "eos_token_id", None)
+    if e is not None:
+      eos.update(int(x) for x in (e if isinstance(e, (tuple, list)) else (e,)))
+  if getattr(tokenizer, "eos_token_id", None) is not None:
+    eos.add(int(tokenizer.eos_token_id))
+  return tuple(sorted(eos))
 
 
 def _check_settings(student, teacher, policy, lam, max_new_tokens,
@@ -343,7 +358,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
     temperature: >= 0; 0 is greedy (top_k / top_p then ignored). Traced.
     top_k: keep the k most likely tokens (static).
     top_p: nucleus mass in (0, 1] (traced; whether it is used is static).
-    eos_token_ids: ids that end a row; default the union of the configs'.
+    eos_token_ids: ids that end a row; default the union of the configs'
+      (eos_ids).
     pad_token_id: written after a row's end.
     return_logprobs: if False, `logprobs` and `behaviour_logprobs` are None
       in the result.
@@ -395,7 +411,7 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
   elif jnp.shape(row_ids) != (b,):
     raise ValueError(f"row_ids: expected shape ({b},), got {jnp.shape(row_ids)}")
   if eos_token_ids is None:
-    eos = sorted({e for cfg, _ in given.values() for e in _eos_of(cfg)})
+    eos = eos_ids(*(cfg for cfg, _ in given.values()))
   else:
     eos = [int(e) for e in eos_token_ids]
 

@@ -83,10 +83,9 @@ class SequenceMaker:
     # Pad with what the data pipeline pads with; stop on the models' EOS ids
     # and the tokenizer's (chat templates end turns with their own token).
     self.pad = getattr(tokenizer, "pad_token_id", None) or 0
-    eos = set(student_cfg.eos_token_id) | set(teacher_cfg.eos_token_id)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-      eos.add(int(tokenizer.eos_token_id))
-    self.eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
+    self.eos = rollout_lib.eos_ids(
+        student_cfg, teacher_cfg, tokenizer=tokenizer,
+        override=config.rollout.get("eos_token_ids"))
 
   def _put(self, x):
     # Every host holds the global batch; each places its devices' rows.

@@ -199,3 +199,19 @@ def test_checkpoint_sparsity_rejects_mismatched_models(tiny_ckpt, tmp_path):
   c = get_config("runlocal")
   with pytest.raises(ValueError, match=r"model.norm.weight.*shape"):
     evaluate_run.run(c, str(tiny_ckpt), str(other))
+
+
+def test_load_model_stops_on_config_tokenizer_and_generation_config_eos(
+    tiny_ckpt, tokenizer, tmp_path):
+  """Llama 3 Instruct lists <|eot_id|> in generation_config.json only."""
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(tiny_ckpt, ckpt)
+  c = get_config("runlocal")
+  tok_eos = int(tokenizer.eos_token_id)
+  assert evaluate_run.load_model(str(ckpt), c, None)[3] == tuple(
+      sorted({2, tok_eos}))  # config.json's (2,) and the tokenizer's
+  (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 7]}))
+  assert evaluate_run.load_model(str(ckpt), c, None)[3] == tuple(
+      sorted({2, tok_eos, 7, 9}))
+  c.sampler.eos_token_ids = (11, 4, 11)  # the config's list replaces them all
+  assert evaluate_run.load_model(str(ckpt), c, None)[3] == (4, 11)

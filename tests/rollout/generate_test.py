@@ -159,6 +159,21 @@ def test_one_compilation_per_bucket(student):
   assert generate_lib._TRACE_COUNT - before == 1
 
 
+def test_eos_ids_is_the_union_unless_overridden():
+  class Cfg:  # eos_token_id as configs hold it: a tuple, an int or None
+    def __init__(self, eos):
+      self.eos_token_id = eos
+
+  class Tok:
+    eos_token_id = 40
+
+  assert rollout.eos_ids(Cfg((5, 2)), Cfg(7)) == (2, 5, 7)
+  assert rollout.eos_ids(Cfg(None), tokenizer=Tok(), extra=[9, 5]) == (5, 9, 40)
+  assert rollout.eos_ids(Cfg(2), tokenizer=object()) == (2,)  # no eos_token_id
+  assert rollout.eos_ids(Cfg(2), tokenizer=Tok(), override=[8, 3, 8]) == (3, 8)
+  assert rollout.eos_ids(Cfg(2), override=()) == (2,)  # empty: not set
+  assert rollout.eos_ids() == ()
+
 def test_pad_prompts_buckets():
   p, m = rollout.pad_prompts([[4, 5, 6], [7]], pad_token_id=1, bucket=4)
   np.testing.assert_array_equal(p, [[1, 4, 5, 6], [1, 1, 1, 7]])
