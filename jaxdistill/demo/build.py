@@ -15,6 +15,7 @@ import shutil
 import sys
 
 from jaxdistill import config_lib
+from jaxdistill import models
 from jaxdistill.data import pipeline
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import loop as train_loop
@@ -184,7 +185,7 @@ def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
   settings["data"]["records_file"] = os.path.basename(data)
   key = cache_key(name, settings)
   out = os.path.join(root, f"{name}-{key}")
-  hf = os.path.join(out, "hf_student")
+  hf = os.path.join(out, models.checkpoint.EXPORT_DIR)
   if _done(out):
     log(f"{name}: cached at {hf}")
     return hf

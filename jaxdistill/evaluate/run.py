@@ -60,8 +60,8 @@ def resolve_checkpoint(path: str, flag: str = "--checkpoint") -> str:
       os.path.isfile(os.path.join(path, "model.safetensors")) or
       os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
     return path
-  export = os.path.join(path, "hf_student")
-  if os.path.isdir(export):
+  export = models.checkpoint.workdir_export(path)
+  if export:
     return resolve_checkpoint(export, flag)
   raise FileNotFoundError(
       f"{flag}: {path} is neither a Hugging Face directory (config.json + "

@@ -184,6 +184,16 @@ def read_config(path) -> ModelConfig:
 
 
 
+# Where a training workdir keeps its Hugging Face export of the student.
+EXPORT_DIR = "hf_student"
+
+
+def workdir_export(path) -> str | None:
+  """<path>/hf_student if `path` is a training workdir that holds a Hugging
+  Face export (its config.json), else None."""
+  export = os.path.join(path, EXPORT_DIR)
+  return export if os.path.isfile(os.path.join(export, "config.json")) else None
+
 def generation_eos_ids(path) -> tuple[int, ...]:
   """The eos_token_id of <path>/generation_config.json, () without one
   (Llama 3 Instruct lists <|eot_id|> there, not in config.json)."""

@@ -46,10 +46,7 @@ from jaxdistill.train import step as step_lib
 def resolve_init(path: str) -> str:
   """A distillation workdir -> its hf_student/ export; else `path` itself."""
   path = os.path.expanduser(path)
-  exported = os.path.join(path, "hf_student")
-  if os.path.isfile(os.path.join(exported, "config.json")):
-    return exported
-  return path
+  return models.checkpoint.workdir_export(path) or path
 
 
 def _err(field, msg):

@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 
 from jaxdistill import config_lib
+from jaxdistill import models
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import table
@@ -79,7 +80,7 @@ def stage_config(grid, run: grid_lib.Run, run_dir: str):
                      "e.g. 'configs/grpo_countdown.py:n=3') or base")
   grid_lib.merge(c, r.get("updates") or {}, "grid.rlvr.updates")
   # The arm's export: its weights and the tokenizer saved with them.
-  c.student.path = os.path.join(run_dir, "hf_student")
+  c.student.path = os.path.join(run_dir, models.checkpoint.EXPORT_DIR)
   c.student.init = None
   if "tokenizer_build" in c:
     c.tokenizer_build = None

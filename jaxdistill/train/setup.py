@@ -26,9 +26,8 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
       raise ValueError(
           f"config.{name}.path: checkpoint directory {path!r} does not exist")
     if not os.path.isfile(os.path.join(path, "config.json")):
-      hint = (f"; it is a training workdir: use {os.path.join(path, 'hf_student')}"
-              if os.path.isfile(os.path.join(path, "hf_student", "config.json"))
-              else "")
+      export = models.checkpoint.workdir_export(path)
+      hint = f"; it is a training workdir: use {export}" if export else ""
       raise ValueError(f"config.{name}.path: {path} is not a Hugging Face "
                        f"checkpoint directory (no config.json){hint}")
     try:

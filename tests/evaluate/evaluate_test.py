@@ -215,3 +215,14 @@ def test_load_model_stops_on_config_tokenizer_and_generation_config_eos(
       sorted({2, tok_eos, 7, 9}))
   c.sampler.eos_token_ids = (11, 4, 11)  # the config's list replaces them all
   assert evaluate_run.load_model(str(ckpt), c, None)[3] == (4, 11)
+
+
+def test_a_training_workdir_resolves_to_its_export(tiny_ckpt, tmp_path):
+  work = tmp_path / "run"
+  work.mkdir()
+  (work / "config.json").write_text("{}")  # the training config, no weights
+  with pytest.raises(FileNotFoundError, match=r"--checkpoint: .*hf_student"):
+    evaluate_run.resolve_checkpoint(str(work))
+  shutil.copytree(tiny_ckpt, work / "hf_student")
+  assert evaluate_run.resolve_checkpoint(str(work)) == str(work / "hf_student")
+  assert evaluate_run.resolve_checkpoint(str(tiny_ckpt)) == str(tiny_ckpt)
