@@ -3,7 +3,8 @@
 `load_tokenizer(path)` only reads a LOCAL directory (local_files_only=True):
 runs never download anything. `train_bpe_tokenizer` builds a small byte-level
 BPE (any text round-trips, since every byte is in the base alphabet) with the
-special tokens below and a chat template, saved so that
+special tokens below and a chat template (for runlocal, the sweep's local
+assets, the demo and tests; `countdown_texts` is their usual text), saved so that
 `transformers.AutoTokenizer.from_pretrained(out_dir)` loads it and
 `apply_chat_template` works exactly as for a real checkpoint.
 """
@@ -91,11 +92,18 @@ def load_tokenizer(path: str):
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
                         chat_template: str = DEFAULT_CHAT_TEMPLATE,
-                        model_max_length: int = 4096):
+                        model_max_length: int = 4096,
+                        split_words: bool = True,
+                        max_token_length: int | None = None):
   """Trains a byte-level BPE on `texts`, saves it to `out_dir`, returns it loaded.
 
   The vocabulary holds the 256 byte symbols and SPECIAL_TOKENS, so
   `vocab_size` must exceed 256 + len(SPECIAL_TOKENS); the rest are merges.
+  split_words: merges stay inside words (the byte-level regex splits at
+  spaces first, as in real checkpoints). False lets merges span words while
+  every digit stays its own token: a fixed instruction then costs a few
+  tokens instead of dozens, and arithmetic stays learnable (the demo's).
+  max_token_length: the longest merge, in characters (None: unbounded).
   """
   from tokenizers import decoders
   from tokenizers import models
@@ -108,11 +116,17 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
     raise ValueError(f"vocab_size must be > {floor} (bytes + special tokens), "
                      f"got {vocab_size}")
   tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  if split_words:
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  else:
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+      max_token_length=max_token_length)
   tok.train_from_iterator(texts, trainer)
   fast = transformers.PreTrainedTokenizerFast(
       tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
@@ -122,6 +136,19 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
   os.makedirs(out_dir, exist_ok=True)
   fast.save_pretrained(out_dir)
   return load_tokenizer(out_dir)
+
+
+def countdown_texts(n_numbers: int | Sequence[int], count: int, *,
+                    seed: int = 0, extra_records: Sequence[Mapping] = ()
+                    ) -> list[str]:
+  """A tiny tokenizer's training text: prompt + " " + reference response of
+  `count` Countdown problems per number of inputs in `n_numbers`, then of
+  `extra_records` (task records, e.g. multiple-choice questions)."""
+  ns = (n_numbers,) if isinstance(n_numbers, int) else tuple(n_numbers)
+  recs = [p.to_record() for n in ns
+          for p in countdown.generate_problems(int(n), int(count), seed=seed)]
+  return [tasks.prompt_text(r) + " " + tasks.reference_response(r)
+          for r in recs + list(extra_records)]
 
 
 def chat_prompt(tokenizer, user: str, system: str | None = None) -> str:
@@ -178,13 +205,9 @@ def runlocal_tokenizer(config, workdir):
   # On several hosts process 0 builds it (into a temporary directory renamed
   # into place, so that no host reads a half-written one) and the others wait.
   if jax.process_index() == 0 and not os.path.isfile(done):
-    recs = [p.to_record() for p in countdown.generate_problems(
-        int(config.data.get("n_numbers") or 3), 64, seed=0)]
-    texts = [tasks.prompt_text(r) + " " + tasks.reference_response(r)
-             for r in recs]
+    texts = countdown_texts(int(config.data.get("n_numbers") or 3), 64)
     tmp = f"{out}.tmp-{os.getpid()}"
-    train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size),
-                                tmp)
+    train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size), tmp)
     if os.path.isdir(out):  # a leftover of a killed build
       shutil.rmtree(out)
     os.replace(tmp, out)

@@ -52,44 +52,19 @@ def write_records(records, root: str, name: str) -> str:
 # --------------------------------------------------------------- tokenizer
 
 def build_tokenizer(out_dir: str, texts, vocab_size: int):
-  """A byte-level BPE whose merges may cross word boundaries (but not digits).
-
-  jaxdistill.data.tokenizer.train_bpe_tokenizer splits at spaces first, so the
-  fixed task instruction costs dozens of tokens; letting merges span words
-  turns it into a few while every digit stays its own token (which keeps
-  arithmetic learnable). Special tokens and chat template are the shared
-  ones, so loading and prompting follow the real-checkpoint path.
+  """The demo's byte-level BPE (tok_lib.train_bpe_tokenizer with
+  split_words=False): merges may cross word boundaries but not digits, so the
+  fixed task instruction costs a few tokens while every digit stays its own
+  token (which keeps arithmetic learnable). Special tokens and chat template
+  are the shared ones, so loading and prompting follow the real-checkpoint
+  path. Built into a temporary directory, marked DONE, renamed into place.
   """
-  from tokenizers import decoders  # pylint: disable=g-import-not-at-top
-  from tokenizers import models
-  from tokenizers import pre_tokenizers
-  from tokenizers import Tokenizer
-  from tokenizers import trainers
-  import transformers  # pylint: disable=g-import-not-at-top
   if _done(out_dir):
     return tok_lib.load_tokenizer(out_dir)
-  floor = 256 + len(tok_lib.SPECIAL_TOKENS)
-  if vocab_size <= floor:
-    raise ValueError(f"vocab_size: must be > {floor}, got {vocab_size}")
-  tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Digits(individual_digits=True),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-      vocab_size=vocab_size, special_tokens=list(tok_lib.SPECIAL_TOKENS),
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-      show_progress=False, max_token_length=48)
-  tok.train_from_iterator(list(texts), trainer)
-  fast = transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok, bos_token=tok_lib.BOS, eos_token=tok_lib.EOS,
-      pad_token=tok_lib.PAD,
-      additional_special_tokens=list(tok_lib.ROLE_TOKENS),
-      model_max_length=512, padding_side="left")
-  fast.chat_template = tok_lib.DEFAULT_CHAT_TEMPLATE
   tmp = out_dir + ".tmp"
   shutil.rmtree(tmp, ignore_errors=True)
-  fast.save_pretrained(tmp)
+  tok_lib.train_bpe_tokenizer(list(texts), vocab_size, tmp, split_words=False,
+                              max_token_length=48, model_max_length=512)
   _mark_done(tmp, {"vocab_size": vocab_size})
   shutil.rmtree(out_dir, ignore_errors=True)
   os.replace(tmp, out_dir)

@@ -4,6 +4,7 @@ import pytest
 import transformers
 
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.tasks import countdown
 
 
 def test_autotokenizer_loads_round_trips_and_templates(tiny_tokenizer):
@@ -43,3 +44,15 @@ def test_errors(tmp_path):
     tok_lib.load_tokenizer(str(tmp_path / "missing"))
   with pytest.raises(ValueError, match="vocab_size"):
     tok_lib.train_bpe_tokenizer(["a"], 100, str(tmp_path / "t"))
+
+
+def test_countdown_texts_cover_each_size_then_the_extra_records():
+  mc = {"question": "Which organ pumps blood?", "options": ["Heart", "Lung"],
+        "answer": "A"}
+  texts = tok_lib.countdown_texts((3, 5), 4, extra_records=[mc])
+  assert len(texts) == 2 * 4 + 1
+  probs = [p for n in (3, 5) for p in countdown.generate_problems(n, 4, seed=0)]
+  for text, p in zip(texts, probs):  # each names its numbers and its target
+    assert all(str(x) in text for x in p.numbers) and str(p.target) in text
+  assert "Which organ pumps blood?" in texts[-1] and "Heart" in texts[-1]
+  assert tok_lib.countdown_texts(3, 4) == texts[:4]

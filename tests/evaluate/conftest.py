@@ -11,8 +11,6 @@ import pytest
 from safetensors.numpy import save_file
 
 from jaxdistill import models
-from jaxdistill import tasks
-from jaxdistill.tasks import countdown
 
 MCQ = [
     {"question": "Which gas do plants absorb for photosynthesis?",
@@ -24,17 +22,12 @@ MCQ = [
 ]
 
 
-def _corpus():
-  probs = [p.to_record() for p in countdown.generate_problems(3, 30, seed=0)]
-  return [tasks.prompt_text(r) + " " + tasks.reference_response(r)
-          for r in probs + MCQ]
-
-
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
   from jaxdistill.data import tokenizer as tok_lib
   out = tmp_path_factory.mktemp("eval_tok")
-  tok_lib.train_bpe_tokenizer(_corpus(), 300, str(out))
+  tok_lib.train_bpe_tokenizer(
+      tok_lib.countdown_texts(3, 30, extra_records=MCQ), 300, str(out))
   return out
 
 
