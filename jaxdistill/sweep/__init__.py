@@ -4,6 +4,7 @@
   grid.py      grid configs -> runs (names, configs, commands, snapshots)
   runner.py    runs the arms one after another (train, evaluate), resumes
   rlvr.py      the optional GRPO stage after the arms
+  runlocal.py  runlocal grids' tiny tokenizer and student (grid.local_assets)
   table.py     results.csv / results.md: per arm mean, std, n over seeds
   figures.py   the summary figures
   flops.py     FLOP counts of training and rollouts (the compute columns)

@@ -21,27 +21,20 @@ With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
 from __future__ import annotations
 
 from collections.abc import Callable
-import dataclasses
 import json
 import os
 import sys
 import time
 
-import jax
-import numpy as np
-
 from jaxdistill import config_lib
-from jaxdistill import models
-from jaxdistill import tasks
-from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import figures
 from jaxdistill.sweep import flops as flops_lib
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import rlvr as rlvr_lib
+from jaxdistill.sweep import runlocal
 from jaxdistill.sweep import table
-from jaxdistill.tasks import countdown
 from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import setup as train_setup
@@ -62,44 +55,6 @@ def write_json_atomic(path: str, obj) -> None:
 
 def is_finished(run_dir: str) -> bool:
   return os.path.isfile(os.path.join(run_dir, RESULTS))
-
-
-def prepare_local_assets(grid, workdir: str) -> None:
-  """runlocal: a tiny tokenizer and student checkpoint under <workdir>/assets.
-
-  With them the runlocal path is the real one (student loaded from a
-  Hugging Face directory, tokenizer saved with the export, evaluation with a
-  baseline), only tiny. Written once; the same for every arm.
-  """
-  root = os.path.join(os.path.abspath(workdir), "assets")
-  tok_dir, student_dir = os.path.join(root, "tokenizer"), os.path.join(root, "student")
-  if not os.path.isfile(os.path.join(student_dir, "model.safetensors")):
-    recs = [p.to_record() for n in (3, 4, 5, 6)
-            for p in countdown.generate_problems(n, 20, seed=0)]
-    tok = tok_lib.train_bpe_tokenizer(
-        [tasks.prompt_text(r) + " " + tasks.reference_response(r) for r in recs],
-        300, tok_dir)
-    init = dict(grid.base.student.init or {})
-    if not init:
-      raise ValueError("grid.local_assets: needs grid.base.student.init (the "
-                       "tiny student's ModelConfig fields)")
-    cfg = dataclasses.replace(models.ModelConfig(), **init)
-    if cfg.vocab_size < len(tok):
-      raise ValueError(f"grid.base.student.init.vocab_size: {cfg.vocab_size} < "
-                       f"the local tokenizer's {len(tok)} tokens")
-    rng = np.random.default_rng(0)
-
-    def fill(path, s):
-      norm = "norm" in jax.tree_util.keystr(path) or "scale" in jax.tree_util.keystr(path)
-      return np.asarray(rng.normal(0.0, 0.2, s.shape) + norm, s.dtype)
-    params = jax.tree_util.tree_map_with_path(fill, models.param_shapes(cfg))
-    tmp = student_dir + ".tmp"
-    models.save_pretrained(cfg, params, tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, student_dir)
-  b = grid.base
-  b.student.path, b.student.init = student_dir, None
-  b.tokenizer = tok_dir
 
 
 def study_factors(config) -> dict:
@@ -344,7 +299,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   """
   os.makedirs(workdir, exist_ok=True)
   if grid.get("local_assets"):
-    prepare_local_assets(grid, workdir)
+    runlocal.prepare_assets(grid, workdir)
   runs = grid_lib.expand(grid, only)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
