@@ -68,11 +68,6 @@ from jaxdistill.rollout import sampling
 
 POLICIES = ("student", "teacher", "mixture")
 
-# Incremented each time the compiled rollout is traced (tests check that
-# calls within one bucket do not recompile).
-_TRACE_COUNT = 0
-
-
 @flax.struct.dataclass
 class Rollout:
   """A batch of rollouts (a pytree); field layout in the module docstring."""
@@ -191,8 +186,6 @@ def _step_fn(cfg, params, head):
 def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
              top_p, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
              pad_id, vocab, cache_len, mesh, rules):
-  global _TRACE_COUNT
-  _TRACE_COUNT += 1
   b = prompts.shape[0]
   constrain = _constrainer(mesh, rules, cfgs)
 
