@@ -1,8 +1,9 @@
 """Update sparsity: the share of parameters an update leaves unchanged, in
 memory (update_sparsity on two param trees, per layer, sharded or not) or
 between two Hugging Face checkpoints on disk (update_sparsity_from_checkpoints,
-one tensor at a time); and the training loop's sparsity/* metrics
-(sparsity_metrics). Definitions: docs/method.md.
+one tensor at a time); and their flat sparsity/* metrics
+(metrics_from_result; the training loop's: metrics_from_params).
+Definitions: docs/method.md.
 """
 from __future__ import annotations
 
@@ -305,25 +306,50 @@ def base_dtype(mcfg, cfg) -> str:
   return jnp.dtype(cfg.param_dtype).name
 
 
-def sparsity_metrics(params0, params1, cfg, dtype=None) -> dict:
-  """Update sparsity against the initial student (docs/method.md definition).
+def metrics_from_result(res, other=None, *, detail: bool = True) -> dict:
+  """Flat sparsity/* numbers of an update_sparsity(_from_checkpoints) result:
+  the one naming rule of the sparsity/* keys.
+
+    sparsity/whole, sparsity/whole_exact   `res`, compared in the default dtype
+    sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}   `res` and `other`
+                                (the same comparison in another dtype), each
+                                named by the dtype it was compared in
+    sparsity/layer_{i:02d}      per layer
+  and with `detail` (evaluation; the training loop logs without it):
+    sparsity/num_params, sparsity/layer_{i:02d}_exact,
+    sparsity/{tensor group}[_exact] (the group without 'model.' / '.weight')
+  """
+  out = {"sparsity/whole": float(res["sparsity"]),
+         "sparsity/whole_exact": float(res["exact_sparsity"])}
+  if detail:
+    out["sparsity/num_params"] = float(res["num_params"])
+  for r in (res, other):
+    if r is not None:
+      out[f"sparsity/whole_{r['dtype']}"] = float(r["sparsity"])
+      out[f"sparsity/whole_exact_{r['dtype']}"] = float(r["exact_sparsity"])
+  for i, v in res["per_layer"].items():
+    out[f"sparsity/layer_{int(i):02d}"] = float(v["sparsity"])
+    if detail:
+      out[f"sparsity/layer_{int(i):02d}_exact"] = float(v["exact_sparsity"])
+  if detail:
+    for g, v in res["per_group"].items():
+      g = g.removeprefix("model.").removesuffix(".weight")
+      out[f"sparsity/{g}"] = float(v["sparsity"])
+      out[f"sparsity/{g}_exact"] = float(v["exact_sparsity"])
+  return out
+
+
+def metrics_from_params(params0, params1, cfg, dtype=None) -> dict:
+  """The training loop's sparsity/* of params1 against the initial student
+  params0 (docs/method.md definition; keys: metrics_from_result without
+  detail).
 
   Compared in `dtype` (pass base_dtype(...): the base checkpoint's stored
-  dtype; default the params dtype) for sparsity/whole, sparsity/whole_exact
-  and sparsity/layer_XX; the whole-model figures are also logged under keys
-  naming the dtype, for it and for the other of bfloat16 / float32:
-  sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}.
+  dtype; default the params dtype), and the whole-model figures also in the
+  other of bfloat16 / float32.
   """
   dtype = jnp.dtype(dtype if dtype is not None else cfg.param_dtype).name
   res = update_sparsity(params0, params1, atol=1e-5, dtype=dtype)
-  other_dtype = other_sparsity_dtype(dtype)
   other = update_sparsity(params0, params1, atol=1e-5,
-                                      dtype=other_dtype)
-  out = {"sparsity/whole": res["sparsity"],
-         "sparsity/whole_exact": res["exact_sparsity"]}
-  for name, r in ((dtype, res), (other_dtype, other)):
-    out[f"sparsity/whole_{name}"] = r["sparsity"]
-    out[f"sparsity/whole_exact_{name}"] = r["exact_sparsity"]
-  for i, v in res["per_layer"].items():
-    out[f"sparsity/layer_{int(i):02d}"] = v["sparsity"]
-  return out
+                          dtype=other_sparsity_dtype(dtype))
+  return metrics_from_result(res, other, detail=False)

@@ -111,7 +111,7 @@ def sparsity(cfg, params0, params1) -> dict:
   atol = float(cfg.eval.sparsity_atol)
   res = sparsity_lib.update_sparsity(params0, params1, atol=atol,
                                 dtype=cfg.eval.sparsity_dtype)
-  out = report.sparsity_metrics(res)
+  out = sparsity_lib.metrics_from_result(res)
   f32 = sparsity_lib.update_sparsity(params0, params1, atol=atol, dtype="float32")
   out["sparsity_f32/whole"] = float(f32["sparsity"])
   out["sparsity_f32/whole_exact"] = float(f32["exact_sparsity"])

@@ -17,6 +17,7 @@ Keys added next to the per-suite ones of evaluation.core:
                               the comparison dtype: the default one and the
                               other (bfloat16 / float32) side by side
   sparsity/num_params
+(the sparsity/* keys: jaxdistill.sparsity.metrics_from_result)
 """
 from __future__ import annotations
 
@@ -76,29 +77,6 @@ def forgetting_metrics(after: Mapping[str, float], before: Mapping[str, float],
                            {s: after[f"{s}/{metric}"] for s in ood})
   out = {f"forgetting/{s}_pp": v for s, v in res["per_suite"].items()}
   out["forgetting/mean_pp"] = res["mean"]
-  return out
-
-
-def sparsity_metrics(res: Mapping, other: Mapping | None = None) -> dict:
-  """Flat sparsity/* numbers from update_sparsity(_from_checkpoints).
-
-  `res` is the comparison in the default dtype; `other` (optional) the same
-  in the other dtype, whose whole-model figures are added under keys naming
-  it (module docstring)."""
-  out = {"sparsity/whole": float(res["sparsity"]),
-         "sparsity/whole_exact": float(res["exact_sparsity"]),
-         "sparsity/num_params": float(res["num_params"])}
-  for r in (res, other):
-    if r is not None:
-      out[f"sparsity/whole_{r['dtype']}"] = float(r["sparsity"])
-      out[f"sparsity/whole_exact_{r['dtype']}"] = float(r["exact_sparsity"])
-  for i, v in res["per_layer"].items():
-    out[f"sparsity/layer_{int(i):02d}"] = float(v["sparsity"])
-    out[f"sparsity/layer_{int(i):02d}_exact"] = float(v["exact_sparsity"])
-  for g, v in res["per_group"].items():
-    g = g.removeprefix("model.").removesuffix(".weight")
-    out[f"sparsity/{g}"] = float(v["sparsity"])
-    out[f"sparsity/{g}_exact"] = float(v["exact_sparsity"])
   return out
 
 

@@ -176,7 +176,7 @@ def run(config, checkpoint: str, baseline: str | None = None,
     other = sparsity.update_sparsity_from_checkpoints(
         baseline, checkpoint, atol=atol,
         dtype=sparsity.other_sparsity_dtype(sp["dtype"].split(",")[0]))
-    flat.update(report.sparsity_metrics(sp, other))
+    flat.update(sparsity.metrics_from_result(sp, other))
     result["sparsity"] = {"dtype": sp["dtype"], "other_dtype": other["dtype"],
                           "atol": sp["atol"], "stored_dtype": sp["stored_dtype"]}
 

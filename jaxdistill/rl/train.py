@@ -234,8 +234,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       done = step + 1
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
-        metrics.update(sparsity.sparsity_metrics(params0, state["params"],
-                                                   scfg, sparsity_dtype))
+        metrics.update(sparsity.metrics_from_params(params0, state["params"],
+                                                     scfg, sparsity_dtype))
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point

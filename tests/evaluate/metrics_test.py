@@ -332,7 +332,7 @@ def test_training_sparsity_defaults_to_the_base_dtype_and_names_both(tmp_path):
   w0 = rng.normal(0, 1, (2, 64, 32)).astype(ml_dtypes.bfloat16).astype(np.float32)
   w1 = w0 + np.where(rng.random(w0.shape) < 0.5, 1e-3, 0.0).astype(np.float32)
   p0, p1 = {"layers": {"w": jnp.asarray(w0)}}, {"layers": {"w": jnp.asarray(w1)}}
-  out = sparsity.sparsity_metrics(p0, p1, cfg, "bfloat16")
+  out = sparsity.metrics_from_params(p0, p1, cfg, "bfloat16")
   ref = {d: _ref_counts({"w": w0}, {"w": w1}, ["w"], np.dtype(t))
          for d, t in (("bfloat16", ml_dtypes.bfloat16), ("float32", "float32"))}
   for d, (close, exact, _) in ref.items():
@@ -352,7 +352,7 @@ def test_evaluation_report_names_both_dtypes(tmp_path):
   sp = sparsity.update_sparsity_from_checkpoints(p0, p1)
   other = sparsity.update_sparsity_from_checkpoints(
       p0, p1, dtype=sparsity.other_sparsity_dtype(sp["dtype"]))
-  flat = report.sparsity_metrics(sp, other)
+  flat = sparsity.metrics_from_result(sp, other)
   names = [k for k in before if k != "lm_head.weight"]
   for d, t in (("bfloat16", ml_dtypes.bfloat16), ("float32", "float32")):
     close, exact, _ = _ref_counts(before, after, names, np.dtype(t))
