@@ -46,13 +46,24 @@ def last_json(text: str):
   return None
 
 
-def device_info() -> dict:
-  # Imported here: the suite's own process must not start a backend (on a GPU
-  # it would take the memory the benchmarks it launches need).
-  import jax  # pylint: disable=g-import-not-at-top
-  d = jax.devices()[0]
-  return {"backend": jax.default_backend(), "device_kind": d.device_kind,
-          "device_count": jax.device_count(), "jax": jax.__version__}
+_DEVICE_INFO = """
+import json, jax
+d = jax.devices()[0]
+print(json.dumps({"backend": jax.default_backend(), "device_kind": d.device_kind,
+                  "device_count": jax.device_count(), "jax": jax.__version__}))
+"""
+
+
+def device_info(timeout: float = 300) -> dict:
+  """The device the benchmarks run on, asked in a child process: the suite's
+  own process never starts a backend (on a GPU, JAX would take most of the
+  memory up front and the benchmarks launched after it would run out)."""
+  r = subprocess.run([sys.executable, "-c", _DEVICE_INFO], capture_output=True,
+                     text=True, timeout=timeout, check=False)
+  if r.returncode != 0:
+    raise RuntimeError("could not start JAX to read the device: "
+                       + (r.stderr.strip().splitlines() or ["no output"])[-1])
+  return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def run_bench(name: str, preset: str, timeout: float, extra=()) -> dict:
