@@ -56,7 +56,7 @@ def linear_fit(x, y) -> tuple[float, float, float]:
 
 
 def _vals(rows, key):
-  return [r for r in rows if table._num(r.get(key))]  # pylint: disable=protected-access
+  return [r for r in rows if table.is_number(r.get(key))]
 
 
 def _errors(values, n):
@@ -160,7 +160,7 @@ def lr_sparsity_forgetting(rows, out_dir) -> str | None:
 
 
 def _harder_suites(rows) -> list[str]:
-  found = {k for r in rows for k in r if table._num(r.get(k))}  # pylint: disable=protected-access
+  found = {k for r in rows for k in r if table.is_number(r.get(k))}
   cd = sorted((int(m.group(1)), k) for k in found
               if (m := re.fullmatch(r"acc/countdown(\d+)", k)))
   train_n = {int(m.group(1)) for r in rows

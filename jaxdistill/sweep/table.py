@@ -95,7 +95,7 @@ def with_rlvr(row: Mapping, stage: Mapping) -> dict:
     if m in _NO_CHANGE or after.get(m) is None:
       continue
     out[RLVR + m] = after[m]
-    if _num(row.get(m)):
+    if is_number(row.get(m)):
       out[CHANGE + m] = after[m] - row[m]
   out["rlvr_rewards"] = list(stage.get("rewards") or [])
   return out
@@ -125,7 +125,8 @@ def metric_columns(rows: Sequence[Mapping]) -> list[str]:
                  if any(r.get(p + m) is not None for r in rows)]
 
 
-def _num(v):
+def is_number(v):
+  """A finite int or float: a value the table averages (None, NaN and text are not)."""
   return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -144,7 +145,7 @@ def summarize_arms(rows: Sequence[Mapping]) -> list[dict]:
          if k.startswith("f:") or k in STUDY}
     a["arm"], a["seeds"] = arm, sorted(r["seed"] for r in rs)
     for m in cols:
-      vals = np.asarray([r[m] for r in rs if _num(r.get(m))], np.float64)
+      vals = np.asarray([r[m] for r in rs if is_number(r.get(m))], np.float64)
       a[f"{m}_n"] = int(vals.size)
       a[f"{m}_mean"] = float(vals.mean()) if vals.size else None
       a[f"{m}_std"] = float(vals.std(ddof=1)) if vals.size > 1 else (
