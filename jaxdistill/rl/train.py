@@ -7,10 +7,12 @@ r"""GRPO with verifiable rewards (RLVR), e.g. after distillation.
 
 `config.student.path` is a Hugging Face directory or a distillation workdir
 (its `hf_student/` export is used). The flags are those of jaxdistill.train
-(--overwrite, --distributed, --config.x.y=...), and so are the parts: the
+(--overwrite, --distributed, --config.x.y=...), and so is the run: the
 model/params loading, workdir guard, checkpoints (state + iteration + RNG +
-data position), resume, progress bar, JSONL/TensorBoard log, NaN stop and the
-final `hf_student/` export. A loop step is one GRPO iteration: one rollout
+data position), resume, progress bar, JSONL/TensorBoard log, NaN stop,
+SIGTERM stop and the final `hf_student/` export are train/loop.py's
+(init_or_restore, run_steps); this module adds its config checks and the
+step (collect + update). A loop step is one GRPO iteration: one rollout
 batch (data.batch_size prompts x G samples) and ppo_epochs x num_minibatches
 optimizer steps on it (state['step'] counts those).
 """

@@ -14,6 +14,9 @@ SIGTERM (a TPU VM preemption) or SIGINT: the step in flight finishes, a
 checkpoint is written, and the run stops with `Preempted` (the CLI exits with
 status 128 + signal); the same command resumes it. One process per workdir
 (<workdir>/.lock names the holder).
+
+jaxdistill.rl.train runs through the same pieces (init_or_restore, run_steps,
+main) with its own step.
 """
 from __future__ import annotations
 
