@@ -315,7 +315,7 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
   if int(batches) < 1:
     raise ValueError(f"--batches: must be >= 1, got {batches}")
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
-  rules = sharding.DEFAULT_RULES
+  rules = sharding.rules_from_config(config)
   scfg = train_setup.model_config(config.student, "student")
   tcfg = train_setup.model_config(config.teacher, "teacher")
   tok = tok_lib.run_tokenizer(config)

@@ -14,7 +14,6 @@ import re
 
 import ml_collections
 
-from jaxdistill import sharding
 
 # The checkout jaxdistill runs from (pip install -e): its configs/ directory is
 # where a relative config path falls back to, so commands work from any cwd.
@@ -223,10 +222,11 @@ def _number(config, field: str):
     _err(field, f"must be a number, got {node!r}")
 
 
-def validate_run(config, mesh=None) -> None:
+def validate_run(config, mesh=None, rules=None) -> None:
   """Values that would otherwise be accepted silently or fail only after the
   first step: intervals, checkpoint retention, optimizer constants, the data
-  task, and (given the mesh) the batch's split over the data axes."""
+  task, and (given the mesh and the run's rules, sharding.rules_from_config)
+  the batch's split over the data axes."""
   for field in ("ckpt_every", "eval_every", "log_every", "keep_ckpts"):
     if field in config:
       v = config[field]
@@ -262,8 +262,9 @@ def validate_run(config, mesh=None) -> None:
   if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
     _err("data.bucket", f"must be an integer >= 1 or None, got {k!r}")
   if mesh is not None:
-    rules = dict(config.get("rules", sharding.DEFAULT_RULES))
-    axes = rules.get("batch") or ()
+    if rules is None:
+      raise ValueError("validate_run: pass the run's rules with the mesh")
+    axes = dict(rules).get("batch") or ()
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     n = 1
     for a in axes:

@@ -4,8 +4,10 @@ Model code names array axes with a small logical vocabulary::
 
   batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, layers, cache_seq
 
-A config holds the rules that map each logical name to mesh axes; they are
-resolved here, once, into `NamedSharding`s. The default mesh is pure FSDP plus
+A config holds the rules that map each logical name to mesh axes
+(`config.rules`, default DEFAULT_RULES); `rules_from_config` reads them, once
+per command, and the result is passed down to every function here that
+resolves logical names (none of them has a default). The default mesh is pure FSDP plus
 an optional tensor axis: ('data', 'fsdp', 'tensor').
 """
 from __future__ import annotations
@@ -36,6 +38,28 @@ DEFAULT_RULES = (
     ("layers", None),
     ("cache_seq", None),
 )
+
+
+def rules_from_config(config) -> tuple:
+  """A run's logical-axis rules: config.rules, else DEFAULT_RULES.
+
+  The only reader of config.rules: each command calls it once and passes the
+  result down. Entries are (logical name, mesh axis | tuple of mesh axes |
+  None); lists (a config read back from JSON) become tuples, so that the
+  rules are hashable (a static argument of jit).
+  """
+  raw = config.get("rules")
+  if raw is None:
+    return DEFAULT_RULES
+  rules = []
+  for entry in raw:
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2
+            and isinstance(entry[0], str)):
+      raise ValueError(f"config.rules: each entry must be a pair (logical axis "
+                       f"name, mesh axes), got {entry!r}")
+    name, axes = entry
+    rules.append((name, tuple(axes) if isinstance(axes, list) else axes))
+  return tuple(rules)
 
 
 def make_mesh(shape: Mapping[str, int] | None = None, devices=None) -> Mesh:
@@ -76,7 +100,7 @@ def _mesh_size(mesh: Mesh, axes) -> int:
 
 
 def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int] | None,
-                    mesh: Mesh, rules=DEFAULT_RULES) -> P:
+                    mesh: Mesh, rules) -> P:
   """Resolves one array's logical axis names to a PartitionSpec.
 
   A dimension that its mesh axes do not divide is replicated (logged once), so
@@ -107,7 +131,7 @@ def is_axes_leaf(x) -> bool:
   return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
-def tree_shardings(logical_tree, mesh: Mesh, rules=DEFAULT_RULES, shapes=None):
+def tree_shardings(logical_tree, mesh: Mesh, rules, shapes=None):
   """Maps a pytree of logical-axis tuples (and optional same-structured
   shapes/ShapeDtypeStructs) to a pytree of NamedShardings."""
   if shapes is None:
@@ -124,7 +148,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedSharding:
+def batch_sharding(mesh: Mesh, ndim: int, rules) -> NamedSharding:
   """Sharding for a [batch, ...] array: batch over the data axes."""
   return NamedSharding(
       mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))

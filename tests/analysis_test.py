@@ -1,8 +1,11 @@
 """KL-gradient analysis: closed forms vs autodiff of the losses, shares vs NumPy."""
 import dataclasses
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
@@ -10,6 +13,9 @@ from jaxdistill import analysis
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from configs import distill  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _logits(seed, shape, scale=2.0):
@@ -192,3 +198,17 @@ def test_figure_spans_full_ranges_and_names_random_models(tmp_path, monkeypatch)
   assert share_ax.get_ylim()[0] <= 0.0 and share_ax.get_ylim()[1] >= 1.0
   assert "plumbing check" in figs[-1]._suptitle.get_text()  # pylint: disable=protected-access
   assert "plumbing check" in open(paths[1]).read().splitlines()[0]
+
+
+def test_run_places_the_models_by_the_configs_rules(monkeypatch):
+  """config.rules, not sharding.DEFAULT_RULES, shard the models run() loads."""
+  c = distill.get_config("runlocal")
+  c.mesh = dict(data=1, fsdp=2, tensor=1)
+  # As a config read back from JSON holds them: lists. Default: P(None, 'fsdp').
+  c.rules = [["batch", ["data", "fsdp"]], ["vocab", "fsdp"], ["embed", None]]
+  seen = []
+  monkeypatch.setattr(analysis, "lambda_spectrum",
+                      lambda s, t, *a, **k: seen.extend((s, t)) or [])
+  analysis.run(c, [0.0], devices=jax.devices()[:2])
+  specs = [p["embed_tokens"]["embedding"].sharding.spec for _, p in seen]
+  assert specs == [P("fsdp", None)] * 2  # student, teacher: [V, D]

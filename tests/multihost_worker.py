@@ -35,7 +35,8 @@ def main(pid, port, out):
   x = np.arange(8 * 3, dtype=np.int32).reshape(8, 3) * 7 + 1  # the batch
   res = {}
   for name, mesh in meshes.items():
-    arr = sharding.put_global(x, sharding.batch_sharding(mesh, 2))
+    arr = sharding.put_global(
+        x, sharding.batch_sharding(mesh, 2, sharding.DEFAULT_RULES))
     shards = []
     for s in arr.addressable_shards:
       rows = list(range(8))[s.index[0]]

@@ -56,7 +56,7 @@ MODES = ("greedy", "sampled")
 def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
                       top_k: int | None = None, top_p: float | None = None,
                       eos_token_ids: Sequence[int] | None = None,
-                      mesh=None) -> Generator:
+                      mesh=None, rules=None) -> Generator:
   """A generator sampling from the model (cfg, params) with rollout.generate.
 
   Rows end at any of `eos_token_ids` (default: the config's EOS ids and the
@@ -83,7 +83,7 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
         max_new_tokens=int(max_new_tokens), temperature=float(temperature),
         top_k=top_k, top_p=top_p, eos_token_ids=eos_token_ids,
         pad_token_id=pad, return_logprobs=False, row_ids=row_ids, mesh=mesh,
-        vocab_size=vocab)
+        rules=rules, vocab_size=vocab)
     texts = rollout_lib.decode_responses(r, tokenizer, skip_special_tokens=True)
     return texts, np.asarray(r.lengths), np.asarray(r.ended)
   return generate

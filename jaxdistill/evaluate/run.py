@@ -97,14 +97,15 @@ def check_config(config) -> tuple[str, ...]:
   return names
 
 
-def load_model(path: str, config, mesh):
+def load_model(path: str, config, mesh, rules=None):
   """(cfg, params, tokenizer, eos ids) of a Hugging Face directory."""
   tok_path = config.get("tokenizer") or path
   if not config.get("tokenizer") and not _has_tokenizer(path):
     raise FileNotFoundError(f"{path}: no tokenizer files ({_TOKENIZER_FILES}); "
                             "set config.tokenizer to a tokenizer directory")
   tokenizer = tok_lib.load_tokenizer(os.path.expanduser(tok_path))
-  cfg, params = models.load_pretrained(path, dtype=config.get("dtype"), mesh=mesh)
+  cfg, params = models.load_pretrained(path, dtype=config.get("dtype"), mesh=mesh,
+                                       rules=rules)
   eos = rollout.eos_ids(cfg, tokenizer=tokenizer,
                         extra=models.checkpoint.generation_eos_ids(path),
                         override=config.sampler.get("eos_token_ids"))
@@ -114,20 +115,22 @@ def load_model(path: str, config, mesh):
   return cfg, params, tokenizer, eos
 
 
-def _rollout_factory(config, mesh):
+def _rollout_factory(config, mesh, rules):
   s = config.sampler
 
   def make(role, cfg, params, tokenizer, eos):
     del role
     return core.rollout_generator(
         cfg, params, tokenizer, max_new_tokens=int(s.max_new_tokens),
-        top_k=s.get("top_k"), top_p=s.get("top_p"), eos_token_ids=eos, mesh=mesh)
+        top_k=s.get("top_k"), top_p=s.get("top_p"), eos_token_ids=eos, mesh=mesh,
+        rules=rules)
   return make
 
 
-def _evaluate(role, path, config, mesh, factory, suites, *, num_samples):
+def _evaluate(role, path, config, mesh, rules, factory, suites, *,
+              num_samples):
   s = config.sampler
-  cfg, params, tokenizer, eos = load_model(path, config, mesh)
+  cfg, params, tokenizer, eos = load_model(path, config, mesh, rules)
   logging.info("%s: %s (%s, %d layers, dtype %s)", role, path, cfg.family,
                cfg.num_hidden_layers, cfg.dtype)
   gen = factory(role, cfg, params, tokenizer, eos)
@@ -155,7 +158,8 @@ def run(config, checkpoint: str, baseline: str | None = None,
     raise FileNotFoundError(f"--out: directory of {out} does not exist")
   suites = suites_lib.load_suites(config, names)
   mesh = sharding.make_mesh(dict(config.mesh)) if config.get("mesh") else None
-  factory = generator_factory or _rollout_factory(config, mesh)
+  rules = sharding.rules_from_config(config)
+  factory = generator_factory or _rollout_factory(config, mesh, rules)
   groups = {"id": tuple(config.get("in_distribution") or ()),
             "harder": tuple(config.get("harder") or ()),
             "ood": tuple(config.get("ood") or ())}
@@ -181,8 +185,8 @@ def run(config, checkpoint: str, baseline: str | None = None,
                           "atol": sp["atol"], "stored_dtype": sp["stored_dtype"]}
 
   s = config.sampler
-  flat.update(_evaluate("checkpoint", checkpoint, config, mesh, factory, suites,
-                        num_samples=int(s.num_samples)))
+  flat.update(_evaluate("checkpoint", checkpoint, config, mesh, rules, factory,
+                        suites, num_samples=int(s.num_samples)))
   flat.update(report.group_means(flat, groups))
   if baseline:
     f = config.forgetting
@@ -190,7 +194,7 @@ def run(config, checkpoint: str, baseline: str | None = None,
     if not groups["ood"]:
       logging.warning("config.ood is empty: no forgetting figures")
     if base_names:
-      before = _evaluate("baseline", baseline, config, mesh, factory,
+      before = _evaluate("baseline", baseline, config, mesh, rules, factory,
                          {n: suites[n] for n in base_names},
                          num_samples=int(s.num_samples) if f.baseline_samples else 0)
       flat.update({f"baseline/{k}": v for k, v in before.items()})

@@ -375,8 +375,9 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
     dtype: compute dtype ('float32' / 'bfloat16'); default: the checkpoint's.
     param_dtype: storage dtype of params; default: `dtype`, else checkpoint's.
     mesh: optional jax Mesh; each leaf is placed on the NamedSharding given by
-      logical_axes(cfg) and `rules` (default sharding.DEFAULT_RULES).
-    rules: logical-axis rules for `mesh`.
+      logical_axes(cfg) and `rules`.
+    rules: logical-axis rules for `mesh` (the commands pass their run's,
+      sharding.rules_from_config); default sharding.DEFAULT_RULES.
     chunk_bytes: host block size when splitting the embedding / output head.
   """
   path = pathlib.Path(path)

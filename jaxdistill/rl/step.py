@@ -72,6 +72,12 @@ def reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
   return out.reshape(tokens.shape[0], num_response)
 
 
+def _check_rules(mesh, rules):
+  if mesh is not None and rules is None:
+    raise ValueError("rules: pass the run's logical-axis rules with the mesh "
+                     "(sharding.rules_from_config)")
+
+
 def _rows(mesh, rules, shape):
   """Rows over the data axes (replicated if they do not divide the rows)."""
   return NamedSharding(mesh, sharding.logical_to_spec(
@@ -82,10 +88,12 @@ class Collector:
   """Host prompt batch + current params -> GRPO batch on the mesh, metrics."""
 
   def __init__(self, config, cfg, reward_fn: RewardFn, *, mesh=None,
-               rules=sharding.DEFAULT_RULES, reference=None, pad_id: int = 0,
+               rules=None, reference=None, pad_id: int = 0,
                eos_ids=None, vocab_size=None):
-    """`vocab_size`: the real vocabulary (len(tokenizer)) samples are drawn
+    """`rules`: the run's logical-axis rules (needed with `mesh`).
+    `vocab_size`: the real vocabulary (len(tokenizer)) samples are drawn
     from; pass the same to make_update. Default: the model's width."""
+    _check_rules(mesh, rules)
     self.cfg, self.reward_fn = cfg, reward_fn
     self.ro, self.grpo = config.rollout, config.grpo
     self.g = int(config.rollout.group_size)
@@ -148,7 +156,7 @@ class Collector:
 
 def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
                ppo_epochs: int, num_minibatches: int, grad_accum: int,
-               reduction: str, mesh=None, rules=sharding.DEFAULT_RULES):
+               reduction: str, mesh=None, rules=None):
   """`ppo_epochs` x `num_minibatches` optimizer steps on one rollout batch.
 
   Returns the new state and the metrics averaged over those steps (their
@@ -184,11 +192,13 @@ def make_loss_fn(config, cfg, vocab_size=None):
 
 
 def make_update(config, cfg, optimizer, schedule, *, mesh=None,
-                rules=sharding.DEFAULT_RULES, vocab_size=None):
+                rules=None, vocab_size=None):
   """The un-jitted ppo_update of a config (the loop jits it with shardings).
 
-  `vocab_size`: the vocabulary the Collector sampled over (len(tokenizer)),
-  so that the policy log-probs are those of the distribution sampled."""
+  `rules`: the run's logical-axis rules (needed with `mesh`). `vocab_size`:
+  the vocabulary the Collector sampled over (len(tokenizer)), so that the
+  policy log-probs are those of the distribution sampled."""
+  _check_rules(mesh, rules)
   return functools.partial(
       ppo_update, optimizer=optimizer, schedule=schedule,
       loss_fn=make_loss_fn(config, cfg, vocab_size),

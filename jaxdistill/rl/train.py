@@ -7,22 +7,21 @@ r"""GRPO with verifiable rewards (RLVR), e.g. after distillation.
 
 `config.student.path` is a Hugging Face directory or a distillation workdir
 (its `hf_student/` export is used). The flags are those of jaxdistill.train
-(--overwrite, --distributed, --config.x.y=...), and so are the parts: the
+(--overwrite, --distributed, --config.x.y=...), and so is the run: the
 model/params loading, workdir guard, checkpoints (state + iteration + RNG +
-data position), resume, progress bar, JSONL/TensorBoard log, NaN stop and the
-final `hf_student/` export. A loop step is one GRPO iteration: one rollout
+data position), resume, progress bar, JSONL/TensorBoard log, NaN stop,
+SIGTERM stop and the final `hf_student/` export are train/loop.py's
+(init_or_restore, run_steps); this module adds its config checks and the
+step (collect + update). A loop step is one GRPO iteration: one rollout
 batch (data.batch_size prompts x G samples) and ppo_epochs x num_minibatches
 optimizer steps on it (state['step'] counts those).
 """
 from __future__ import annotations
 
 import logging
-import math
 import os
-import sys
 import time
 
-from absl import flags
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -30,14 +29,13 @@ import ml_collections
 from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill import models
+from jaxdistill import rollout
 from jaxdistill import sharding
-from jaxdistill import sparsity
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.rl import grpo
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
-from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
@@ -125,16 +123,12 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
   config = resolve_paths(config)
   validate(config)
   config_lib.validate_run(config)
-  try:
-    mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
-  except ValueError as e:
-    raise ValueError(f"config.mesh: {e}") from None
+  mesh = train_loop.config_mesh(config, devices)
   # No mesh check of data.batch_size here: GRPO trains on rows of
   # data.batch_size x group_size prompts-samples, not on the prompt batch, and
   # runs with prompt batches the data axes do not divide (2 prompts on 8
   # devices in tests/rl/train_test.py).
-  rules = tuple((k, tuple(v) if isinstance(v, list) else v)
-                for k, v in config.get("rules", sharding.DEFAULT_RULES))
+  rules = sharding.rules_from_config(config)
   with train_loop.locked_workdir(workdir):
     return _train(config, workdir, overwrite, mesh, rules, reward_fn)
 
@@ -155,36 +149,30 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
         path=config.kl.reference, dtype=scfg.dtype,
         param_dtype=scfg.param_dtype))
     rcfg = train_setup.model_config(rmcfg, "kl.reference")
-    if rcfg.vocab_size != scfg.vocab_size:
-      raise ValueError(f"config.kl.reference: vocabulary {rcfg.vocab_size} "
-                       f"!= the policy's {scfg.vocab_size}")
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   if jax.process_index() == 0:
     train_loop.prepare_workdir(config, workdir, overwrite)
   if build_tok:
     tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
-  if len(tokenizer) > scfg.vocab_size:
-    raise ValueError(f"config.tokenizer: {len(tokenizer)} tokens do not fit "
-                     f"the model's vocabulary ({scfg.vocab_size})")
-  batches = train_batches.make_batches(config, tokenizer, scfg.vocab_size)
+  # Sampled, scored and compared with the reference over this vocabulary.
+  vocab = (train_setup.shared_vocab(config, scfg, scfg, tokenizer)
+           if rcfg is None else
+           train_setup.shared_vocab(config, scfg, rcfg, tokenizer, "kl.reference"))
+  batches = train_batches.make_batches(config, tokenizer, vocab)
   train_loop.report_dropped(batches)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
-  eos = set(scfg.eos_token_id) | {int(tokenizer.eos_token_id)}
-  eos = tuple(sorted(config.rollout.get("eos_token_ids") or eos))
+  eos = rollout.eos_ids(scfg, tokenizer=tokenizer,
+                        override=config.rollout.get("eos_token_ids"))
 
   seed_key = jax.random.key(config.seed)
   params0 = train_setup.load_params(scfg, config.student, mesh, rules,
-                                  jax.random.fold_in(seed_key, 1 << 20))
+                                    jax.random.fold_in(seed_key, 1 << 20))
   per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
   optimizer, schedule = step_lib.make_optimizer(
       config.optim, config.total_steps * per_batch)
-  p_shard = sharding.tree_shardings(models.logical_axes(scfg), mesh, rules,
-                                    params0)
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                               keep=config.keep_ckpts)
-  state, state_shard, meta, start = train_loop.init_or_restore(
-      optimizer, params0, p_shard, mesh, ckpt, workdir)
+  ckpt, state, state_shard, meta, start = train_loop.init_or_restore(
+      config, workdir, scfg, optimizer, params0, mesh, rules)
   if meta:
     seed_key = jax.random.wrap_key_data(
         jnp.asarray(meta["rng"], jnp.uint32),
@@ -197,73 +185,34 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
     reference = (scfg, params0)
   if not config.get("track_sparsity", True):
     params0 = None
-  else:  # compared in the dtype the base student is stored in
-    sparsity_dtype = sparsity.base_dtype(config.student, scfg)
 
-  update = jax.jit(
+  update = train_loop.jit_update(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
-                          rules=rules, vocab_size=len(tokenizer)),
-      in_shardings=(state_shard, None, None),
-      out_shardings=(state_shard, None), donate_argnums=0)
+                          rules=rules, vocab_size=vocab), state_shard)
   collect = rl_step.Collector(
       config, scfg, reward_fn or rl_step.task_reward_fn(tokenizer), mesh=mesh,
       rules=rules, reference=reference,
       pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos,
-      vocab_size=len(tokenizer))
+      vocab_size=vocab)
 
-  log = train_log.Logger(workdir, total=config.total_steps, start=start,
-                         progress=config.get("progress", True),
-                         log_every=config.log_every, prefix="grpo")
-  init_norm = train_loop.param_norm(state["params"]) if start == 0 else None
-  last = {}
-  stop = train_loop.StopOnSignal()
-  try:
-    for step in stop.steps(start, config.total_steps):
-      t0 = time.perf_counter()
-      r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
-      batch, metrics = collect(batches[step], state["params"], r_roll)
-      t1 = time.perf_counter()
-      state, upd = update(state, batch, r_upd)
-      metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})
-      if not math.isfinite(metrics["train/loss"]):
-        raise FloatingPointError(train_loop.nan_stop_message(
-            step + 1, metrics["train/loss"], ckpt, state, init_norm))
-      dt = time.perf_counter() - t0
-      metrics.update({"perf/step_time_s": dt, "perf/rollout_time_s": t1 - t0,
-                      "perf/tokens_per_s": metrics["rollout/tokens"] / dt})
-      done = step + 1
-      if params0 is not None and (done % config.eval_every == 0 or
-                                  done == config.total_steps):
-        metrics.update(sparsity.metrics_from_params(params0, state["params"],
-                                                     scfg, sparsity_dtype))
-      log.write(done, metrics)
-      last = metrics
-      stopping = stop.requested(done)  # every step: a multi-host sync point
-      if (done % config.ckpt_every == 0 or done == config.total_steps
-          or stopping):
-        ckpt.save(done, state, {
-            "step": done, "data_position": done, "seed": int(config.seed),
-            "rng": [int(x) for x in jax.random.key_data(seed_key).ravel()]})
-    ckpt.wait()
-    stop.raise_if_stopped(ckpt)
-  finally:
-    stop.restore()
-    ckpt.close()
-    log.close()
-  if config.get("export_hf", True):
-    train_loop.export_hf(scfg, state["params"], tokenizer, workdir)
-  return last
+  def step_fn(step, state):
+    t0 = time.perf_counter()
+    r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
+    batch, metrics = collect(batches[step], state["params"], r_roll)
+    t1 = time.perf_counter()
+    state, upd = update(state, batch, r_upd)
+    metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})
+    metrics["perf/rollout_time_s"] = t1 - t0
+    return state, metrics
+
+  return train_loop.run_steps(
+      config, workdir, step_fn=step_fn, state=state, start=start, ckpt=ckpt,
+      scfg=scfg, params0=params0, tokenizer=tokenizer, name="grpo",
+      meta={"rng": [int(x) for x in jax.random.key_data(seed_key).ravel()]})
 
 
 def main(argv):
-  del argv
-  f = flags.FLAGS
-  train_loop.initialize_distributed(f)
-  try:
-    train(f.config, f.workdir, overwrite=f.overwrite)
-  except train_loop.Preempted as e:
-    print(e, file=sys.stderr, flush=True)
-    sys.exit(e.exit_code)
+  train_loop.main(argv, train_fn=train)
 
 
 if __name__ == "__main__":

@@ -334,7 +334,7 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
              pad_token_id: int = 0, return_logprobs: bool = True,
              bucket: str | int | None = None, cache_len: int | None = None,
              row_ids=None, mesh: Mesh | None = None,
-             rules=sharding.DEFAULT_RULES,
+             rules=None,
              vocab_size: int | None = None) -> Rollout:
   """Samples responses to a left-padded prompt batch.
 
@@ -363,7 +363,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       stable example ids to make a row's draws independent of its batch.
     mesh: optional device mesh; the batch is split over its data axes,
       params follow models.logical_axes, caches models.cache_logical_axes.
-    rules: logical-axis rules for the mesh.
+    rules: logical-axis rules for the mesh (the commands pass their run's,
+      sharding.rules_from_config); default sharding.DEFAULT_RULES.
     vocab_size: sample only token ids below it: the real vocabulary (e.g.
       len(tokenizer)), so that embedding-padding ids (a Qwen2.5 config's
       151,936 rows vs its tokenizer's 151,665 tokens) are never drawn;
@@ -414,6 +415,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
   params = tuple(given[n][1] for n in names)
   prompts = jnp.asarray(prompts, jnp.int32)
   prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
+  if rules is None:
+    rules = sharding.DEFAULT_RULES
   if mesh is not None:
     params = tuple(
         jax.device_put(pr, sharding.tree_shardings(

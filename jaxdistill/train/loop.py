@@ -14,6 +14,9 @@ SIGTERM (a TPU VM preemption) or SIGINT: the step in flight finishes, a
 checkpoint is written, and the run stops with `Preempted` (the CLI exits with
 status 128 + signal); the same command resumes it. One process per workdir
 (<workdir>/.lock names the holder).
+
+jaxdistill.rl.train runs through the same pieces (init_or_restore, run_steps,
+main) with its own step.
 """
 from __future__ import annotations
 
@@ -91,13 +94,27 @@ def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
       transform_non_params=lambda _: sharding.replicated(mesh))
 
 
-def init_or_restore(optimizer, params0, param_shardings, mesh, ckpt, workdir):
-  """The train state {params, opt_state, step}, sharded: restored from the
-  latest checkpoint in `ckpt` if there is one, else built from `params0`.
+def config_mesh(config, devices=None):
+  """The mesh of config.mesh over `devices` (default: all)."""
+  try:
+    return sharding.make_mesh(dict(config.mesh), devices=devices)
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
 
-  Returns (state, state_shardings, meta, start): `meta` is the checkpoint's
-  metadata ({} when starting fresh) and `start` the step to run next.
+
+def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
+  """The checkpointer of <workdir>/checkpoints and the train state {params,
+  opt_state, step}, sharded: restored from its latest checkpoint if there is
+  one, else built from `params0`.
+
+  Returns (ckpt, state, state_shardings, meta, start): `meta` is the
+  checkpoint's metadata ({} when starting fresh) and `start` the step to run
+  next.
   """
+  param_shardings = sharding.tree_shardings(models.logical_axes(scfg), mesh,
+                                            rules, params0)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                               keep=config.keep_ckpts)
   make_state = lambda p: {"params": p, "opt_state": optimizer.init(p),
                           "step": jnp.zeros((), jnp.int32)}
   state_shard = {"params": param_shardings,
@@ -111,12 +128,19 @@ def init_or_restore(optimizer, params0, param_shardings, mesh, ckpt, workdir):
   restored = ckpt.restore_latest(abstract)
   if restored is None:
     state = jax.jit(make_state, out_shardings=state_shard)(params0)
-    return state, state_shard, {}, 0
+    return ckpt, state, state_shard, {}, 0
   state, meta, start = restored
   logging.warning("resuming %s from step %d", workdir, start)
   if int(meta.get("step", start)) != start:
     raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
-  return state, state_shard, meta, start
+  return ckpt, state, state_shard, meta, start
+
+
+def jit_update(update, state_shard):
+  """update(state, x, y) -> (state, metrics), jitted with the state sharded
+  and donated."""
+  return jax.jit(update, in_shardings=(state_shard, None, None),
+                 out_shardings=(state_shard, None), donate_argnums=0)
 
 
 def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
@@ -135,6 +159,61 @@ def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   return out
 
 
+def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
+              tokenizer, name="train", meta=None) -> dict:
+  """The loop both training commands share; returns the last step's metrics.
+
+  `step_fn(step, state) -> (state, metrics)` runs one step (metrics: floats
+  with 'train/loss' and 'rollout/tokens'). Around it: timing, the NaN stop,
+  update sparsity against `params0` (None: not tracked) every eval_every
+  steps, the log (progress bar `name`), checkpoints (metadata: step, data
+  position, seed and `meta`), the SIGTERM/SIGINT stop (raises Preempted after
+  its checkpoint), closing the checkpointer and log, and the final
+  <workdir>/hf_student export (config.export_hf).
+  """
+  if params0 is not None:  # compared in the dtype the base student is stored in
+    sparsity_dtype = sparsity.base_dtype(config.student, scfg)
+  log = train_log.Logger(workdir, total=config.total_steps, start=start,
+                         progress=config.get("progress", True),
+                         log_every=config.log_every, prefix=name)
+  init_norm = param_norm(state["params"]) if start == 0 else None
+  last = {}
+  stop = StopOnSignal()
+  try:
+    for step in stop.steps(start, config.total_steps):
+      t0 = time.perf_counter()
+      state, metrics = step_fn(step, state)
+      if not math.isfinite(metrics["train/loss"]):
+        raise FloatingPointError(nan_stop_message(
+            step + 1, metrics["train/loss"], ckpt, state, init_norm))
+      dt = time.perf_counter() - t0
+      metrics["perf/step_time_s"] = dt
+      metrics["perf/tokens_per_s"] = metrics["rollout/tokens"] / dt
+      done = step + 1
+      if params0 is not None and (done % config.eval_every == 0 or
+                                  done == config.total_steps):
+        metrics.update(sparsity.metrics_from_params(params0, state["params"],
+                                                     scfg, sparsity_dtype))
+      log.write(done, metrics)
+      last = metrics
+      stopping = stop.requested(done)  # every step: a multi-host sync point
+      if (done % config.ckpt_every == 0 or done == config.total_steps
+          or stopping):
+        ckpt.save(done, state, {"step": done, "data_position": done,
+                                "seed": int(config.seed), **(meta or {})})
+    ckpt.wait()
+    stop.raise_if_stopped(ckpt)
+  finally:
+    stop.restore()
+    ckpt.close()
+    log.close()
+  if config.get("export_hf", True):
+    if tokenizer is None and config.get("tokenizer_build"):  # runlocal
+      tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
+    export_hf(scfg, state["params"], tokenizer, workdir)
+  return last
+
+
 def train(config, workdir: str, *, overwrite: bool = False,
           devices=None) -> dict:
   """Runs (or resumes) one distillation run; returns the last metrics.
@@ -143,13 +222,9 @@ def train(config, workdir: str, *, overwrite: bool = False,
   """
   config_lib.validate(config)
   config_lib.validate_run(config)
-  try:
-    mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
-  except ValueError as e:
-    raise ValueError(f"config.mesh: {e}") from None
-  config_lib.validate_run(config, mesh)
-  rules = tuple((k, tuple(v) if isinstance(v, list) else v)
-                for k, v in config.get("rules", sharding.DEFAULT_RULES))
+  mesh = config_mesh(config, devices)
+  rules = sharding.rules_from_config(config)
+  config_lib.validate_run(config, mesh, rules)
   with locked_workdir(workdir):
     return _train(config, workdir, overwrite, mesh, rules)
 
@@ -177,84 +252,39 @@ def _train(config, workdir, overwrite, mesh, rules):
 
   seed_key = jax.random.key(config.seed)
   s_key, t_key = jax.random.split(jax.random.fold_in(seed_key, 1 << 20))
-  tparams = None if sft or cached else train_setup.load_params(tcfg, config.teacher, mesh,
-                                                    rules, t_key)
+  tparams = None if sft or cached else train_setup.load_params(
+      tcfg, config.teacher, mesh, rules, t_key)
   params0 = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
 
-  # Shardings, from shapes alone.
   optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)
-  p_shard = sharding.tree_shardings(models.logical_axes(scfg), mesh, rules,
-                                    params0)
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                               keep=config.keep_ckpts)
-  state, state_shard, _, start = init_or_restore(optimizer, params0, p_shard,
-                                                 mesh, ckpt, workdir)
-  track_sparsity = bool(config.get("track_sparsity", True))
-  if not track_sparsity:
+  ckpt, state, state_shard, _, start = init_or_restore(
+      config, workdir, scfg, optimizer, params0, mesh, rules)
+  if not config.get("track_sparsity", True):
     del params0
     params0 = None
-  else:  # compared in the dtype the base student is stored in
-    sparsity_dtype = sparsity.base_dtype(config.student, scfg)
 
   loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab)
-  update = jax.jit(
-      functools.partial(step_lib.train_step, optimizer=optimizer,
-                        schedule=schedule, loss_fn=loss_fn,
-                        grad_accum=int(config.optim.grad_accum)),
-      in_shardings=(state_shard, None, None),
-      out_shardings=(state_shard, None),
-      donate_argnums=0)
+  update = jit_update(functools.partial(
+      step_lib.train_step, optimizer=optimizer, schedule=schedule,
+      loss_fn=loss_fn, grad_accum=int(config.optim.grad_accum)), state_shard)
   make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
-                                            tokenizer, vocab_size=vocab)
+                                               tokenizer, vocab_size=vocab)
   if cached:
     make_sequences = teacher_cache.CachedSequences(make_sequences._put)  # pylint: disable=protected-access
 
-  log = train_log.Logger(workdir, total=config.total_steps, start=start,
-                         progress=config.get("progress", True),
-                         log_every=config.log_every)
-  init_norm = param_norm(state["params"]) if start == 0 else None
-  last = {}
-  stop = StopOnSignal()
-  try:
-    for step in stop.steps(start, config.total_steps):
-      rng = jax.random.fold_in(seed_key, step)
-      t0 = time.perf_counter()
-      batch, ro_metrics = make_sequences(
-          batches[step], state["params"], tparams, rng)
-      batch["weights"] = step_lib.loss_weights(batch["loss_mask"],
-                                               config.loss.reduction)
-      state, metrics = update(state, tparams, batch)
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      metrics.update(ro_metrics)
-      if not math.isfinite(metrics["train/loss"]):
-        raise FloatingPointError(nan_stop_message(
-            step + 1, metrics["train/loss"], ckpt, state, init_norm))
-      dt = time.perf_counter() - t0
-      metrics["perf/step_time_s"] = dt
-      metrics["perf/tokens_per_s"] = metrics["rollout/tokens"] / dt
-      done = step + 1
-      if params0 is not None and (done % config.eval_every == 0 or
-                                  done == config.total_steps):
-        metrics.update(sparsity.metrics_from_params(params0, state["params"],
-                                                     scfg, sparsity_dtype))
-      log.write(done, metrics)
-      last = metrics
-      stopping = stop.requested(done)  # every step: a multi-host sync point
-      if (done % config.ckpt_every == 0 or done == config.total_steps
-          or stopping):
-        ckpt.save(done, state, {"step": done, "data_position": done,
-                                "seed": int(config.seed)})
-    ckpt.wait()
-    stop.raise_if_stopped(ckpt)
-  finally:
-    stop.restore()
-    ckpt.close()
-    log.close()
-  if config.get("export_hf", True):
-    if tokenizer is None and config.get("tokenizer_build"):  # runlocal
-      tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
-    export_hf(scfg, state["params"], tokenizer, workdir)
-  return last
+  def step_fn(step, state):
+    rng = jax.random.fold_in(seed_key, step)
+    batch, ro_metrics = make_sequences(
+        batches[step], state["params"], tparams, rng)
+    batch["weights"] = step_lib.loss_weights(batch["loss_mask"],
+                                             config.loss.reduction)
+    state, metrics = update(state, tparams, batch)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics.update(ro_metrics)
+    return state, metrics
+
+  return run_steps(config, workdir, step_fn=step_fn, state=state, start=start,
+                   ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer)
 
 
 class Preempted(RuntimeError):
@@ -391,12 +421,13 @@ def nan_stop_message(step, loss, ckpt, state, init_norm) -> str:
           f"{ckpt.directory}: {kept}{ref}; {verdict}.")
 
 
-def main(argv):
+def main(argv, train_fn=None):
+  """The CLI of `train_fn` (default: train): jaxdistill.train, rl.train."""
   del argv
   f = flags.FLAGS
   initialize_distributed(f)
   try:
-    train(f.config, f.workdir, overwrite=f.overwrite)
+    (train_fn or train)(f.config, f.workdir, overwrite=f.overwrite)
   except Preempted as e:
     print(e, file=sys.stderr, flush=True)
     sys.exit(e.exit_code)

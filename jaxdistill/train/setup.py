@@ -62,23 +62,29 @@ def load_params(cfg, mcfg, mesh, rules, rng):
   return jax.jit(functools.partial(models.init, cfg), out_shardings=shard)(rng)
 
 
-def shared_vocab(config, scfg, tcfg, tokenizer) -> int:
-  """The real vocabulary both models' logits are compared over."""
-  explicit = config.loss.get("vocab_size")
+def shared_vocab(config, scfg, tcfg, tokenizer, teacher: str = "teacher") -> int:
+  """The real vocabulary both models' logits are compared over (and rollouts
+  sample from): config.loss.vocab_size, else len(tokenizer), else the models'
+  common width. It must fit both models' embeddings (which may differ by
+  padding). `teacher` names the second model in errors (GRPO: the policy's
+  KL reference, 'kl.reference')."""
+  explicit = config.get("loss", {}).get("vocab_size")
+  field = "config.loss.vocab_size"
   if explicit:
     v = int(explicit)
   elif tokenizer is not None:
     v = len(tokenizer)
+    field = "config.tokenizer"
   elif scfg.vocab_size == tcfg.vocab_size:
     v = scfg.vocab_size
   else:
     raise ValueError(
-        f"config.loss.vocab_size: student vocab {scfg.vocab_size} and teacher "
+        f"config.loss.vocab_size: student vocab {scfg.vocab_size} and {teacher} "
         f"vocab {tcfg.vocab_size} differ and no tokenizer gives the real "
         "vocabulary; set loss.vocab_size to the shared real vocabulary size")
   if v > min(scfg.vocab_size, tcfg.vocab_size):
     raise ValueError(
-        f"config.loss.vocab_size: the real vocabulary ({v}) is larger than "
-        f"the student ({scfg.vocab_size}) or teacher ({tcfg.vocab_size}) "
-        "vocabulary: the models do not share a tokenizer")
+        f"{field}: the real vocabulary ({v}) is larger than the student "
+        f"({scfg.vocab_size}) or {teacher} ({tcfg.vocab_size}) vocabulary: "
+        "the models do not share a tokenizer")
   return v

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -169,6 +170,21 @@ def test_forgetting_with_known_answers(tiny_ckpt, perturbed, tmp_path):
   text = report.format_report(res)
   assert "## mcq (ood, 3 problems)" in text and "| mcq " in text
   assert "+66.67" in text
+
+
+def test_config_rules_place_the_evaluated_params(tiny_ckpt, tmp_path):
+  """config.rules, not sharding.DEFAULT_RULES, shard the loaded model."""
+  c = stub_config(tmp_path)
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)
+  # As a config read back from JSON holds them: lists. Default: P(None, 'fsdp').
+  c.rules = [["batch", ["data", "fsdp"]], ["vocab", "fsdp"], ["embed", None]]
+  specs = []
+  stub = stub_factory({"checkpoint": lambda p: True})
+  def factory(role, cfg, params, tokenizer, eos):
+    specs.append(params["embed_tokens"]["embedding"].sharding.spec)  # [V, D]
+    return stub(role, cfg, params, tokenizer, eos)
+  evaluate_run.run(c, str(tiny_ckpt), generator_factory=factory)
+  assert specs == [P("fsdp", None)]
 
 
 def test_errors_name_the_problem(tiny_ckpt, tmp_path):

@@ -29,7 +29,7 @@ def test_sharded_load_gives_same_logits(tiny_ckpt, hf_model):
 
   tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 24))
   tokens = jax.device_put(tokens.astype(np.int32),
-                          sharding.batch_sharding(mesh, 2))
+                          sharding.batch_sharding(mesh, 2, sharding.DEFAULT_RULES))
   ours = np.asarray(jax.jit(models.apply, static_argnums=0)(cfg, params, tokens))
   with torch.no_grad():
     ref = hf_model(path)(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits

@@ -249,11 +249,13 @@ def test_sharded_update_matches_single_device(tiny_rollout):
     if mesh is not None:
       p = jax.device_put(params, sharding.tree_shardings(
           models.logical_axes(TINY), mesh, sharding.DEFAULT_RULES, params))
-      b = {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim))
+      b = {k: jax.device_put(v, sharding.batch_sharding(
+          mesh, v.ndim, sharding.DEFAULT_RULES))
            for k, v in batch.items()}
     state = {"params": p, "opt_state": opt.init(p),
              "step": jnp.zeros((), jnp.int32)}
-    upd = jax.jit(rl_step.make_update(config, TINY, opt, sched, mesh=mesh))
+    upd = jax.jit(rl_step.make_update(config, TINY, opt, sched, mesh=mesh,
+                                      rules=sharding.DEFAULT_RULES))
     return upd(state, b, jax.random.key(3))
 
   s1, m1 = run(None)
