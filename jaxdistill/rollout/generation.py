@@ -68,6 +68,14 @@ from jaxdistill.rollout import sampling
 
 POLICIES = ("student", "teacher", "mixture")
 
+
+def mixture_lam(rollout_config) -> float | None:
+  """The `lam` argument of `generate` for a rollout config (fields `policy`,
+  `lam`): float(lam) for policy='mixture', None for every other policy."""
+  if rollout_config.policy == "mixture":
+    return float(rollout_config.lam)
+  return None
+
 # Incremented each time the compiled rollout is traced (tests check that
 # calls within one bucket do not recompile).
 _TRACE_COUNT = 0
