@@ -190,8 +190,10 @@ def token_terms(z, u, kind: str, beta: float, with_grad: bool = False):
     kind: which divergence `loss` holds ('forward', 'reverse' or 'jsd').
     beta: JSD mixing weight (used only for kind='jsd').
     with_grad: also return 'grad', d loss / d z [..., V], from the closed
-      forms below (no autodiff; used by the fused path, whose per-chunk
-      gradient then needs no autodiff residuals).
+      forms below (no autodiff): the gradient every exact loss
+      back-propagates (divergence's custom VJP, the fused path, whose
+      per-chunk gradient then needs no autodiff residuals) and that
+      `divergence.logit_gradient` returns.
 
   Returns:
     dict of [...] arrays: 'loss' (the chosen divergence), and 'fkl', 'rkl'
