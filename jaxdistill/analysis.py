@@ -46,11 +46,11 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from jaxdistill import cli
+from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.data import tokenizer as tok_lib
-from jaxdistill.losses import topk as topk_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import setup as train_setup
 
@@ -82,22 +82,24 @@ def _check(student_logits, teacher_logits, vocab_size, temperature):
 
 def kl_gradients(student_logits, teacher_logits, *, temperature=1.0,
                  vocab_size=None) -> dict:
-  """Closed-form per-token gradients w.r.t. the student logits.
+  """Closed-form per-token gradients w.r.t. the student logits (those the
+  losses back-propagate: losses.logit_gradient).
 
   [..., V] logits -> {'fkl_grad', 'rkl_grad': [..., V'], 'q', 'p': [..., V'],
   'fkl', 'rkl': [...]}, V' = the shared vocabulary; float32.
   """
   v = _check(student_logits, teacher_logits, vocab_size, temperature)
   tau = float(temperature)
-  z = student_logits[..., :v].astype(jnp.float32) / tau
-  u = teacher_logits[..., :v].astype(jnp.float32) / tau
-  logq, logp = jax.nn.log_softmax(z, -1), jax.nn.log_softmax(u, -1)
-  q, p = jnp.exp(logq), jnp.exp(logp)
-  fkl = jnp.sum(p * (logp - logq), -1)
-  rkl = jnp.sum(q * (logq - logp), -1)
-  return {"fkl_grad": (q - p) / tau,
-          "rkl_grad": q * (logq - logp - rkl[..., None]) / tau,
-          "q": q, "p": p, "fkl": fkl, "rkl": rkl}
+  kw = dict(temperature=tau, vocab_size=v)
+  g_f, terms = losses.logit_gradient(student_logits, teacher_logits,
+                                     kind="forward", **kw)
+  g_r, _ = losses.logit_gradient(student_logits, teacher_logits,
+                                 kind="reverse", **kw)
+  # The two distributions, for the statistics that compare them (q < p).
+  q, p = (jnp.exp(jax.nn.log_softmax(x[..., :v].astype(jnp.float32) / tau, -1))
+          for x in (student_logits, teacher_logits))
+  return {"fkl_grad": g_f, "rkl_grad": g_r, "q": q, "p": p,
+          "fkl": terms["fkl"], "rkl": terms["rkl"]}
 
 
 def _shares(g, under, over):
@@ -119,16 +121,11 @@ def topk_gradients(student_logits, teacher_logits, *, k, variant="renorm",
   (losses.topk) w.r.t. the student logits: {'fkl_grad', 'rkl_grad'} [..., V']."""
   v = _check(student_logits, teacher_logits, vocab_size, temperature)
   tau = float(temperature)
-  z = student_logits[..., :v].astype(jnp.float32) / tau
-  t = topk_lib.topk_of_scaled(teacher_logits[..., :v].astype(jnp.float32) / tau,
-                              topk_lib.check_k(int(k), v, "k"))
-  topk_lib.check_variant(variant)
-  out = {}
-  for kind, name in (("forward", "fkl_grad"), ("reverse", "rkl_grad")):
-    terms = topk_lib.topk_token_terms(z, t.ids, t.logprobs, variant, kind, 0.5,
-                                      with_grad=True, tail=t.tail)
-    out[name] = terms["grad"] / tau
-  return out
+  t = losses.teacher_topk(teacher_logits[..., :v], int(k), temperature=tau)
+  return {name: losses.topk_logit_gradient(
+              student_logits, t.ids, t.logprobs, kind=kind, temperature=tau,
+              vocab_size=v, variant=variant, teacher_tail=t.tail)[0]
+          for kind, name in (("forward", "fkl_grad"), ("reverse", "rkl_grad"))}
 
 
 def token_stats(student_logits, teacher_logits, *, temperature=1.0,

@@ -14,17 +14,18 @@ import re
 
 import ml_collections
 
+from jaxdistill import losses
+from jaxdistill import rollout as rollout_lib
 
 # The checkout jaxdistill runs from (pip install -e): its configs/ directory is
 # where a relative config path falls back to, so commands work from any cwd.
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-LOSS_KINDS = ("forward", "reverse", "jsd", "sampled", "ce")
-ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
-POLICIES = ("student", "teacher", "mixture", "dataset")
-REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
+# The loss kinds, estimators, reductions and top-k variants are those of
+# jaxdistill.losses; the rollout policies those of jaxdistill.rollout, plus
+# 'dataset' (train on the data's own text: no rollout).
+POLICIES = rollout_lib.POLICIES + ("dataset",)
 SCHEDULES = ("constant", "cosine")
-TOPK_VARIANTS = ("renorm", "tail")
 
 
 def find_config(path: str) -> str:
@@ -123,12 +124,12 @@ def _check_topk(loss, ro) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
       _err("loss.teacher_topk", f"must be None (the full teacher) or an "
            f"integer >= 1, got {k!r}")
-    if loss.kind not in ("forward", "reverse", "jsd"):
+    if loss.kind not in losses.KINDS:
       _err("loss.teacher_topk", f"applies to the exact losses (forward, "
            f"reverse, jsd), not loss.kind={loss.kind!r}; set it to None")
-  if loss.get("topk_variant", "renorm") not in TOPK_VARIANTS:
+  if loss.get("topk_variant", "renorm") not in losses.TOPK_VARIANTS:
     _err("loss.topk_variant", f"unknown {loss.topk_variant!r}; choose from "
-         f"{TOPK_VARIANTS}")
+         f"{losses.TOPK_VARIANTS}")
   if cache is not None:
     if k is None:
       _err("loss.teacher_cache", "a cache holds the teacher's top-k: set "
@@ -142,15 +143,18 @@ def _check_topk(loss, ro) -> None:
 def validate(config) -> None:
   """Checks a training config before any compute; raises naming the field."""
   loss = config.loss
-  if loss.kind not in LOSS_KINDS:
-    _err("loss.kind", f"unknown loss {loss.kind!r}; choose from {LOSS_KINDS}")
+  if loss.kind not in losses.LOSS_KINDS:
+    _err("loss.kind", f"unknown loss {loss.kind!r}; choose from "
+         f"{losses.LOSS_KINDS}")
   if loss.kind == "jsd" and not 0.0 <= float(loss.beta) <= 1.0:
     _err("loss.beta", f"must be in [0, 1], got {loss.beta}")
-  if loss.kind == "sampled" and loss.estimator not in ESTIMATORS:
-    _err("loss.estimator",
-         f"unknown estimator {loss.estimator!r}; choose from {ESTIMATORS}")
-  if loss.reduction not in REDUCTIONS:
-    _err("loss.reduction", f"unknown {loss.reduction!r}; choose from {REDUCTIONS}")
+  if loss.kind == losses.SAMPLED and loss.estimator not in losses.ESTIMATORS:
+    _err("loss.estimator", f"unknown estimator {loss.estimator!r}; choose "
+         f"from {losses.ESTIMATORS}")
+  try:
+    losses.check_reduction(loss.reduction)
+  except ValueError as e:
+    _err("loss.reduction", str(e))
   if not float(loss.temperature) > 0:
     _err("loss.temperature", f"must be > 0, got {loss.temperature}")
   _check_topk(loss, config.rollout)
@@ -158,7 +162,7 @@ def validate(config) -> None:
   ro = config.rollout
   if ro.policy not in POLICIES:
     _err("rollout.policy", f"unknown policy {ro.policy!r}; choose from {POLICIES}")
-  if loss.kind == "ce" and ro.policy != "dataset":
+  if loss.kind == losses.CE and ro.policy != "dataset":
     _err("rollout.policy", "loss.kind='ce' (supervised fine-tuning) trains on "
          f"fixed sequences: use policy='dataset', got {ro.policy!r}")
   if ro.policy == "mixture":
@@ -168,7 +172,7 @@ def validate(config) -> None:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
   if float(ro.temperature) < 0:
     _err("rollout.temperature", f"must be >= 0, got {ro.temperature}")
-  if loss.kind == "sampled":
+  if loss.kind == losses.SAMPLED:
     _check_sampled_rollout(loss, ro)
 
   opt = config.optim

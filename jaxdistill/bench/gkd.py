@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxdistill import losses as losses_lib
 from jaxdistill import models
 from jaxdistill import sharding
 from jaxdistill.train import batches as train_batches
@@ -138,7 +139,7 @@ def bench_jax(student_dir, teacher_dir, prompts, n, steps, warmup=2):
   for i in range(warmup + steps):
     t0 = time.perf_counter()
     batch, _ = make(host, state["params"], tp, jax.random.fold_in(key, i))
-    batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+    batch["weights"] = losses_lib.reduction_weights(batch["loss_mask"], "token_mean")
     state, metrics = update(state, tp, batch)
     loss = float(metrics["train/loss"])  # the loop reads its metrics back
     dt = time.perf_counter() - t0

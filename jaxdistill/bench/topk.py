@@ -68,7 +68,7 @@ def _batch(args):
   loss[:, l // 4:] = 1  # a quarter prompt, the rest response
   batch = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray(attn),
            "loss_mask": jnp.asarray(loss)}
-  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
   return batch
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import optax
 
 from jaxdistill import bench
+from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill.bench import presets
 from jaxdistill.train import step as step_lib
@@ -102,7 +103,7 @@ def bench_jax(s, t, b, l, iters, fused):
   tokens, attn, lm = _batch(b, l, s.vocab_size)
   batch = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray(attn),
            "loss_mask": jnp.asarray(lm)}
-  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
   loss_cfg = ml_collections.ConfigDict(dict(
       kind="forward", beta=0.5, temperature=1.0, fused=fused, chunk_size=512))
   loss_fn = functools.partial(step_lib.distill_loss, student_cfg=s,

@@ -126,6 +126,11 @@ def _safe_div(num, den):
 def reduction_weights(mask, reduction: str):
   """Per-token weights [B, T] (float32) that implement `reduction`.
 
+  The one implementation of the reductions (and the one check of the name,
+  ValueError naming 'reduction'): every loss here reduces as
+  sum_bt weights * value, and the training step computes these weights once
+  over the whole batch before splitting it into micro-batches.
+
   token_mean:    mask / sum(mask)                 (0 if the mask is empty)
   sequence_mean: mask / n_tokens[b] / n_sequences (sequences without response
                  tokens are left out of the mean over sequences)
@@ -137,6 +142,7 @@ def reduction_weights(mask, reduction: str):
                  what a fixed clip_norm clips)
   Float masks act as token weights; bool/int masks as 0/1.
   """
+  check_reduction(reduction)
   w = mask.astype(jnp.float32)  # [B, T]
   if reduction == "token_mean":
     return _safe_div(w, jnp.sum(w))
@@ -184,8 +190,10 @@ def token_terms(z, u, kind: str, beta: float, with_grad: bool = False):
     kind: which divergence `loss` holds ('forward', 'reverse' or 'jsd').
     beta: JSD mixing weight (used only for kind='jsd').
     with_grad: also return 'grad', d loss / d z [..., V], from the closed
-      forms below (no autodiff; used by the fused path, whose per-chunk
-      gradient then needs no autodiff residuals).
+      forms below (no autodiff): the gradient every exact loss
+      back-propagates (divergence's custom VJP, the fused path, whose
+      per-chunk gradient then needs no autodiff residuals) and that
+      `divergence.logit_gradient` returns.
 
   Returns:
     dict of [...] arrays: 'loss' (the chosen divergence), and 'fkl', 'rkl'

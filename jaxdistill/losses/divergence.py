@@ -158,6 +158,52 @@ def token_divergence(student_logits, teacher_logits, mask, *, kind="forward",
   return _masked_terms(z, u, mask, kind, beta)["loss"]
 
 
+def _check_leading(x, name: str):
+  if not hasattr(x, "ndim") or x.ndim < 1:
+    raise ValueError(f"{name} must be an array with a vocabulary axis, got "
+                     f"{type(x).__name__}")
+  c.check_float(x, name, x.ndim)
+
+
+def logit_gradient(student_logits, teacher_logits, *, kind="forward",
+                   beta=0.5, temperature=1.0, vocab_size=None):
+  """Closed-form per-position gradient of the divergence w.r.t. the student
+  logits: the one `divergence` back-propagates (through its custom VJP).
+
+  For D_t of `kind` between p = softmax(u / tau) and q = softmax(z / tau):
+  forward (q - p) / tau, reverse q (log q - log p - RKL_t) / tau, jsd as in
+  `_common.token_terms` (divided by tau). No mask and no reduction: the
+  gradient of a reduced loss is weights[..., None] * this.
+
+  Args:
+    student_logits: [..., V_s] student logits (any float dtype).
+    teacher_logits: [..., V_t] teacher logits with the same leading shape.
+    kind, beta, temperature, vocab_size: as in `divergence`.
+
+  Returns:
+    (grad, terms): grad [..., V] float32 over the shared vocabulary V, and
+    terms, [...] float32 arrays: 'loss' (the divergence of `kind`), 'fkl',
+    'rkl' (and 'jsd' for kind='jsd'). Nothing is differentiable.
+  """
+  kind = c.check_kind(kind)
+  beta = c.check_beta(beta)
+  tau = c.check_temperature(temperature)
+  _check_leading(student_logits, "student_logits")
+  _check_leading(teacher_logits, "teacher_logits")
+  if student_logits.shape[:-1] != teacher_logits.shape[:-1]:
+    raise ValueError(
+        "teacher_logits must match student_logits in all but the last axis: "
+        f"got {teacher_logits.shape} vs {student_logits.shape}")
+  v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
+                     vocab_size, "student_logits", "teacher_logits")
+  z = student_logits[..., :v].astype(jnp.float32) / tau
+  u = teacher_logits[..., :v].astype(jnp.float32) / tau
+  terms = c.token_terms(z, u, kind, beta, with_grad=True)
+  grad = terms.pop("grad") / tau
+  return lax.stop_gradient(grad), {k: lax.stop_gradient(x)
+                                   for k, x in terms.items()}
+
+
 def divergence(student_logits, teacher_logits, mask, *, kind="forward",
                beta=0.5, temperature=1.0, reduction="token_mean",
                vocab_size=None):
@@ -182,7 +228,6 @@ def divergence(student_logits, teacher_logits, mask, *, kind="forward",
   Raises:
     ValueError naming the offending argument, before any compute.
   """
-  c.check_reduction(reduction)
   z, u, kind, beta = _prepare(student_logits, teacher_logits, mask, kind, beta,
                               temperature, vocab_size)
   loss, terms = _weighted_terms(kind, beta, z, u,

@@ -309,7 +309,6 @@ def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
   kind = c.check_kind(kind)
   beta = c.check_beta(beta)
   temperature = c.check_temperature(temperature)
-  c.check_reduction(reduction)
   c.check_float(student_hidden, "student_hidden", 3)
   if student_head.shape[0] != student_hidden.shape[-1]:
     raise ValueError(

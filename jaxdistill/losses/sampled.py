@@ -21,16 +21,17 @@ the rollout policy b with the constant weight w(y) = q(y) / b(y)
   rkl_surrogate  grad RKL                 grad RKL          grad RKL
 
 (FKL = KL(p||q), RKL = KL(q||p), gradients w.r.t. the student parameters;
-checked by Monte Carlo in tests/losses/sampled_test.py and, every cell, by
-exact enumeration over a small vocabulary through the training step's own
-weighting in tests/step_test.py.) k3 is the trap:
+checked in tests/losses/sampled_test.py by Monte Carlo and, every cell, by
+exact enumeration over a small vocabulary through `sampled_kl_from_logits`,
+the training step's loss.) k3 is the trap:
 back-propagating the unbiased, low-variance RKL VALUE estimator trains the
 FORWARD KL. WITHOUT the weight, teacher samples give none of these: k1 then
 follows -grad FKL (it pushes q away from the teacher's tokens), and k2, k3
 and rkl_surrogate follow neither KL's gradient. So the reverse-KL objective
 is 'rkl_surrogate' (or 'k2'), weighted by q/b whenever b is not the student;
-the training step (jaxdistill.train.step) applies that weight to every estimator
-and refuses rollout.policy='dataset' (fixed text has no known b). The
+`importance_weights` computes that weight (`sampled_kl_from_logits` applies it
+to every estimator) and refuses rollout.policy='dataset' (fixed text has no
+known b). The
 estimators also assume y ~ softmax(z / tau) at the loss temperature over
 the full vocabulary: config validation refuses a sampled loss with another
 rollout temperature, top-k or top-p. Nothing here differentiates through the
@@ -43,11 +44,14 @@ exactly 0, even where their log-ratio is infinite.
 """
 from __future__ import annotations
 
+import jax
 from jax import lax
 import jax.numpy as jnp
 
 from jaxdistill.losses import _common as c
 
+# The loss kind (config loss.kind) of these estimators.
+SAMPLED = "sampled"
 ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 
 
@@ -87,7 +91,6 @@ def sampled_kl(student_logprobs, teacher_logprobs, mask, *,
   """
   if estimator not in ESTIMATORS:
     raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-  c.check_reduction(reduction)
   c.check_float(student_logprobs, "student_logprobs", 2)
   c.check_float(teacher_logprobs, "teacher_logprobs", 2)
   shape = student_logprobs.shape
@@ -127,3 +130,93 @@ def sampled_kl(student_logprobs, teacher_logprobs, mask, *,
   if importance_weight is not None:
     metrics["distill/importance_weight"] = c.token_mean(iw, mask)
   return loss, {k: lax.stop_gradient(v) for k, v in metrics.items()}
+
+
+def importance_weights(logq, logp, policy, lam=None, behaviour=None):
+  """[B, T] constant weights q(y) / b(y) for the sampled estimators, or None.
+
+  The estimators' expected gradients (module table) hold for tokens drawn
+  from the student q = softmax(z / tau). Tokens drawn from another policy b
+  are reweighted by q(y) / b(y), which turns the expectation under b into
+  the one under q, for every estimator. `behaviour` ([B, T], log b(y)) is the
+  rollout's own `behaviour_logprobs` when available (the mixture's log-prob
+  as sampled); otherwise b is rebuilt from the given log-probs: p for
+  'teacher', lam q + (1 - lam) p for 'mixture'.
+
+  Args:
+    logq, logp: [B, T] log q(y), log p(y) at the loss temperature.
+    policy: the rollout policy: 'student' (no weight: returns None),
+      'teacher' or 'mixture'. 'dataset' is refused: fixed text was not
+      sampled from any of these, so no q / b weight is known.
+    lam: the mixture's student probability.
+    behaviour: optional [B, T] log b(y).
+  """
+  if policy == "student":
+    return None
+  if policy == "dataset":
+    raise ValueError(
+        "loss.kind='sampled' with rollout.policy='dataset': the sampled "
+        "estimators need tokens drawn from a known policy (student, teacher "
+        "or mixture) to be weighted by q/b; fixed dataset text has none. Use "
+        "an exact loss (loss.kind='forward'/'reverse'/'jsd') on a dataset.")
+  lq = lax.stop_gradient(logq)
+  if behaviour is not None:
+    lb = lax.stop_gradient(behaviour.astype(jnp.float32))
+  elif policy == "teacher":
+    lb = logp
+  elif policy == "mixture":
+    if lam is None or not 0.0 <= float(lam) <= 1.0:
+      raise ValueError(f"rollout.lam: must be in [0, 1] for a mixture, got {lam}")
+    lam = float(lam)
+    lb = (jnp.logaddexp(jnp.log(lam) + lq, jnp.log1p(-lam) + logp)
+          if 0 < lam < 1 else (lq if lam == 1 else logp))
+  else:
+    raise ValueError(f"rollout.policy: unknown {policy!r}")
+  return lax.stop_gradient(jnp.exp(lq - lb))
+
+
+def _gather(logp, ids):
+  return jnp.take_along_axis(logp, ids[..., None], axis=-1)[..., 0]
+
+
+def sampled_kl_from_logits(student_logits, teacher_logits, tokens, mask, *,
+                           estimator="rkl_surrogate", temperature=1.0,
+                           policy="student", lam=None,
+                           behaviour_logprobs=None, iw_clip=None,
+                           reduction="token_mean", vocab_size=None):
+  """`sampled_kl` on a rollout's own tokens, from full logits: the log-probs
+  of `tokens` at `temperature`, importance-weighted by `importance_weights`
+  when the rollout policy is not the student.
+
+  Args:
+    student_logits: [B, T, V_s] logits at the positions that predict `tokens`.
+    teacher_logits: [B, T, V_t] teacher logits there; no gradient.
+    tokens: [B, T] int the sampled tokens y_t.
+    mask: [B, T] response mask (or token weights).
+    estimator: as in `sampled_kl`.
+    temperature: tau > 0, the temperature the tokens were sampled at.
+    policy, lam, behaviour_logprobs: the rollout policy, its mixture weight
+      and, optionally, its own [B, T] log b(y_t) (`importance_weights`).
+    iw_clip: optional cap on the importance weights (None: no cap).
+    reduction: as in `sampled_kl`.
+    vocab_size: shared real vocabulary; required if V_s != V_t.
+
+  Returns:
+    (loss, metrics) of `sampled_kl`.
+  """
+  c.check_float(student_logits, "student_logits", 3)
+  c.check_float(teacher_logits, "teacher_logits", 3)
+  v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
+                     vocab_size, "student_logits", "teacher_logits")
+  tau = c.check_temperature(temperature)
+  logq_all = jax.nn.log_softmax(
+      student_logits[..., :v].astype(jnp.float32) / tau, axis=-1)
+  logp_all = jax.nn.log_softmax(
+      teacher_logits[..., :v].astype(jnp.float32) / tau, axis=-1)
+  logq, logp = _gather(logq_all, tokens), _gather(logp_all, tokens)  # [B, T]
+  logp = lax.stop_gradient(logp)
+  iw = importance_weights(logq, logp, policy, lam, behaviour_logprobs)
+  if iw is not None and iw_clip is not None:
+    iw = jnp.minimum(iw, iw_clip)
+  return sampled_kl(logq, logp, mask, estimator=estimator,
+                    importance_weight=iw, reduction=reduction)

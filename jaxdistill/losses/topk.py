@@ -186,6 +186,55 @@ def topk_token_terms(z, ids, logp, variant: str, kind: str, beta: float,
   return terms
 
 
+def topk_logit_gradient(student_logits, teacher_ids, teacher_logprobs, *,
+                        kind="forward", beta=0.5, temperature=1.0,
+                        vocab_size=None, variant="renorm", teacher_tail=None):
+  """Closed-form per-position gradient of the top-k divergence w.r.t. the
+  student logits (module docstring), as `divergence.logit_gradient`.
+
+  Args:
+    student_logits: [..., V_s] student logits.
+    teacher_ids, teacher_logprobs: [..., K] the teacher's top-k at
+      `temperature` (`teacher_topk`), same leading shape.
+    kind, beta, temperature, vocab_size, variant, teacher_tail: as in
+      `topk_divergence` (teacher_tail [...]).
+
+  Returns:
+    (grad, terms): grad [..., V] float32 over the real vocabulary V, and
+    terms [...] float32: 'loss', 'fkl', 'rkl' (and 'jsd') of the top-k
+    variant. Nothing is differentiable.
+  """
+  kind = c.check_kind(kind)
+  beta = c.check_beta(beta)
+  tau = c.check_temperature(temperature)
+  variant = check_variant(variant)
+  if not hasattr(student_logits, "ndim") or student_logits.ndim < 1:
+    raise ValueError("student_logits must be an array with a vocabulary axis")
+  c.check_float(student_logits, "student_logits", student_logits.ndim)
+  c.check_float(teacher_logprobs, "teacher_logprobs", student_logits.ndim)
+  if not hasattr(teacher_ids, "dtype") or not jnp.issubdtype(
+      teacher_ids.dtype, jnp.integer):
+    raise ValueError("teacher_ids must be an integer array, got "
+                     f"{getattr(teacher_ids, 'dtype', type(teacher_ids))}")
+  lead = student_logits.shape[:-1]
+  if (teacher_ids.shape != teacher_logprobs.shape
+      or teacher_ids.shape[:-1] != lead):
+    raise ValueError(f"teacher_ids {teacher_ids.shape} and teacher_logprobs "
+                     f"{teacher_logprobs.shape} must both be {lead} + [K]")
+  if teacher_tail is not None and tuple(teacher_tail.shape) != tuple(lead):
+    raise ValueError(f"teacher_tail must have shape {lead}, got "
+                     f"{teacher_tail.shape}")
+  v = c.shared_vocab(student_logits.shape[-1], student_logits.shape[-1],
+                     vocab_size, "student_logits", "student_logits")
+  check_k(teacher_ids.shape[-1], v, "teacher_ids.shape[-1] (k)")
+  z = student_logits[..., :v].astype(jnp.float32) / tau
+  terms = topk_token_terms(z, teacher_ids, teacher_logprobs, variant, kind,
+                           beta, with_grad=True, tail=teacher_tail)
+  grad = terms.pop("grad") / tau
+  return lax.stop_gradient(grad), {k: lax.stop_gradient(x)
+                                   for k, x in terms.items()}
+
+
 def _prepare(student_logits, teacher_ids, teacher_logprobs, mask, kind, beta,
              temperature, vocab_size, variant, teacher_tail=None):
   kind = c.check_kind(kind)
@@ -231,7 +280,6 @@ def topk_divergence(student_logits, teacher_ids, teacher_logprobs, mask, *,
     'distill/jsd') are the top-k variant's values, and 'distill/topk_mass' is
     the teacher's mean probability mass on its top-k.
   """
-  c.check_reduction(reduction)
   z, kind, beta, variant = _prepare(student_logits, teacher_ids,
                                     teacher_logprobs, mask, kind, beta,
                                     temperature, vocab_size, variant,

@@ -10,7 +10,7 @@ For response token t of row i, with log-probs at the rollout temperature T:
   kl_t  = k(log r_t),  log r_t = ref_t - logp_t   (r = pi_ref / pi_theta)
   L     = sum_t w_t (pg_t + beta kl_t)
 
-`w` implements the averaging (jaxdistill.train.step.loss_weights): 'token_mean'
+`w` implements the averaging (jaxdistill.losses.reduction_weights): 'token_mean'
 divides by the number of response tokens of the mini-batch (every token counts
 the same), 'sequence_mean' averages tokens within a row, then rows (original
 GRPO: long answers get less weight per token).
@@ -53,6 +53,7 @@ from jaxdistill.train import step as step_lib
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Which divergence's gradient each estimator follows when back-propagated.
 KL_DIRECTIONS = {"k1": "none", "k2": "reverse", "k3": "forward"}
+# The reductions GRPO offers, of losses.REDUCTIONS (whose weights it uses).
 REDUCTIONS = ("token_mean", "sequence_mean")
 
 
@@ -124,7 +125,8 @@ def grpo_objective(logp, old_logp, advantages, weights, mask, *,
     logp: [R, N] log pi_theta of the sampled tokens (carries the gradient).
     old_logp: [R, N] log-probs recorded at sampling time (constant).
     advantages: [R] per-row advantages (constant).
-    weights: [R, N] loss weights (0 off the response), e.g. loss_weights(...).
+    weights: [R, N] loss weights (0 off the response), e.g.
+      losses.reduction_weights(mask, reduction).
     mask: [R, N] bool/int response mask (for the monitoring means).
     clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
     ref_logp: [R, N] reference log-probs, or None (no KL term or metric).

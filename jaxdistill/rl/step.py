@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 import numpy as np
 
+from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill import tasks
@@ -176,7 +177,7 @@ def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
 
   def body(state, ids):
     mb = jax.tree.map(lambda x: constrain(jnp.take(x, ids, axis=0)), batch)
-    mb["weights"] = step_lib.loss_weights(mb["loss_mask"], reduction)
+    mb["weights"] = losses.reduction_weights(mb["loss_mask"], reduction)
     return step_lib.train_step(state, None, mb, optimizer=optimizer,
                                schedule=schedule, loss_fn=loss_fn,
                                grad_accum=grad_accum)

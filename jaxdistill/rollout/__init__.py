@@ -7,6 +7,7 @@ See generation.py for the Rollout layout and loop.py for the RNG guarantees.
 """
 from jaxdistill.rollout.generation import eos_ids
 from jaxdistill.rollout.generation import generate
+from jaxdistill.rollout.generation import mixture_lam
 from jaxdistill.rollout.generation import POLICIES
 from jaxdistill.rollout.generation import Rollout
 from jaxdistill.rollout.prompts import bucket_length

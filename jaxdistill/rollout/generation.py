@@ -68,6 +68,15 @@ from jaxdistill.rollout import sampling
 
 POLICIES = ("student", "teacher", "mixture")
 
+
+def mixture_lam(rollout_config) -> float | None:
+  """The `lam` argument of `generate` for a rollout config (fields `policy`,
+  `lam`): float(lam) for policy='mixture', None for every other policy."""
+  if rollout_config.policy == "mixture":
+    return float(rollout_config.lam)
+  return None
+
+
 @flax.struct.dataclass
 class Rollout:
   """A batch of rollouts (a pytree); field layout in the module docstring."""

@@ -27,6 +27,8 @@ import sys
 import time
 
 from jaxdistill import config_lib
+from jaxdistill import losses
+from jaxdistill import rollout as rollout_lib
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import figures
@@ -60,9 +62,8 @@ def is_finished(run_dir: str) -> bool:
 def study_factors(config) -> dict:
   """The study's factors of a run, read from its training config."""
   ro = config.rollout
-  lam = {"student": 1.0, "teacher": 0.0}.get(ro.policy)
-  if ro.policy == "mixture":
-    lam = float(ro.lam)
+  lam = {"student": 1.0, "teacher": 0.0}.get(ro.policy,
+                                            rollout_lib.mixture_lam(ro))
   task = config.data.task
   if task == "mcq" and config.data.get("source"):
     task = config.data.source
@@ -77,7 +78,7 @@ def study_factors(config) -> dict:
 def compute_record(config, records: list[dict]) -> dict:
   """Tokens and model FLOPs of a run, from its metrics.jsonl records."""
   scfg = train_setup.model_config(config.student, "student")
-  tcfg = (None if config.loss.kind == "ce"
+  tcfg = (None if config.loss.kind == losses.CE
           else train_setup.model_config(config.teacher, "teacher"))
   b = int(config.data.batch_size)
   out = {"steps": len(records), "tokens_generated": 0.0,
@@ -172,7 +173,7 @@ def _check_runnable(grid, runs, workdir):
       config_lib.validate(run.config)
       config_lib.validate_run(run.config)
       train_setup.model_config(run.config.student, "student")
-      if run.config.loss.kind != "ce":
+      if run.config.loss.kind != losses.CE:
         train_setup.model_config(run.config.teacher, "teacher")
     except ValueError as e:
       raise ValueError(f"run {run.name!r}: {e}") from None

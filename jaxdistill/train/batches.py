@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.data import pipeline
@@ -76,7 +77,7 @@ class SequenceMaker:
     self.vocab = None if vocab_size is None else int(vocab_size)
     # Only the sampled estimators' importance weights need the mixture's
     # log-probs (exact KLs take the full vocabulary at every prefix).
-    self.behaviour = (config.loss.kind == "sampled"
+    self.behaviour = (config.loss.kind == losses.SAMPLED
                       and config.rollout.policy != "student")
     self.scfg, self.tcfg = student_cfg, teacher_cfg
     self.mesh, self.rules = mesh, rules
@@ -107,7 +108,7 @@ class SequenceMaker:
     r = rollout_lib.generate(
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
         rng=rng, policy=ro.policy,
-        lam=float(ro.lam) if ro.policy == "mixture" else None,
+        lam=rollout_lib.mixture_lam(ro),
         max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,

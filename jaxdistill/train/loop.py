@@ -39,6 +39,7 @@ from ml_collections import config_flags
 import optax
 
 from jaxdistill import config_lib
+from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import sharding
 from jaxdistill import sparsity
@@ -233,7 +234,7 @@ def _train(config, workdir, overwrite, mesh, rules):
   # Everything that can be checked without weights is checked first.
   scfg = train_setup.model_config(config.student, "student")
   # Supervised fine-tuning ('ce') needs no teacher.
-  sft = config.loss.kind == "ce"
+  sft = config.loss.kind == losses.CE
   # A teacher cache (jaxdistill.train.teacher_cache) replaces the teacher: its
   # records are the run's batches, and no teacher weights are loaded.
   cached = bool(config.loss.get("teacher_cache"))
@@ -276,8 +277,8 @@ def _train(config, workdir, overwrite, mesh, rules):
     rng = jax.random.fold_in(seed_key, step)
     batch, ro_metrics = make_sequences(
         batches[step], state["params"], tparams, rng)
-    batch["weights"] = step_lib.loss_weights(batch["loss_mask"],
-                                             config.loss.reduction)
+    batch["weights"] = losses.reduction_weights(batch["loss_mask"],
+                                                config.loss.reduction)
     state, metrics = update(state, tparams, batch)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     metrics.update(ro_metrics)

@@ -13,8 +13,8 @@ then the response, then right padding):
                   rebuilt from the training logits.
 
 Logits at position t predict token t + 1, so the loss at t is weighted by
-loss_mask[t + 1]. The reduction is turned into per-token weights normalised
-over the WHOLE batch before it is split into micro-batches for gradient
+loss_mask[t + 1]. The reduction is turned into per-token weights
+(losses.reduction_weights) normalised over the WHOLE batch before it is split into micro-batches for gradient
 accumulation; the accumulated loss is therefore exactly the full-batch loss.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ import optax
 
 from jaxdistill import losses
 from jaxdistill import models
+from jaxdistill import rollout as rollout_lib
 
 PyTree = Any
 
@@ -42,109 +43,6 @@ ADDITIVE_METRICS = ("/loss", "/tokens", "/pg_loss")
 MEAN_WEIGHT = "_mean_weight"
 
 
-def loss_weights(loss_mask: jax.Array, reduction: str) -> jax.Array:
-  """[B, L] 0/1 mask -> [B, L] float32 weights implementing `reduction`.
-
-  token_mean: every response token of the batch counts the same;
-  sequence_mean: token mean within each sequence, then mean over sequences;
-  sequence_sum: sum within each sequence, then mean over sequences;
-  sum: sum over every response token of the whole batch (scale grows with the
-  batch size). Sequences without response tokens are not counted.
-  """
-  m = loss_mask.astype(jnp.float32)
-  if reduction == "sum":
-    return m
-  if reduction == "sequence_sum":
-    n_seq = jnp.maximum((m.sum(-1) > 0).sum(), 1)
-    return m / n_seq
-  if reduction == "token_mean":
-    return m / jnp.maximum(m.sum(), 1.0)
-  if reduction == "sequence_mean":
-    per_seq = m.sum(-1, keepdims=True)  # [B, 1]
-    n_seq = jnp.maximum((per_seq > 0).sum(), 1)
-    return jnp.where(per_seq > 0, m / jnp.maximum(per_seq, 1.0), 0.0) / n_seq
-  raise ValueError(f"reduction: unknown {reduction!r}")
-
-
-def _gather(logp: jax.Array, ids: jax.Array) -> jax.Array:
-  return jnp.take_along_axis(logp, ids[..., None], axis=-1)[..., 0]
-
-
-def sampled_importance_weights(logq, logp, policy, lam=None, behaviour=None):
-  """[B, T] constant weights q(y) / b(y) for the sampled estimators, or None.
-
-  The estimators' expected gradients (losses/sampled.py) hold for tokens
-  drawn from the student q = softmax(z / tau). Tokens drawn from another
-  policy b are reweighted by q(y) / b(y), which turns the expectation under b
-  into the one under q, for every estimator. `behaviour` ([B, T], log b(y))
-  is the rollout's own `behaviour_logprobs` when available (the mixture's
-  log-prob as sampled); otherwise b is rebuilt from the training logits:
-  p for 'teacher', lam q + (1 - lam) p for 'mixture'.
-
-  Args:
-    logq, logp: [B, T] log q(y), log p(y) at the loss temperature.
-    policy: 'student' (no weight: returns None), 'teacher' or 'mixture'.
-      'dataset' is refused: fixed text was not sampled from any of these, so
-      no q / b weight is known.
-    lam: the mixture's student probability.
-    behaviour: optional [B, T] log b(y).
-  """
-  if policy == "student":
-    return None
-  if policy == "dataset":
-    raise ValueError(
-        "loss.kind='sampled' with rollout.policy='dataset': the sampled "
-        "estimators need tokens drawn from a known policy (student, teacher "
-        "or mixture) to be weighted by q/b; fixed dataset text has none. Use "
-        "an exact loss (loss.kind='forward'/'reverse'/'jsd') on a dataset.")
-  lq = jax.lax.stop_gradient(logq)
-  if behaviour is not None:
-    lb = jax.lax.stop_gradient(behaviour.astype(jnp.float32))
-  elif policy == "teacher":
-    lb = logp
-  elif policy == "mixture":
-    if lam is None or not 0.0 <= float(lam) <= 1.0:
-      raise ValueError(f"rollout.lam: must be in [0, 1] for a mixture, got {lam}")
-    lam = float(lam)
-    lb = (jnp.logaddexp(jnp.log(lam) + lq, jnp.log1p(-lam) + logp)
-          if 0 < lam < 1 else (lq if lam == 1 else logp))
-  else:
-    raise ValueError(f"rollout.policy: unknown {policy!r}")
-  return jax.lax.stop_gradient(jnp.exp(lq - lb))
-
-
-def _sampled_loss(s_logits, t_logits, batch, w, loss_cfg, policy, lam, vocab):
-  """Single-sample estimators on the rollout's own tokens (docs/method.md), each
-  importance-weighted when the rollout policy is not the student."""
-  tau = loss_cfg.temperature
-  s_logits, t_logits = s_logits[..., :vocab], t_logits[..., :vocab]
-  logq_all = jax.nn.log_softmax(s_logits.astype(jnp.float32) / tau, axis=-1)
-  logp_all = jax.nn.log_softmax(t_logits.astype(jnp.float32) / tau, axis=-1)
-  nxt = batch["tokens"][:, 1:]
-  logq, logp = _gather(logq_all, nxt), _gather(logp_all, nxt)  # [B, L-1]
-  logp = jax.lax.stop_gradient(logp)
-  behaviour = batch.get("behaviour_logprobs")
-  iw = sampled_importance_weights(
-      logq, logp, policy, lam,
-      None if behaviour is None else behaviour[:, 1:])
-  if iw is not None and loss_cfg.get("iw_clip") is not None:
-    iw = jnp.minimum(iw, loss_cfg.iw_clip)
-  return losses.sampled_kl(
-      logq, logp, w, estimator=loss_cfg.estimator,
-      importance_weight=iw, reduction="sum")
-
-
-def _ce_loss(logits, targets, w, vocab):
-  """Next-token cross-entropy (SFT), weighted like the divergences."""
-  logp = jax.nn.log_softmax(logits[..., :vocab].astype(jnp.float32), axis=-1)
-  nll = -_gather(logp, targets)  # [B, L-1]
-  loss = (nll * w).sum()
-  n = jnp.maximum((w > 0).sum(), 1)
-  return loss, {"sft/nll": jnp.where(w > 0, nll, 0.0).sum() / n,
-                "sft/tokens": (w > 0).sum().astype(jnp.float32),
-                MEAN_WEIGHT: (w > 0).sum().astype(jnp.float32)}
-
-
 # Batch keys of a teacher cache (jaxdistill/train/teacher_cache.py): the teacher's
 # top-k at every position, aligned with `tokens` ([B, L, K], [B, L, K], [B, L]).
 CACHE_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs", "teacher_topk_tail")
@@ -154,7 +52,8 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
                  loss_cfg, vocab_size, policy="student", lam=None):
   """Weighted divergence over the batch's response positions -> (loss, metrics).
 
-  `batch['weights']` ([B, L]) must already hold `loss_weights(...)`. With
+  `batch['weights']` ([B, L]) must already hold
+  `losses.reduction_weights(batch['loss_mask'], reduction)`. With
   loss_cfg.teacher_topk = k the loss sees only the teacher's top-k
   (losses.topk_divergence, variant loss_cfg.topk_variant); a batch holding
   CACHE_KEYS takes that top-k from the cache and runs no teacher at all
@@ -163,16 +62,18 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   tokens, attn = batch["tokens"], batch["attention_mask"]
   w = batch["weights"][:, 1:]  # [B, L-1]: weight of predicting token t+1 at t
   kind = loss_cfg.kind
-  if kind == "ce":  # supervised fine-tuning on the batch's own tokens
-    return _ce_loss(models.apply(student_cfg, params, tokens, attn)[:, :-1],
-                    tokens[:, 1:], w, vocab_size)
-  fused = bool(loss_cfg.get("fused", False)) and kind != "sampled"
-  k = loss_cfg.get("teacher_topk") if kind != "sampled" else None
+  if kind == losses.CE:  # supervised fine-tuning on the batch's own tokens
+    loss, metrics = losses.cross_entropy(
+        models.apply(student_cfg, params, tokens, attn)[:, :-1], tokens[:, 1:],
+        w, reduction="sum", vocab_size=vocab_size)
+    return loss, {**metrics, MEAN_WEIGHT: metrics["sft/tokens"]}
+  fused = bool(loss_cfg.get("fused", False)) and kind != losses.SAMPLED
+  k = loss_cfg.get("teacher_topk") if kind != losses.SAMPLED else None
   variant = loss_cfg.get("topk_variant", "renorm")
   kw = dict(kind=kind, beta=loss_cfg.beta, temperature=loss_cfg.temperature,
             reduction="sum", vocab_size=vocab_size)
   chunk = loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE)
-  if CACHE_KEYS[0] in batch and kind != "sampled":
+  if CACHE_KEYS[0] in batch and kind != losses.SAMPLED:
     ids, lp, tail = (jax.lax.stop_gradient(batch[n][:, :-1]) for n in CACHE_KEYS)
     s_out = models.apply(student_cfg, params, tokens, attn,
                          return_hidden=fused)[:, :-1]
@@ -189,9 +90,15 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   s_full = models.apply(student_cfg, params, tokens, attn,
                         return_hidden=fused)
   t_out, s_out = t_full[:, :-1], s_full[:, :-1]
-  if kind == "sampled":
-    loss, metrics = _sampled_loss(s_out, t_out, batch, w, loss_cfg, policy,
-                                  lam, vocab_size)
+  if kind == losses.SAMPLED:
+    # Single-sample estimators on the rollout's own tokens (docs/method.md).
+    behaviour = batch.get("behaviour_logprobs")
+    loss, metrics = losses.sampled_kl_from_logits(
+        s_out, t_out, tokens[:, 1:], w, estimator=loss_cfg.estimator,
+        temperature=loss_cfg.temperature, policy=policy, lam=lam,
+        behaviour_logprobs=None if behaviour is None else behaviour[:, 1:],
+        iw_clip=loss_cfg.get("iw_clip"), reduction="sum",
+        vocab_size=vocab_size)
   elif fused:
     t_head = jax.lax.stop_gradient(
         models.output_head(teacher_cfg, teacher_params))
@@ -305,7 +212,7 @@ def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
 
 def make_loss_fn(config, student_cfg, teacher_cfg, vocab_size):
   ro = config.rollout
-  lam = float(ro.lam) if ro.policy == "mixture" else None
   return functools.partial(
       distill_loss, student_cfg=student_cfg, teacher_cfg=teacher_cfg,
-      loss_cfg=config.loss, vocab_size=vocab_size, policy=ro.policy, lam=lam)
+      loss_cfg=config.loss, vocab_size=vocab_size, policy=ro.policy,
+      lam=rollout_lib.mixture_lam(ro))

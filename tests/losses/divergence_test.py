@@ -132,3 +132,29 @@ def test_jit_and_bool_int_float_masks_agree():
   a = f(z, u, mask)
   np.testing.assert_allclose(f(z, u, mask.astype(np.int32)), a, rtol=1e-6)
   np.testing.assert_allclose(f(z, u, mask.astype(np.float32)), a, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind,beta", [("forward", 0.5), ("reverse", 0.5),
+                                       ("jsd", 0.3)])
+def test_logit_gradient_is_the_per_token_closed_form(kind, beta):
+  # Any leading shape ([B, T] here flattened to [B * T]), padded widths.
+  z, u, _ = _inputs(seed=4, v_s=V + 2, v_t=V + 1)
+  tau = 0.7
+  grad, terms = losses.logit_gradient(
+      z.reshape(B * T, -1), u.reshape(B * T, -1), kind=kind, beta=beta,
+      temperature=tau, vocab_size=V)
+  assert grad.shape == (B * T, V)
+  ones = np.ones((B, T), bool)
+  if kind == "jsd":  # torch float64 autograd of the plain formula
+    want = _torch_jsd(z[..., :V], u[..., :V], ones, beta, tau, "sum")[1]
+  else:
+    want = ref.grad_closed_form(z[..., :V], u[..., :V], ones, kind, "sum", tau)
+  np.testing.assert_allclose(grad, want.reshape(B * T, V), rtol=1e-5,
+                             atol=2e-7)
+  d = ref.divergences(z[..., :V], u[..., :V], tau, beta=beta)
+  np.testing.assert_allclose(terms["loss"], d[kind].reshape(-1), rtol=2e-6,
+                             atol=1e-7)
+  np.testing.assert_allclose(terms["fkl"], d["forward"].reshape(-1),
+                             rtol=2e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="vocab_size"):
+    losses.logit_gradient(z, u, kind=kind)

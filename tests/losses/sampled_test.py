@@ -141,3 +141,81 @@ def test_nan_safety(estimator):
       lambda a: losses.sampled_kl(a, lp, np.zeros_like(mask),
                                   estimator=estimator)[0])(lq)
   assert float(loss0) == 0.0 and np.all(np.asarray(g0) == 0.0)
+
+
+# ------------------------------------------- importance weights, from logits
+# Expected gradients by exact enumeration over a small vocabulary (float64
+# NumPy): every token y gets its own row, weighted by its probability b(y)
+# under the rollout policy, so the loss's gradient IS the expectation. This
+# runs through `sampled_kl_from_logits`, the training step's sampled loss.
+
+def _closed_form_grads(z, u, tau):
+  """float64 gradients w.r.t. the student logits z of FKL and RKL at tau."""
+  lq = z / tau - np.log(np.exp(z / tau).sum())
+  lp = u / tau - np.log(np.exp(u / tau).sum())
+  q, p = np.exp(lq), np.exp(lp)
+  rkl = np.sum(q * (lq - lp))
+  return {"forward": (q - p) / tau, "reverse": q * (lq - lp - rkl) / tau,
+          "zero": np.zeros_like(z)}, q, p
+
+# Which gradient each estimator follows, under every policy once weighted.
+EXPECTED = {"k1": "zero", "k2": "reverse", "k3": "forward",
+            "rkl_surrogate": "reverse"}
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "rkl_surrogate"])
+@pytest.mark.parametrize("policy,lam,given", [
+    ("student", None, False), ("teacher", None, False),
+    ("teacher", None, True), ("mixture", 0.35, False),
+    ("mixture", 0.35, True)])
+def test_expected_gradient_from_logits_by_enumeration(
+    estimator, policy, lam, given):
+  v, tau = 6, 1.3
+  rs = np.random.default_rng(7)
+  z = rs.normal(size=v) * 3.0
+  u = rs.normal(size=v) * 3.0
+  grads, q, p = _closed_form_grads(z, u, tau)
+  b = {"student": q, "teacher": p,
+       "mixture": None if lam is None else lam * q + (1 - lam) * p}[policy]
+  tokens = jnp.asarray(np.arange(v)[:, None], jnp.int32)  # row y samples y
+  # The rollout's own log b(y) (Rollout.behaviour_logprobs), if given.
+  behaviour = jnp.asarray(np.log(b)[:, None], jnp.float32) if given else None
+  w = jnp.asarray(b[:, None], jnp.float32)  # [V, 1]: probability of row y
+  t_logits = jnp.asarray(np.tile(u, (v, 1, 1)), jnp.float32)
+
+  def loss(zz):
+    s_logits = jnp.tile(zz, (v, 1, 1))  # [V, 1, V]
+    return losses.sampled_kl_from_logits(
+        s_logits, t_logits, tokens, w, estimator=estimator, temperature=tau,
+        policy=policy, lam=lam, behaviour_logprobs=behaviour,
+        reduction="sum")[0]
+  got = np.asarray(jax.grad(loss)(jnp.asarray(z, jnp.float32)), np.float64)
+  want = grads[EXPECTED[estimator]]
+  np.testing.assert_allclose(got, want, atol=2e-6)
+  # The two KL gradients differ here, so a wrong direction cannot pass.
+  assert np.abs(grads["forward"] - grads["reverse"]).max() > 0.05
+
+
+@pytest.mark.parametrize("lam", [0.3, 0.0, 1.0])
+def test_mixture_importance_weight_is_q_over_behaviour(lam):
+  """q / (lam q + (1-lam) p), rebuilt from the log-probs (no behaviour)."""
+  rs = np.random.default_rng(0)
+  qy, py = rs.random((2, 5)), rs.random((2, 5))
+  iw = losses.importance_weights(jnp.asarray(np.log(qy), jnp.float32),
+                                 jnp.asarray(np.log(py), jnp.float32),
+                                 "mixture", lam)
+  np.testing.assert_allclose(iw, qy / (lam * qy + (1 - lam) * py), rtol=1e-5)
+  np.testing.assert_allclose(  # teacher rollouts: q / p
+      losses.importance_weights(jnp.log(qy), jnp.log(py), "teacher"), qy / py,
+      rtol=1e-5)
+  assert losses.importance_weights(jnp.log(qy), jnp.log(py), "student") is None
+
+
+def test_sampled_estimators_refuse_dataset_policy():
+  x = jnp.zeros((1, 2, 5))
+  with pytest.raises(ValueError, match="rollout.policy='dataset'"):
+    losses.sampled_kl_from_logits(x, x, jnp.zeros((1, 2), jnp.int32),
+                                  jnp.ones((1, 2)), estimator="k3",
+                                  policy="dataset")
+  with pytest.raises(ValueError, match="rollout.lam"):
+    losses.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)), "mixture")

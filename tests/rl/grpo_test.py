@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxdistill import config_lib
+from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
@@ -82,8 +83,8 @@ def np_grpo(logp, old, ref, adv, w, mask, lo, hi, beta, est):
 @pytest.mark.parametrize("est,beta", [("k3", 0.1), ("k2", 0.3), ("k1", 0.0)])
 def test_objective_and_gradient_match_numpy(reduction, est, beta):
   adv, old, logp, ref, mask = _hand_batch()
-  w = np.asarray(step_lib.loss_weights(jnp.asarray(mask, jnp.int32), reduction),
-                 np.float64)
+  w = np.asarray(losses.reduction_weights(jnp.asarray(mask, jnp.int32),
+                                         reduction), np.float64)
   # Garbage off the response must not leak (no nan, no gradient).
   old_j = np.where(mask, old, np.inf)
   ref_j = np.where(mask, ref, -np.inf)
@@ -193,7 +194,7 @@ def _batch(ro, rewards, g):
   mask = ro.response_mask
   return {"tokens": ro.tokens, "attention_mask": ro.attention_mask,
           "loss_mask": mask, "old_logp": ro.logprobs, "advantages": adv,
-          "weights": step_lib.loss_weights(mask, "token_mean")}
+          "weights": losses.reduction_weights(mask, "token_mean")}
 
 
 def _loss(params, batch):

@@ -1,4 +1,7 @@
-"""One update step: reductions, gradient accumulation, importance weights."""
+"""One update step: the loss dispatch, gradient accumulation, config checks.
+
+The losses themselves (reductions, sampled estimators and their importance
+weights, cross-entropy) are tested in tests/losses/."""
 import dataclasses
 import functools
 
@@ -42,25 +45,6 @@ def _batch(seed=0, b=4, l=12, v=64):
           "loss_mask": loss.astype(np.int32)}
 
 
-@pytest.mark.parametrize("reduction",
-                         ["token_mean", "sequence_mean", "sequence_sum", "sum"])
-def test_loss_weights_match_numpy(reduction):
-  m = _batch()["loss_mask"].astype(np.float64)
-  m[1] = 0  # a row without response tokens is not counted
-  w = np.asarray(step_lib.loss_weights(jnp.asarray(m), reduction))
-  if reduction == "sum":
-    ref = m
-  elif reduction == "sequence_sum":  # sum within each row, mean over rows
-    ref = m / (m.sum(1) > 0).sum()
-  elif reduction == "token_mean":
-    ref = m / m.sum()
-  else:
-    per = m.sum(1, keepdims=True)
-    rows = (per[:, 0] > 0).sum()
-    ref = np.where(per > 0, m / np.maximum(per, 1), 0) / rows
-  np.testing.assert_allclose(w, ref, rtol=1e-6)
-
-
 def _fkl_reference(s_logits, t_logits, w, tau):
   """Forward KL written out directly (independent of jaxdistill.losses)."""
   logq = jax.nn.log_softmax(s_logits / tau, -1)
@@ -73,7 +57,7 @@ def _fkl_reference(s_logits, t_logits, w, tau):
 def test_step_gradient_equals_full_batch_reference(grad_accum, fused):
   scfg, tcfg, sp, tp = _tiny_pair()
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
-  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
   loss_cfg = ml_collections.ConfigDict(dict(
       kind="forward", beta=0.5, temperature=2.0, fused=fused, chunk_size=8))
   loss_fn = functools.partial(
@@ -97,112 +81,44 @@ def test_step_gradient_equals_full_batch_reference(grad_accum, fused):
                got_grad, ref_grad)
 
 
-def test_mixture_importance_weight_is_q_over_behaviour():
-  """rkl_surrogate on mixture rollouts weights each token by q / (lam q + (1-lam) p)."""
-  captured = {}
-  real = step_lib.losses.sampled_kl
-
-  def spy(logq, logp, w, **kw):
-    captured.update(kw, logq=logq, logp=logp)
-    return real(logq, logp, w, **kw)
-  v, b, l = 16, 2, 6
-  rs = np.random.default_rng(0)
-  s_logits = jnp.asarray(rs.normal(size=(b, l - 1, v)), jnp.float32)
-  t_logits = jnp.asarray(rs.normal(size=(b, l - 1, v)), jnp.float32)
-  batch = {"tokens": jnp.asarray(rs.integers(0, v, size=(b, l)), jnp.int32)}
-  w = jnp.ones((b, l - 1))
-  cfg = ml_collections.ConfigDict(dict(temperature=1.0, estimator="rkl_surrogate",
-                                       iw_clip=None))
-  try:
-    step_lib.losses.sampled_kl = spy
-    step_lib._sampled_loss(s_logits, t_logits, batch, w, cfg, "mixture", 0.3, v)  # pylint: disable=protected-access
-  finally:
-    step_lib.losses.sampled_kl = real
-  q = np.asarray(jax.nn.softmax(s_logits, -1), np.float64)
-  p = np.asarray(jax.nn.softmax(t_logits, -1), np.float64)
-  y = np.asarray(batch["tokens"][:, 1:])
-  qy = np.take_along_axis(q, y[..., None], -1)[..., 0]
-  py = np.take_along_axis(p, y[..., None], -1)[..., 0]
-  np.testing.assert_allclose(captured["importance_weight"],
-                             qy / (0.3 * qy + 0.7 * py), rtol=1e-5)
+def _np_logsoftmax(x):
+  x = np.asarray(x, np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def test_sft_cross_entropy_matches_numpy():
-  rs = np.random.default_rng(1)
-  logits = rs.normal(size=(2, 5, 11)) * 3
-  targets = rs.integers(0, 9, size=(2, 5))
-  w = (rs.random((2, 5)) > 0.3) / 7.0
-  loss, m = step_lib._ce_loss(jnp.asarray(logits, jnp.float32),  # pylint: disable=protected-access
-                              jnp.asarray(targets), jnp.asarray(w), 9)
-  z = logits[..., :9]
-  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-  nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
-  np.testing.assert_allclose(loss, (nll * w).sum(), rtol=1e-5)
-  np.testing.assert_allclose(m["sft/nll"], nll[w > 0].mean(), rtol=1e-5)
-
-
-# ---------------------------------------------------------------- sampled KL
-# Expected gradients by exact enumeration over a small vocabulary (float64
-# NumPy): every token y gets its own row, weighted by its probability b(y)
-# under the rollout policy, so the loss's gradient IS the expectation.
-
-def _closed_form_grads(z, u, tau):
-  """float64 gradients w.r.t. the student logits z of FKL and RKL at tau."""
-  lq = z / tau - np.log(np.exp(z / tau).sum())
-  lp = u / tau - np.log(np.exp(u / tau).sum())
-  q, p = np.exp(lq), np.exp(lp)
-  rkl = np.sum(q * (lq - lp))
-  return {"forward": (q - p) / tau, "reverse": q * (lq - lp - rkl) / tau,
-          "zero": np.zeros_like(z)}, q, p
-
-# Which gradient each estimator follows, under every policy once weighted.
-EXPECTED = {"k1": "zero", "k2": "reverse", "k3": "forward",
-            "rkl_surrogate": "reverse"}
-
-
-@pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "rkl_surrogate"])
-@pytest.mark.parametrize("policy,lam,given", [
-    ("student", None, False), ("teacher", None, False),
-    ("teacher", None, True), ("mixture", 0.35, False),
-    ("mixture", 0.35, True)])
-def test_sampled_estimators_expected_gradient_by_enumeration(
-    estimator, policy, lam, given):
-  v, tau = 6, 1.3
-  rs = np.random.default_rng(7)
-  z = rs.normal(size=v) * 3.0
-  u = rs.normal(size=v) * 3.0
-  grads, q, p = _closed_form_grads(z, u, tau)
-  b = {"student": q, "teacher": p,
-       "mixture": None if lam is None else lam * q + (1 - lam) * p}[policy]
-  batch = {"tokens": jnp.asarray(np.stack([np.zeros(v), np.arange(v)], 1),
-                                 jnp.int32)}  # row y samples token y
-  if given:  # the rollout's own log b(y) (Rollout.behaviour_logprobs)
-    batch["behaviour_logprobs"] = jnp.asarray(
-        np.stack([np.zeros(v), np.log(b)], 1), jnp.float32)
-  w = jnp.asarray(b[:, None], jnp.float32)  # [V, 1]: probability of row y
-  cfg = ml_collections.ConfigDict(dict(temperature=tau, estimator=estimator,
-                                       iw_clip=None))
-  t_logits = jnp.asarray(np.tile(u, (v, 1, 1)), jnp.float32)
-
-  def loss(zz):
-    s_logits = jnp.tile(zz, (v, 1, 1))  # [V, 1, V]
-    return step_lib._sampled_loss(s_logits, t_logits, batch, w, cfg, policy,  # pylint: disable=protected-access
-                                  lam, v)[0]
-  got = np.asarray(jax.grad(loss)(jnp.asarray(z, jnp.float32)), np.float64)
-  want = grads[EXPECTED[estimator]]
-  np.testing.assert_allclose(got, want, atol=2e-6)
-  # The two KL gradients differ here, so a wrong direction cannot pass.
-  assert np.abs(grads["forward"] - grads["reverse"]).max() > 0.05
-
-
-def test_sampled_estimators_refuse_dataset_policy():
-  batch = {"tokens": jnp.zeros((1, 3), jnp.int32)}
-  cfg = ml_collections.ConfigDict(dict(temperature=1.0, estimator="k3",
-                                       iw_clip=None))
-  x = jnp.zeros((1, 2, 5))
-  with pytest.raises(ValueError, match="rollout.policy='dataset'"):
-    step_lib._sampled_loss(x, x, batch, jnp.ones((1, 2)), cfg, "dataset",  # pylint: disable=protected-access
-                           None, 5)
+@pytest.mark.parametrize("kind", ["sampled", "ce"])
+def test_loss_sees_the_next_token_and_its_weight(kind):
+  """Logits at t, token t + 1, weight t + 1 (and behaviour t + 1): the
+  step's shift, against a float64 NumPy value from the models' logits."""
+  scfg, tcfg, sp, tp = _tiny_pair()
+  raw = _batch(seed=5, v=60)  # tokens < the real vocabulary (60 of 64)
+  rs = np.random.default_rng(5)
+  raw["behaviour_logprobs"] = rs.normal(-3.0, 1.0, raw["tokens"].shape)
+  batch = {k: jnp.asarray(v) for k, v in raw.items()}
+  batch["behaviour_logprobs"] = batch["behaviour_logprobs"].astype(jnp.float32)
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"], "sum")
+  loss_cfg = ml_collections.ConfigDict(dict(
+      kind=kind, beta=0.5, temperature=1.5, estimator="k3", iw_clip=None))
+  loss, _ = step_lib.distill_loss(
+      sp, tp, batch, student_cfg=scfg, teacher_cfg=tcfg, loss_cfg=loss_cfg,
+      vocab_size=60, policy="mixture", lam=0.4)
+  y = raw["tokens"][:, 1:, None]
+  w = raw["loss_mask"][:, 1:].astype(np.float64)
+  s = np.asarray(models.apply(scfg, sp, batch["tokens"],
+                              batch["attention_mask"]))[:, :-1, :60]
+  if kind == "ce":
+    nll = -np.take_along_axis(_np_logsoftmax(s), y, -1)[..., 0]
+    want = (w * nll).sum()
+  else:
+    t = np.asarray(models.apply(tcfg, tp, batch["tokens"],
+                                batch["attention_mask"]))[:, :-1, :60]
+    lq = np.take_along_axis(_np_logsoftmax(s / 1.5), y, -1)[..., 0]
+    lp = np.take_along_axis(_np_logsoftmax(t / 1.5), y, -1)[..., 0]
+    iw = np.exp(lq - raw["behaviour_logprobs"][:, 1:])  # q / b, b as given
+    r = np.exp(lp - lq)
+    want = (w * iw * ((r - 1) - np.log(r))).sum()
+  np.testing.assert_allclose(loss, want, rtol=1e-4)
 
 
 def _distill_config(**over):
@@ -251,7 +167,7 @@ def test_logged_metrics_do_not_depend_on_grad_accum(kind):
   raw["loss_mask"][:4, -2:] = 0
   batch = {k: jnp.asarray(v) for k, v in raw.items()}
   reduction = "sequence_mean" if kind == "forward" else "token_mean"
-  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], reduction)
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"], reduction)
   if kind == "grpo":
     n = 6
     rs = np.random.default_rng(0)
@@ -260,7 +176,7 @@ def test_logged_metrics_do_not_depend_on_grad_accum(kind):
              "old_logp": jnp.asarray(rs.normal(-3, 0.3, (8, n)), jnp.float32),
              "ref_logp": jnp.asarray(rs.normal(-3, 0.3, (8, n)), jnp.float32),
              "advantages": jnp.asarray(rs.normal(size=8), jnp.float32)}
-    batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+    batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
     cfgs = ml_collections.ConfigDict(dict(
         g=dict(clip_low=0.2, clip_high=0.2), kl=dict(coef=0.1, estimator="k3")))
     loss_fn = functools.partial(grpo.grpo_loss, cfg=scfg, grpo_cfg=cfgs.g,
@@ -320,7 +236,7 @@ def _topk_reference(s_logits, t_logits, w, tau, k, variant):
 def test_step_with_teacher_topk_matches_reference(fused, variant, cached):
   scfg, tcfg, sp, tp = _tiny_pair()
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
-  batch["weights"] = step_lib.loss_weights(batch["loss_mask"], "token_mean")
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
   t_logits = models.apply(tcfg, tp, batch["tokens"], batch["attention_mask"])
   if cached:  # what a teacher cache holds: no teacher params in the step
     t = losses.teacher_topk(t_logits, 8, temperature=2.0)
