@@ -289,7 +289,7 @@ def fused_topk_divergence(student_hidden, student_head, teacher_ids,
   topk_lib.check_variant(variant)
   lp = lax.stop_gradient(teacher_logprobs.astype(jnp.float32))
   if teacher_tail is None:
-    tail = topk_lib._teacher_tail(lp)  # pylint: disable=protected-access
+    tail = topk_lib.teacher_tail_logmass(lp)
   else:
     if tuple(teacher_tail.shape) != tuple(teacher_ids.shape[:2]):
       raise ValueError(f"teacher_tail must have shape {teacher_ids.shape[:2]} "

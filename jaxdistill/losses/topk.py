@@ -135,13 +135,13 @@ def _scatter(x, ids, vals):
   return out.reshape(x.shape)
 
 
-# Smallest tail mass `_teacher_tail` reports: 1 - sum_S p is known only to
+# Smallest tail mass `teacher_tail_logmass` reports: 1 - sum_S p is known only to
 # float32 resolution, and a tail of exactly 0 against any student mass makes
 # the reverse KL infinite.
 TAIL_FLOOR = 2.0 ** -23
 
 
-def _teacher_tail(logp):
+def teacher_tail_logmass(logp):
   """log max(1 - sum_S p, TAIL_FLOOR), from the top-k log-probs alone."""
   lse = jnp.minimum(jax.nn.logsumexp(logp, axis=-1), 0.0)
   return jnp.log(jnp.maximum(-jnp.expm1(lse), TAIL_FLOOR))
@@ -170,7 +170,7 @@ def topk_token_terms(z, ids, logp, variant: str, kind: str, beta: float,
     # (not log(1 - sum_S q), which cancels when the tail is tiny).
     lse_tail = _safe_lse(_scatter(z, ids, jnp.full(ids.shape, -jnp.inf)))
     zz = jnp.concatenate([z_s, lse_tail[..., None]], -1) - lse_all[..., None]
-    tail = _teacher_tail(logp) if tail is None else lax.stop_gradient(
+    tail = teacher_tail_logmass(logp) if tail is None else lax.stop_gradient(
         tail.astype(jnp.float32))
     uu = jnp.concatenate([logp, tail[..., None]], -1)
   terms = c.token_terms(zz, uu, kind, beta, with_grad=with_grad)
