@@ -466,7 +466,7 @@ def test_nan_weights_in_a_checkpoint_are_named_at_load(tmp_path, caplog):
   assert "model.layers.0.mlp.down_proj.weight" in caplog.text
 
 
-def test_nan_stop_reports_the_norms_of_kept_checkpoints(tmp_path,
+def test_nan_stop_keeps_good_checkpoints_and_reports_their_norms(tmp_path,
                                                          monkeypatch):
   real = step_lib.train_step
 
@@ -480,6 +480,10 @@ def test_nan_stop_reports_the_norms_of_kept_checkpoints(tmp_path,
     train_loop.train(_config(total_steps=6, ckpt_every=1), str(tmp_path),
                 devices=ONE_DEVICE)
   msg = str(e.value)
+  assert "step 3" in msg, msg
+  steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints")
+                 if d.isdigit())
+  assert steps[-1] == 2  # the NaN step wrote no checkpoint
   norms = {s: np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in
                           jax.tree.leaves(_params(tmp_path, s))))
            for s in (1, 2)}

@@ -40,6 +40,13 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdistill import losses
+from jaxdistill.losses import DEFAULT_CHUNK_SIZE
+
 
 def _log(*a):
   print(*a, file=sys.stderr, flush=True)
@@ -47,10 +54,7 @@ def _log(*a):
 
 def _build(path, batch, tokens, vocab, d_model, chunk_size):
   """(jitted value_and_grad fn, argument ShapeDtypeStructs)."""
-  import jax
-  import jax.numpy as jnp
 
-  from jaxdistill import losses
 
   def naive(hs, ws, ht, wt, mask):
     return losses.forward_kl(hs @ ws, ht @ wt, mask)[0]
@@ -94,8 +98,6 @@ def _rss_bytes():
 
 def worker(args):
   """Runs one path in this process; prints a JSON line with times and RSS."""
-  import jax
-  import numpy as np
 
   fn, shapes = _build(args.worker, args.batch, args.tokens, args.vocab,
                       args.d_model, args.chunk_size)
@@ -159,7 +161,6 @@ def main(argv=None):
   p.add_argument("--worker", choices=("naive", "fused"), help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.chunk_size is None:
-    from jaxdistill.losses import DEFAULT_CHUNK_SIZE
     args.chunk_size = DEFAULT_CHUNK_SIZE
   if args.worker:
     return worker(args)

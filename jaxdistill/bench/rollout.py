@@ -41,6 +41,14 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdistill import models
+from jaxdistill import rollout
+from jaxdistill.bench import presets
+
 
 def _log(*a):
   print(*a, file=sys.stderr, flush=True)
@@ -54,8 +62,6 @@ def _timed(fn):
 
 def _read_bandwidth(nbytes=256 << 20, reps=5):
   """Bytes/s of a jitted full reduction (reads only), for context."""
-  import jax
-  import jax.numpy as jnp
   x = jnp.ones((nbytes // 4,), jnp.float32)
   f = jax.jit(jnp.sum)
   f(x).block_until_ready()
@@ -67,8 +73,6 @@ def decode_bytes(cfg, params, batch, cache_len):
   """(weight bytes, KV-cache bytes) one decode step reads: every parameter
   except an untied embedding table (only B rows are gathered), and the whole
   K/V cache (decode attends over all cache_len slots, masked)."""
-  import jax
-  import numpy as np
   w = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   if not cfg.tie_word_embeddings:
     e = params["embed_tokens"]["embedding"]
@@ -81,10 +85,7 @@ def decode_bytes(cfg, params, batch, cache_len):
 def _decode_timing(cfg, params, b, p, n, rounds, seed=0):
   """Median steady times of a rollout of n and of 1 new tokens (EOS off,
   temperature 1), the compile times, and the decode step (t_n - t_1)/(n - 1)."""
-  import jax
-  import numpy as np
 
-  from jaxdistill import rollout
   ids = np.random.default_rng(seed).integers(3, cfg.vocab_size, (b, p))
   prompts, mask = rollout.pad_prompts(ids.tolist(), bucket=None)
 
@@ -122,9 +123,7 @@ def _bound_section(cfg, params, b, p, n, step_s, bw):
 
 def _small_model(rounds, bw):
   """The miniature study's student (configs/demo.py) decoding its batch."""
-  import jax
 
-  from jaxdistill import models
   try:
     from configs.demo import STUDENT  # run from the repository root
   except ImportError:
@@ -147,10 +146,7 @@ def _small_model(rounds, bw):
 
 
 def _preset_main(args):
-  import jax
 
-  from jaxdistill import models
-  from jaxdistill.bench import presets
   pre = presets.get(args.preset)
   cfg = pre.student
   b, p, n = pre.batch, pre.prompt_len, pre.new_tokens
@@ -215,16 +211,12 @@ def main(argv=None):
   if args.preset is not None:
     return _preset_main(args)
 
-  import jax
-  import numpy as np
   import torch
   import transformers
 
   if args.threads > 0:
     torch.set_num_threads(args.threads)
   torch_default_threads = torch.get_num_threads()
-  from jaxdistill import models
-  from jaxdistill import rollout
 
   b, p, n = args.batch, args.prompt_len, args.new_tokens
   load0 = os.getloadavg()[0]  # the machine is shared: record how busy it is
@@ -289,7 +281,6 @@ def main(argv=None):
   tps_ours, tps_hf = b * n / t_ours, b * n / t_hf
   ratio = tps_ours / tps_hf
 
-  from jaxdistill.bench import presets
   bw, bw_read = presets.copy_bandwidth(), _read_bandwidth()
   step = (t_ours - t_ours1) / (n - 1)
   bound = _bound_section(cfg, params, b, p, n, step, bw)

@@ -221,13 +221,7 @@ def topk_logit_gradient(student_logits, teacher_ids, teacher_logprobs, *,
       or teacher_ids.shape[:-1] != lead):
     raise ValueError(f"teacher_ids {teacher_ids.shape} and teacher_logprobs "
                      f"{teacher_logprobs.shape} must both be {lead} + [K]")
-  if teacher_tail is not None and tuple(teacher_tail.shape) != tuple(lead):
-    raise ValueError(f"teacher_tail must have shape {lead}, got "
-                     f"{teacher_tail.shape}")
-  v = c.shared_vocab(student_logits.shape[-1], student_logits.shape[-1],
-                     vocab_size, "student_logits", "student_logits")
-  check_k(teacher_ids.shape[-1], v, "teacher_ids.shape[-1] (k)")
-  z = student_logits[..., :v].astype(jnp.float32) / tau
+  z = _student_z(student_logits, teacher_ids, teacher_tail, vocab_size, tau)
   terms = topk_token_terms(z, teacher_ids, teacher_logprobs, variant, kind,
                            beta, with_grad=True, tail=teacher_tail)
   grad = terms.pop("grad") / tau
@@ -245,15 +239,22 @@ def _prepare(student_logits, teacher_ids, teacher_logprobs, mask, kind, beta,
   check_topk_inputs(teacher_ids, teacher_logprobs, student_logits,
                     "student_logits")
   c.check_mask(mask, student_logits.shape[:2])
-  if teacher_tail is not None and tuple(teacher_tail.shape) != tuple(
-      teacher_ids.shape[:-1]):
-    raise ValueError(f"teacher_tail must have shape {teacher_ids.shape[:-1]} "
-                     f"([B, T]), got {teacher_tail.shape}")
+  z = _student_z(student_logits, teacher_ids, teacher_tail, vocab_size,
+                 temperature)
+  return z, kind, beta, variant
+
+
+def _student_z(student_logits, teacher_ids, teacher_tail, vocab_size, tau):
+  """The student logits over the real vocabulary, divided by the temperature,
+  after the checks every top-k loss makes of the tail, vocabulary and k."""
+  lead = tuple(teacher_ids.shape[:-1])
+  if teacher_tail is not None and tuple(teacher_tail.shape) != lead:
+    raise ValueError(f"teacher_tail must have shape {lead} (the leading axes "
+                     f"of teacher_ids), got {teacher_tail.shape}")
   v = c.shared_vocab(student_logits.shape[-1], student_logits.shape[-1],
                      vocab_size, "student_logits", "student_logits")
   check_k(teacher_ids.shape[-1], v, "teacher_ids.shape[-1] (k)")
-  z = student_logits[..., :v].astype(jnp.float32) / temperature
-  return z, kind, beta, variant
+  return student_logits[..., :v].astype(jnp.float32) / tau
 
 
 def topk_divergence(student_logits, teacher_ids, teacher_logprobs, mask, *,

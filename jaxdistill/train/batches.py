@@ -88,23 +88,24 @@ class SequenceMaker:
         student_cfg, teacher_cfg, tokenizer=tokenizer,
         override=config.rollout.get("eos_token_ids"))
 
-  def _put(self, x):
-    # Every host holds the global batch; each places its devices' rows.
+  def put(self, x):
+    """A host array of the global batch on the mesh, rows over the batch axes
+    (every host holds the global batch; each places its devices' rows)."""
     return sharding.put_global(
         x, sharding.batch_sharding(self.mesh, np.ndim(x), self.rules))
 
   def __call__(self, host_batch, params, teacher_params, rng):
     ro = self.ro
     if ro.policy == "dataset":
-      batch = {"tokens": self._put(host_batch["tokens"]),
-               "attention_mask": self._put(host_batch["attention_mask"]),
-               "loss_mask": self._put(host_batch["response_mask"])}
+      batch = {"tokens": self.put(host_batch["tokens"]),
+               "attention_mask": self.put(host_batch["attention_mask"]),
+               "loss_mask": self.put(host_batch["response_mask"])}
       n_resp = float(np.sum(host_batch["response_mask"]))
       n_tok = float(np.sum(host_batch["attention_mask"]))
       return batch, {"rollout/tokens": n_tok,
                      "rollout/len": n_resp / len(host_batch["tokens"])}
-    prompts = self._put(host_batch["prompt"])
-    pmask = self._put(host_batch["prompt_mask"])
+    prompts = self.put(host_batch["prompt"])
+    pmask = self.put(host_batch["prompt_mask"])
     r = rollout_lib.generate(
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
         rng=rng, policy=ro.policy,

@@ -252,7 +252,7 @@ def _train(config, workdir, overwrite, mesh, rules):
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
 
   seed_key = jax.random.key(config.seed)
-  s_key, t_key = jax.random.split(jax.random.fold_in(seed_key, 1 << 20))
+  s_key, t_key = train_setup.init_keys(config.seed)
   tparams = None if sft or cached else train_setup.load_params(
       tcfg, config.teacher, mesh, rules, t_key)
   params0 = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
@@ -271,7 +271,7 @@ def _train(config, workdir, overwrite, mesh, rules):
   make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
                                                tokenizer, vocab_size=vocab)
   if cached:
-    make_sequences = teacher_cache.CachedSequences(make_sequences._put)  # pylint: disable=protected-access
+    make_sequences = teacher_cache.CachedSequences(make_sequences.put)
 
   def step_fn(step, state):
     rng = jax.random.fold_in(seed_key, step)

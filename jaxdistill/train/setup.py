@@ -88,3 +88,11 @@ def shared_vocab(config, scfg, tcfg, tokenizer, teacher: str = "teacher") -> int
         f"({scfg.vocab_size}) or {teacher} ({tcfg.vocab_size}) vocabulary: "
         "the models do not share a tokenizer")
   return v
+
+
+def init_keys(seed: int):
+  """(student key, teacher key) of randomly initialised models: one rule for
+  train, train.teacher_cache and analysis, so that the teacher a cache or an
+  analysis uses is the teacher training would load."""
+  s_key, t_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), 1 << 20))
+  return s_key, t_key
