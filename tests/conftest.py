@@ -1,7 +1,12 @@
 """Test-wide setup: simulate 8 CPU devices so sharding tests can build meshes,
 and share compiled programs between tests through JAX's persistent cache
-(many tests compile the same tiny models; this changes no result)."""
+(many tests compile the same tiny models; this changes no result). The quick
+demo runs once per session (the `quick_demo` fixture)."""
+import contextlib
+import io
 import os
+
+import pytest
 
 # Must happen before JAX initialises its backends; subprocesses inherit these.
 # XLA_FLAGS is often set already (GPU machines): add the device count to it.
@@ -17,3 +22,17 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory):
+  """`python -m jaxdistill.demo --quick`, run once per session (about 2 min):
+  (workdir, summary, what it printed). The demo test goes on in this workdir;
+  the quickstart notebook runs the same command there and finds its caches."""
+  # Imported here: this file must set the XLA flags before JAX is imported.
+  from jaxdistill import demo  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp("quick_demo")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    summary = demo.main(["--quick", "--workdir", str(workdir)])
+  return workdir, summary, out.getvalue()

@@ -231,8 +231,9 @@ def test_bad_arguments_raise_before_any_work(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_demo_table_is_complete_finite_and_deterministic(tmp_path, capsys):
-  summary = demo.main(["--quick", "--workdir", str(tmp_path)])
+def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
+                                                               capsys):
+  tmp_path, summary, printed = quick_demo  # the first run, in a fresh workdir
   rows = summary["rows"]
   assert len(rows) == 2 and {r["kl"] for r in rows} == {"forward", "reverse"}
   for r in rows:
@@ -248,7 +249,6 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(tmp_path, capsys)
   for name in ("demo_table.md", "findings.md", "results.csv", "results.json"):
     assert os.path.getsize(os.path.join(out, name)) > 0
   assert all(os.path.isfile(p) for p in summary["figures"])
-  printed = capsys.readouterr().out
   assert "| forward | student |" in printed and "This run reproduces" in printed
   assert summary["arms_run"] == 2
   # A rerun reuses the models and the finished arms: nothing is trained.
