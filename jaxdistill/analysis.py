@@ -50,8 +50,6 @@ from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
-from jaxdistill.data import tokenizer as tok_lib
-from jaxdistill.train import batches as train_batches
 from jaxdistill.train import setup as train_setup
 
 STATS = ("fkl", "rkl", "fkl_norm", "rkl_norm", "cos", "fkl_under", "fkl_over",
@@ -313,11 +311,7 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
     raise ValueError(f"--batches: must be >= 1, got {batches}")
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)
-  scfg = train_setup.model_config(config.student, "student")
-  tcfg = train_setup.model_config(config.teacher, "teacher")
-  tok = tok_lib.run_tokenizer(config)
-  vocab = train_setup.shared_vocab(config, scfg, tcfg, tok)
-  data = train_batches.make_batches(config, tok, vocab)
+  scfg, tcfg, tok, vocab, data = train_setup.pair_and_batches(config)
   key = jax.random.key(config.seed)
   s_key, t_key = train_setup.init_keys(config.seed)
   sp = train_setup.load_params(scfg, config.student, mesh, rules, s_key)

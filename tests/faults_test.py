@@ -40,32 +40,24 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler as jh
 from configs import \
     distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import grpo_countdown  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import config_util
 from tests import tiny_hf
 
 ONE_DEVICE = [jax.devices()[0]]
-
-
-def _set(c, updates):
-  for key, value in updates.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
 
 
 def _config(arg="runlocal", **updates):
   c = distill_config.get_config(arg)
   c.progress = False
   c.export_hf = False
-  return _set(c, updates)
+  return config_util.set_fields(c, updates)
 
 
 def _rl_config(**updates):
   c = grpo_countdown.get_config("runlocal")
-  return _set(c, {"progress": False, "export_hf": False, "eval_every": 3,
-                  "optim.weight_decay": 0.1, **updates})
+  return config_util.set_fields(c, {"progress": False, "export_hf": False,
+                                    "eval_every": 3, "optim.weight_decay": 0.1,
+                                    **updates})
 
 
 def _ckpt_steps(workdir):

@@ -27,6 +27,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+
+from tests import config_util
 from safetensors.numpy import load_file
 
 from jaxdistill.rl import train as rl_train
@@ -140,16 +142,6 @@ def _cli(module, config, workdir, overrides):
   return argv
 
 
-def _set(c, overrides):
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
-
-
 def _ckpt_params(workdir, step):
   """The student params of a checkpoint, as NumPy, read by Orbax directly
   onto one local device (the saved shardings name the run's topology)."""
@@ -211,7 +203,7 @@ DISTILL = {"data.batch_size": 8, "total_steps": 2, "ckpt_every": 1,
 def test_distributed_train_matches_one_process_and_resumes_after_sigkill(
     tmp_path):
   ref_dir, work = tmp_path / "one_process", tmp_path / "two_processes"
-  c = _set(distill_config.get_config(DISTILL_ARG), DISTILL)
+  c = config_util.set_fields(distill_config.get_config(DISTILL_ARG), DISTILL)
   assert dict(c.mesh) == {"data": 1, "fsdp": -1, "tensor": 1}
   assert jax.device_count() == N_PROC * LOCAL_DEVICES  # conftest: 8 devices
   train_loop.train(c, str(ref_dir))
@@ -262,7 +254,7 @@ GRPO = {"total_steps": 2, "ckpt_every": 1, "eval_every": 2, "progress": False,
 
 def test_distributed_grpo_matches_one_process(tmp_path):
   ref_dir, work = tmp_path / "one_process", tmp_path / "two_processes"
-  c = _set(grpo_countdown.get_config("runlocal"), GRPO)
+  c = config_util.set_fields(grpo_countdown.get_config("runlocal"), GRPO)
   rl_train.train(c, str(ref_dir))
   argv = _cli("jaxdistill.rl.train",
               str(ROOT / "configs" / "grpo_countdown.py") + ":runlocal", work,

@@ -15,6 +15,8 @@ import jax
 
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.train import batches as train_batches
 
 
 def model_config(mcfg, name: str) -> models.ModelConfig:
@@ -96,3 +98,15 @@ def init_keys(seed: int):
   analysis uses is the teacher training would load."""
   s_key, t_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), 1 << 20))
   return s_key, t_key
+
+
+def pair_and_batches(config):
+  """(student cfg, teacher cfg, tokenizer, shared vocabulary, batches) of a
+  config with a student and a teacher, before any weights are loaded: where
+  train.teacher_cache and analysis start."""
+  scfg = model_config(config.student, "student")
+  tcfg = model_config(config.teacher, "teacher")
+  tokenizer = tok_lib.run_tokenizer(config)
+  vocab = shared_vocab(config, scfg, tcfg, tokenizer)
+  return scfg, tcfg, tokenizer, vocab, train_batches.make_batches(
+      config, tokenizer, vocab)

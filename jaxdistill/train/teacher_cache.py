@@ -42,7 +42,6 @@ from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import sharding
-from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
@@ -181,11 +180,7 @@ def build(config, out_dir: str, *, devices=None) -> str:
   config_lib.validate(config)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)
-  scfg = train_setup.model_config(config.student, "student")
-  tcfg = train_setup.model_config(config.teacher, "teacher")
-  tokenizer = tok_lib.run_tokenizer(config)
-  vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
-  batches = train_batches.make_batches(config, tokenizer, vocab)
+  scfg, tcfg, tokenizer, vocab, batches = train_setup.pair_and_batches(config)
   seed_key = jax.random.key(config.seed)
   _, t_key = train_setup.init_keys(config.seed)
   tparams = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key)

@@ -23,19 +23,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from configs import \
     distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import config_util
 from tests import tiny_hf
 
 
 def _config(arg="runlocal", **updates):
   c = distill_config.get_config(arg)
   c.progress = False
-  for key, value in updates.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return config_util.set_fields(c, updates)
 
 
 def _params(workdir, step=None):
