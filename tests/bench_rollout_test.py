@@ -2,6 +2,9 @@
 checked against a byte count written out by hand from the preset's config."""
 import json
 
+import jax
+
+from jaxdistill import models
 from jaxdistill.bench import presets
 from jaxdistill.bench import rollout as bench_rollout
 
@@ -41,3 +44,21 @@ def test_preset_tiny_json_and_bound(capsys):
   assert abs(bb["measured_over_bound"] - step / bb["bound_step_s"]) <= 0.01 + (
       0.01 * bb["measured_over_bound"])
   assert out["headline"]["value"] == bb["measured_over_bound"]
+
+
+def test_profile_scope_bytes_match_the_hand_count():
+  # The bytes each decode-step product reads, per source scope of the
+  # profile, against the config's shapes written out by hand.
+  c = presets.get("tiny").student
+  params = models.init(c, jax.random.key(0))
+  d, f, l = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+  nh, kh, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+  got = bench_rollout._scope_bytes(c, params, kv_bytes=1000)
+  want = {"q_proj": d * nh * hd, "k_proj": d * kh * hd, "v_proj": d * kh * hd,
+          "o_proj": nh * hd * d, "gate_proj": d * f, "up_proj": d * f,
+          "down_proj": f * d}
+  for name, n in want.items():
+    assert got[f"{name}/dot_general"] == 4 * l * n, name
+  assert got["BD,VD->BV/dot_general"] == 4 * d * c.vocab_size
+  assert got["BTKGH,BKSH->BKGTS/dot_general"] == 500
+  assert got["BKGTS,BKHS->BTKGH/dot_general"] == 500

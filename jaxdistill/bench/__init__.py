@@ -1,10 +1,13 @@
 """Benchmarks: `python -m jaxdistill.bench.NAME` prints one JSON object with a
 `headline` {name, value, unit, goal, meets_goal} beside the details."""
+import os
+import tempfile
 import time
 
 import numpy as np
 
 from jaxdistill import models as models_lib  # not `models`: bench.models is a module
+from jaxdistill.bench import profile
 
 
 def torch_llama(cfg):
@@ -30,3 +33,16 @@ def median_time(fn, warmup=1, iters=5):
     fn()
     ts.append(time.perf_counter() - t0)
   return float(np.median(ts)), ts
+
+
+def profile_dump(enabled: bool):
+  """For a benchmark's --profile: a temporary directory that XLA dumps the
+  optimized HLO of every program into (bench.profile reads each op's source
+  from it), or None. Call before JAX starts its backend: the flags are read
+  then."""
+  if not enabled:
+    return None
+  d = tempfile.TemporaryDirectory()
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
+                             profile.dump_flags(d.name))
+  return d

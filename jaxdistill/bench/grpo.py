@@ -35,6 +35,7 @@ import numpy as np
 from jaxdistill import bench
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
+from jaxdistill.bench import profile
 from jaxdistill.rl import grpo
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import step as step_lib
@@ -87,7 +88,7 @@ def _config():
                  b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0, grad_accum=1)))
 
 
-def bench_jax(cfg, params, host, iters):
+def bench_jax(cfg, params, host, iters, dump_dir=None):
   config = _config()
   opt, sched = step_lib.make_optimizer(config.optim, 1000)
   state = {"params": params, "opt_state": opt.init(params),
@@ -105,7 +106,9 @@ def bench_jax(cfg, params, host, iters):
     box[0], m = compiled(box[0], batch, rng)
     seen.append({k: float(v) for k, v in jax.device_get(m).items()})
   sec, ts = bench.median_time(run, iters=iters)
-  return sec, ts, compile_s, seen[0], box[0]
+  prof = (profile.summary(profile.op_times(run, dump_dir))
+          if dump_dir else None)
+  return sec, ts, compile_s, seen[0], box[0], prof
 
 
 def bench_iteration_parts(cfg, params, host, iters):
@@ -165,7 +168,11 @@ def main(argv=None):
   ap.add_argument("--quick", action="store_true")
   ap.add_argument("--iters", type=int, default=5)
   ap.add_argument("--no-torch", action="store_true")
+  ap.add_argument("--profile", action="store_true",
+                  help="also profile one update: time per source op "
+                  "('profile' in the JSON)")
   args = ap.parse_args(argv)
+  dump = bench.profile_dump(args.profile)
   cfg, r, p, n = _setup(args.quick)
   host = _batch(cfg, r, p, n)
   resp_tokens = int(host["loss_mask"].sum())
@@ -176,8 +183,8 @@ def main(argv=None):
     model.save_pretrained(d)
     cfg, params = models.load_pretrained(d, dtype="float32")
   _log("jaxdistill GRPO update ...")
-  jsec, jts, compile_s, metrics, state = bench_jax(cfg, params, host,
-                                                   args.iters)
+  jsec, jts, compile_s, metrics, state, prof = bench_jax(
+      cfg, params, host, args.iters, dump and dump.name)
   _log("rollout and reference log-probs ...")
   roll_s, ref_s = bench_iteration_parts(cfg, state["params"], host, args.iters)
   it = roll_s + ref_s + jsec
@@ -196,6 +203,7 @@ def main(argv=None):
                         "update_s": jsec,
                         "rollout_share": roll_s / it,
                         "update_share": jsec / it},
+      "profile": prof,
   }
   value = None
   if not args.no_torch:

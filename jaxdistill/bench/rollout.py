@@ -45,9 +45,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdistill import bench
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill.bench import presets
+from jaxdistill.bench import profile
 
 
 def _log(*a):
@@ -121,6 +123,61 @@ def _bound_section(cfg, params, b, p, n, step_s, bw):
           "measured_over_bound": round(step_s / bound, 2)}
 
 
+def _scope_bytes(cfg, params, kv_bytes):
+  """{profile scope of a decode-step product: bytes it reads per step}: each
+  projection's kernels (all layers), the output head, and the K / V caches."""
+  out = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [getattr(k, "key", str(k)) for k in path]
+    if keys[-1] == "kernel" and keys[0] == "layers":
+      scope = f"{keys[-2]}/dot_general"
+      out[scope] = out.get(scope, 0) + x.size * x.dtype.itemsize
+  head = (params["embed_tokens"]["embedding"] if cfg.tie_word_embeddings
+          else params["lm_head"]["kernel"])
+  for eq in ("BD,VD->BV", "BD,DV->BV"):  # generation._head's layouts
+    out[f"{eq}/dot_general"] = head.size * head.dtype.itemsize
+  # models' Attention over the cache: q.k reads K, p.v reads V.
+  out["BTKGH,BKSH->BKGTS/dot_general"] = kv_bytes // 2
+  out["BKGTS,BKHS->BTKGH/dot_general"] = kv_bytes // 2
+  return out
+
+
+def _decode_profile(cfg, params, b, p, n, dump_dir):
+  """Per-op time of one decode step, by source scope, from a profile of a
+  rollout of n tokens (its first compilation in this process, so that the
+  dumped HLO read back is this program's); the products' bytes / time."""
+  ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (b, p))
+  prompts, mask = rollout.pad_prompts(ids.tolist(), bucket=None)
+
+  def run():
+    return rollout.generate((cfg, params), None, prompts, mask,
+                            max_new_tokens=n, rng=jax.random.key(0),
+                            temperature=1.0, eos_token_ids=())
+  jax.block_until_ready(run())
+  rows = profile.op_times(run, dump_dir)
+  # Ops in the decode loop run once per step after the first token.
+  loop = [r for r in rows if r["count"] >= n - 1]
+  steps = max(n - 1, 1)
+  per_step = {k: v / steps for k, v in profile.by_scope(loop).items()}
+  nbytes = _scope_bytes(cfg, params, decode_bytes(cfg, params, b, p + n - 1)[1])
+  total = sum(per_step.values())
+  table = []
+  for scope, ms in per_step.items():
+    row = {"scope": scope, "ms_per_step": round(ms, 4),
+           "share": round(ms / total, 3)}
+    if scope in nbytes:
+      row["MB_read"] = round(nbytes[scope] / 1e6, 3)
+      row["GBps"] = round(nbytes[scope] / (ms * 1e6), 2)
+    table.append(row)
+  dots = sum(ms for k, ms in per_step.items() if k.endswith("dot_general"))
+  return {"traced_step_ms": round(total, 4),
+          "dot_share": round(dots / total, 3),
+          "by_scope": table[:25],
+          "note": "op durations summed per source scope over the loop ops, "
+                  "per decode step, under the profiler (adds overhead); "
+                  "GBps = bytes the product reads / its time"}
+
+
 def _small_model(rounds, bw):
   """The miniature study's student (configs/demo.py) decoding its batch."""
 
@@ -154,6 +211,8 @@ def _preset_main(args):
   params = models.init(cfg, jax.random.key(0))  # in cfg.param_dtype
   _log(f"preset {pre.name}: student {models.num_params(params) / 1e6:.1f}M "
        f"params ({pre.dtype}); batch {b}, prompt {p}, new {n}")
+  prof = (_decode_profile(cfg, params, b, p, n, args.dump_dir)
+          if args.dump_dir else None)
   t = _decode_timing(cfg, params, b, p, n, args.rounds)
   bw = presets.copy_bandwidth()
   bound = _bound_section(cfg, params, b, p, n, t["step_s"], bw)
@@ -180,6 +239,7 @@ def _preset_main(args):
           "compile_s": round(t["compile_s"], 3),
           "all_s": [round(x, 5) for x in t["all_s"]]},
       "bandwidth_bound": bound,
+      "decode_profile": prof,
   }, indent=1))
 
 
@@ -198,6 +258,10 @@ def main(argv=None):
                   "bandwidth bound; no transformers")
   ap.add_argument("--no-small", action="store_true",
                   help="skip the miniature-study student (small_model)")
+  ap.add_argument("--profile", action="store_true",
+                  help="also profile one decode step: time per source op "
+                  "(head, projections, attention, ...) and each product's "
+                  "read bandwidth ('decode_profile' in the JSON)")
   ap.add_argument("--threads", type=int, default=0,
                   help="if > 0, threads for both torch and XLA:CPU (else "
                   "each library's default); set before JAX starts")
@@ -207,6 +271,8 @@ def main(argv=None):
         os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
         f"{str(args.threads > 1).lower()} "
         f"intra_op_parallelism_threads={args.threads}")
+  dump = bench.profile_dump(args.profile)
+  args.dump_dir = dump and dump.name
 
   if args.preset is not None:
     return _preset_main(args)
@@ -232,6 +298,8 @@ def main(argv=None):
     hf.save_pretrained(d)
     cfg, params = models.load_pretrained(d, dtype="float32")
   n_params = models.num_params(params)
+  prof = (_decode_profile(cfg, params, b, p, n, args.dump_dir)
+          if args.dump_dir else None)
   _log(f"model: {n_params / 1e6:.1f}M params; batch {b}, prompt {p}, new {n}")
 
   ids = np.random.default_rng(0).integers(3, args.vocab, (b, p))
@@ -322,6 +390,7 @@ def main(argv=None):
           bound, jax_read_bandwidth_GBps=round(bw_read / 1e9, 2),
           goal="<= 1.3", meets_goal=bound["measured_over_bound"] <= 1.3),
       "small_model": small,
+      "decode_profile": prof,
   }, indent=1))
 
 

@@ -48,6 +48,7 @@ from jaxdistill import bench
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill.bench import presets
+from jaxdistill.bench import profile
 from jaxdistill.train import step as step_lib
 
 
@@ -97,7 +98,7 @@ def _batch(b, l, v, seed=0):
   return tokens, attn, loss_mask
 
 
-def bench_jax(s, t, b, l, iters, fused):
+def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
   sp = models.init(s, jax.random.key(0))
   tp = models.init(t, jax.random.key(1))
   tokens, attn, lm = _batch(b, l, s.vocab_size)
@@ -123,7 +124,9 @@ def bench_jax(s, t, b, l, iters, fused):
     box[0], m = compiled(box[0], tp, batch)
     jax.block_until_ready(m["train/loss"])
   sec, ts = bench.median_time(run, warmup=1, iters=iters)
-  return sec, ts, compile_s
+  prof = (profile.summary(profile.op_times(run, dump_dir),
+                          groups=("teacher",)) if dump_dir else None)
+  return sec, ts, compile_s, prof
 
 
 def bench_torch(s, t, b, l, iters):
@@ -167,7 +170,11 @@ def main(argv=None):
   ap.add_argument("--no-torch", action="store_true")
   ap.add_argument("--preset", default=None, choices=sorted(presets.PRESETS),
                   help="student/teacher/batch/seq/dtype from bench/presets.py")
+  ap.add_argument("--profile", action="store_true",
+                  help="also profile one step: time per source op "
+                  "('profile' in the JSON)")
   args = ap.parse_args(argv)
+  dump = bench.profile_dump(args.profile)
   if args.preset:
     p = presets.get(args.preset)
     s, t, b, l, dtype = p.student, p.teacher, p.batch, p.seq, p.dtype
@@ -179,7 +186,8 @@ def main(argv=None):
   _log(f"measuring {dtype} matmul rate ...")
   mm = presets.matmul_rate(dtype)
   _log("jaxdistill step ...")
-  jsec, jts, compile_s = bench_jax(s, t, b, l, args.iters, args.fused)
+  jsec, jts, compile_s, prof = bench_jax(s, t, b, l, args.iters, args.fused,
+                                         dump and dump.name)
   tokens = b * l
   out = {
       "config": {"student": dataclasses.asdict(s), "teacher": dataclasses.asdict(t),
@@ -191,6 +199,7 @@ def main(argv=None):
       "model_flops_per_step": flops,
       "jax": {"step_s": jsec, "step_times_s": jts, "compile_s": compile_s,
               "tokens_per_s": tokens / jsec, "mfu": flops / jsec / mm},
+      "profile": prof,
   }
   headline_value, goal = None, ">= 2.0x PyTorch and MFU >= 0.55"
   if not args.no_torch:

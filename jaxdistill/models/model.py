@@ -202,8 +202,9 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
   if return_hidden:
     out = hidden
   else:
-    head = output_head(cfg, params).astype(cfg.dtype)
-    # A 2-D matmul (see transformer.Linear); float32 logits for the losses.
-    out = jnp.dot(hidden.reshape(b * t, -1), head,
-                  preferred_element_type=jnp.float32).reshape(b, t, -1)
+    with jax.named_scope("lm_head"):  # names the op in profiles
+      head = output_head(cfg, params).astype(cfg.dtype)
+      # A 2-D matmul (see transformer.Linear); float32 logits for the losses.
+      out = jnp.dot(hidden.reshape(b * t, -1), head,
+                    preferred_element_type=jnp.float32).reshape(b, t, -1)
   return out if new_cache is None else (out, new_cache)

@@ -85,8 +85,9 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
       loss, metrics = losses.topk_divergence(
           s_out, ids, lp, w, teacher_tail=tail, variant=variant, **kw)
     return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
-  t_full = jax.lax.stop_gradient(models.apply(
-      teacher_cfg, teacher_params, tokens, attn, return_hidden=fused))
+  with jax.named_scope("teacher"):  # names its ops in profiles
+    t_full = jax.lax.stop_gradient(models.apply(
+        teacher_cfg, teacher_params, tokens, attn, return_hidden=fused))
   s_full = models.apply(student_cfg, params, tokens, attn,
                         return_hidden=fused)
   t_out, s_out = t_full[:, :-1], s_full[:, :-1]
