@@ -1,6 +1,7 @@
 """Benchmarks: `python -m jaxdistill.bench.NAME` prints one JSON object with a
 `headline` {name, value, unit, goal, meets_goal} beside the details."""
 import os
+import sys
 import tempfile
 import time
 
@@ -46,3 +47,14 @@ def profile_dump(enabled: bool):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
                              profile.dump_flags(d.name))
   return d
+
+
+def profile_section(make):
+  """The `profile` section of a benchmark's JSON: make(), or the error it
+  raised (a profile is an extra: a device whose trace cannot be read must
+  not cost the benchmark its figures)."""
+  try:
+    return make()
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"profile failed: {e!r}", file=sys.stderr, flush=True)
+    return {"error": repr(e)[:500]}

@@ -2,6 +2,7 @@ r"""Benchmark: one GRPO update step, jaxdistill vs the same step in PyTorch.
 
   python -m jaxdistill.bench.grpo             # R=16 rows, prompt 64 + 192 new
   python -m jaxdistill.bench.grpo --quick     # a smaller one, for a smoke run
+  python -m jaxdistill.bench.grpo --profile   # + time per source op (bench.profile)
 
 One update = policy forward/backward over [R, P+N] sequences + the clipped
 GRPO objective with a k3 KL term and the entropy metric over the full
@@ -106,8 +107,8 @@ def bench_jax(cfg, params, host, iters, dump_dir=None):
     box[0], m = compiled(box[0], batch, rng)
     seen.append({k: float(v) for k, v in jax.device_get(m).items()})
   sec, ts = bench.median_time(run, iters=iters)
-  prof = (profile.summary(profile.op_times(run, dump_dir))
-          if dump_dir else None)
+  prof = (bench.profile_section(lambda: profile.summary(
+      profile.op_times(run, dump_dir))) if dump_dir else None)
   return sec, ts, compile_s, seen[0], box[0], prof
 
 

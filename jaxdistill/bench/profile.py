@@ -129,6 +129,9 @@ def summary(rows: list[dict], top: int = 20, groups=()) -> dict:
   its `top` slowest scopes (by_scope) with their shares."""
   scopes = by_scope(rows, groups)
   total = sum(scopes.values())
+  if not total:
+    return {"traced_ms": 0.0, "by_scope": [],
+            "note": "the trace holds no XLA op events (hlo_op) to read"}
   return {"traced_ms": round(total, 3),
           "by_scope": [{"scope": k, "ms": v, "share": round(v / total, 3)}
                        for k, v in list(scopes.items())[:top]],

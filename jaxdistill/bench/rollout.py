@@ -3,6 +3,8 @@
   python -m jaxdistill.bench.rollout                 # B=8, prompt 64, 128 new
   python -m jaxdistill.bench.rollout --rounds 1 --new-tokens 32   # quick look
   python -m jaxdistill.bench.rollout --preset qwen-0.5b-1.5b      # accelerator
+  python -m jaxdistill.bench.rollout --profile   # + per decode step: time and
+                                                 # read bandwidth per source op
 
 One small random Llama-architecture model (4 layers, hidden 512, vocab 32k,
 float32) is built with transformers, saved with save_pretrained and read back
@@ -161,6 +163,8 @@ def _decode_profile(cfg, params, b, p, n, dump_dir):
   per_step = {k: v / steps for k, v in profile.by_scope(loop).items()}
   nbytes = _scope_bytes(cfg, params, decode_bytes(cfg, params, b, p + n - 1)[1])
   total = sum(per_step.values())
+  if not total:
+    return {"error": "the trace holds no XLA op events (hlo_op) to read"}
   table = []
   for scope, ms in per_step.items():
     row = {"scope": scope, "ms_per_step": round(ms, 4),
@@ -211,8 +215,8 @@ def _preset_main(args):
   params = models.init(cfg, jax.random.key(0))  # in cfg.param_dtype
   _log(f"preset {pre.name}: student {models.num_params(params) / 1e6:.1f}M "
        f"params ({pre.dtype}); batch {b}, prompt {p}, new {n}")
-  prof = (_decode_profile(cfg, params, b, p, n, args.dump_dir)
-          if args.dump_dir else None)
+  prof = (bench.profile_section(lambda: _decode_profile(
+      cfg, params, b, p, n, args.dump_dir)) if args.dump_dir else None)
   t = _decode_timing(cfg, params, b, p, n, args.rounds)
   bw = presets.copy_bandwidth()
   bound = _bound_section(cfg, params, b, p, n, t["step_s"], bw)
@@ -298,8 +302,8 @@ def main(argv=None):
     hf.save_pretrained(d)
     cfg, params = models.load_pretrained(d, dtype="float32")
   n_params = models.num_params(params)
-  prof = (_decode_profile(cfg, params, b, p, n, args.dump_dir)
-          if args.dump_dir else None)
+  prof = (bench.profile_section(lambda: _decode_profile(
+      cfg, params, b, p, n, args.dump_dir)) if args.dump_dir else None)
   _log(f"model: {n_params / 1e6:.1f}M params; batch {b}, prompt {p}, new {n}")
 
   ids = np.random.default_rng(0).integers(3, args.vocab, (b, p))

@@ -26,6 +26,7 @@ import time
 from jaxdistill.bench import presets
 
 BENCHES = ("models", "rollout", "train")
+PROFILED = ("rollout", "train")  # the ones with --profile
 
 
 def _log(*a):
@@ -98,6 +99,8 @@ def main(argv=None):
                   help=f"comma-separated subset of {BENCHES}")
   ap.add_argument("--timeout", type=float, default=900,
                   help="seconds per benchmark")
+  ap.add_argument("--profile", action="store_true",
+                  help=f"pass --profile to {PROFILED}: time per source op")
   args = ap.parse_args(argv)
   presets.get(args.preset)  # an unknown name fails here, before any run
   names = [b for b in args.benches.split(",") if b]
@@ -111,7 +114,8 @@ def main(argv=None):
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "benches": {},
             "headlines": {}}
   for name in names:
-    r = run_bench(name, args.preset, args.timeout)
+    extra = ("--profile",) if args.profile and name in PROFILED else ()
+    r = run_bench(name, args.preset, args.timeout, extra)
     report["benches"][name] = r
     report["headlines"][name] = (r["result"].get("headline") if r["ok"]
                                  else {"error": r["error"]})

@@ -3,6 +3,7 @@ r"""Distillation-step throughput: jaxdistill vs the same step in PyTorch.
   python -m jaxdistill.bench.train            # the default small config
   python -m jaxdistill.bench.train --quick    # a smaller one, for a smoke run
   python -m jaxdistill.bench.train --preset qwen-0.5b-1.5b   # an accelerator
+  python -m jaxdistill.bench.train --profile  # + time per source op (bench.profile)
 
 With --preset NAME (bench/presets.py): the preset's student and teacher with
 random weights in its dtype, its batch and sequence length, MFU against the
@@ -124,8 +125,9 @@ def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
     box[0], m = compiled(box[0], tp, batch)
     jax.block_until_ready(m["train/loss"])
   sec, ts = bench.median_time(run, warmup=1, iters=iters)
-  prof = (profile.summary(profile.op_times(run, dump_dir),
-                          groups=("teacher",)) if dump_dir else None)
+  prof = (bench.profile_section(lambda: profile.summary(
+      profile.op_times(run, dump_dir), groups=("teacher",)))
+          if dump_dir else None)
   return sec, ts, compile_s, prof
 
 
