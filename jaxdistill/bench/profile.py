@@ -3,7 +3,7 @@
   os.environ["XLA_FLAGS"] += " " + profile.dump_flags(dump_dir)  # before JAX starts
   ...                                                      # compile, warm up
   ops = profile.op_times(run, dump_dir)                    # run() once, traced
-  profile.by_scope(ops)  # {'mlp/up_proj/dot_general': ms, ...}, slowest first
+  profile.by_scope(ops)  # {'up_proj/dot_general': ms, ...}, slowest first
 
 `op_times` runs `run()` under `jax.profiler.trace` and reads the Perfetto trace
 it writes: every event that names an XLA op (`hlo_op`, `hlo_module`), summed
