@@ -1,6 +1,10 @@
-"""bench.rollout --preset tiny: the JSON's structure and its bandwidth bound,
-checked against a byte count written out by hand from the preset's config."""
+"""bench.rollout --preset tiny: the JSON's structure, its bandwidth bound and
+its --profile bytes, checked against byte counts written out by hand from the
+preset's config."""
 import json
+import os
+import subprocess
+import sys
 
 import jax
 
@@ -9,17 +13,22 @@ from jaxdistill.bench import presets
 from jaxdistill.bench import rollout as bench_rollout
 
 
+def _hand_count_floats(c):
+  """Weights of each projection, per layer, from the config's shapes."""
+  d, f = c.hidden_size, c.intermediate_size
+  nh, kh, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+  return {"q_proj": d * nh * hd, "k_proj": d * kh * hd, "v_proj": d * kh * hd,
+          "o_proj": nh * hd * d, "gate_proj": d * f, "up_proj": d * f,
+          "down_proj": f * d}
+
+
 def _hand_count_bytes(c, batch, cache_len):
   """Bytes one decode step reads: float32 weights without the (untied)
   embedding table, plus K and V for every layer, row, slot and kv head."""
-  d, f, l = c.hidden_size, c.intermediate_size, c.num_hidden_layers
-  nh, kh, hd, v = (c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                   c.vocab_size)
-  per_layer = (d * nh * hd + 2 * d * kh * hd + nh * hd * d  # q, k, v, o
-               + 3 * d * f                                   # gate, up, down
-               + 2 * d)                                      # two RMSNorms
-  weights = l * per_layer + d + d * v  # + final norm + lm_head
-  kv = 2 * l * batch * cache_len * kh * hd
+  d, l = c.hidden_size, c.num_hidden_layers
+  per_layer = sum(_hand_count_floats(c).values()) + 2 * d  # + two RMSNorms
+  weights = l * per_layer + d + d * c.vocab_size  # + final norm + lm_head
+  kv = 2 * l * batch * cache_len * c.num_key_value_heads * c.head_dim
   return 4 * weights, 4 * kv
 
 
@@ -51,14 +60,31 @@ def test_profile_scope_bytes_match_the_hand_count():
   # profile, against the config's shapes written out by hand.
   c = presets.get("tiny").student
   params = models.init(c, jax.random.key(0))
-  d, f, l = c.hidden_size, c.intermediate_size, c.num_hidden_layers
-  nh, kh, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
   got = bench_rollout._scope_bytes(c, params, kv_bytes=1000)
-  want = {"q_proj": d * nh * hd, "k_proj": d * kh * hd, "v_proj": d * kh * hd,
-          "o_proj": nh * hd * d, "gate_proj": d * f, "up_proj": d * f,
-          "down_proj": f * d}
-  for name, n in want.items():
-    assert got[f"{name}/dot_general"] == 4 * l * n, name
-  assert got["BD,VD->BV/dot_general"] == 4 * d * c.vocab_size
+  for name, n in _hand_count_floats(c).items():
+    assert got[f"{name}/dot_general"] == 4 * c.num_hidden_layers * n, name
+  assert got["BD,VD->BV/dot_general"] == 4 * c.hidden_size * c.vocab_size
   assert got["BTKGH,BKSH->BKGTS/dot_general"] == 500
   assert got["BKGTS,BKHS->BTKGH/dot_general"] == 500
+
+
+def test_profile_per_decode_step():
+  # --profile in a fresh process (it sets the dump flag before JAX starts):
+  # every product of the step is attributed, with its bytes.
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run(
+      [sys.executable, "-m", "jaxdistill.bench.rollout", "--preset", "tiny",
+       "--rounds", "1", "--profile"], env=env, check=True,
+      capture_output=True, text=True, timeout=300).stdout
+  prof = json.loads(out)["decode_profile"]
+  rows = {r["scope"]: r for r in prof["by_scope"]}
+  c = presets.get("tiny").student
+  floats = {k: c.num_hidden_layers * n for k, n in _hand_count_floats(c).items()}
+  floats["BD,VD->BV"] = c.hidden_size * c.vocab_size  # rollout's CPU head layout
+  for name, n in floats.items():
+    r = rows[f"{name}/dot_general"]
+    assert r["MB_read"] == round(4 * n / 1e6, 3), name
+    assert r["ms_per_step"] > 0
+    # Both inputs are rounded (MB to 3 places, ms to 4): 5 % covers it.
+    assert abs(r["GBps"] - r["MB_read"] / r["ms_per_step"]) <= 0.05 * r["GBps"]
+  assert 0 < prof["dot_share"] <= 1

@@ -49,12 +49,15 @@ def profile_dump(enabled: bool):
   return d
 
 
-def profile_section(make):
-  """The `profile` section of a benchmark's JSON: make(), or the error it
-  raised (a profile is an extra: a device whose trace cannot be read must
-  not cost the benchmark its figures)."""
+def profile_section(dump_dir, make):
+  """The `profile` section of a benchmark's JSON: None without --profile
+  (dump_dir None), else make(dump_dir), or the error it raised (a profile is
+  an extra: a device whose trace cannot be read must not cost the benchmark
+  its figures)."""
+  if dump_dir is None:
+    return None
   try:
-    return make()
+    return make(dump_dir)
   except Exception as e:  # pylint: disable=broad-except
     print(f"profile failed: {e!r}", file=sys.stderr, flush=True)
     return {"error": repr(e)[:500]}

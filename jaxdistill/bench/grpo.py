@@ -107,8 +107,8 @@ def bench_jax(cfg, params, host, iters, dump_dir=None):
     box[0], m = compiled(box[0], batch, rng)
     seen.append({k: float(v) for k, v in jax.device_get(m).items()})
   sec, ts = bench.median_time(run, iters=iters)
-  prof = (bench.profile_section(lambda: profile.summary(
-      profile.op_times(run, dump_dir))) if dump_dir else None)
+  prof = bench.profile_section(
+      dump_dir, lambda d: profile.summary(profile.op_times(run, d)))
   return sec, ts, compile_s, seen[0], box[0], prof
 
 

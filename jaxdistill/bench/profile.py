@@ -69,7 +69,7 @@ def op_times(run, dump_dir: str | None = None, calls: int = 1) -> list[dict]:
   """Runs `run()` `calls` times under the profiler; one row per XLA op seen,
   slowest first: {module, op, op_name, ms (per call of run), count (per
   call)}. `op_name` is '' when `dump_dir` is None or holds no dump of the
-  op's module."""
+  op's module. Raises RuntimeError if the trace names no XLA op."""
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d, create_perfetto_trace=True):
       for _ in range(calls):
@@ -82,6 +82,8 @@ def op_times(run, dump_dir: str | None = None, calls: int = 1) -> list[dict]:
       key = (args.get("hlo_module", ""), args["hlo_op"])
       total[key] += e["dur"]
       count[key] += 1
+  if not total:
+    raise RuntimeError("the trace holds no XLA op events (hlo_op) to read")
   names = {}
   if dump_dir:
     for module in {m for m, _ in total}:
@@ -129,9 +131,6 @@ def summary(rows: list[dict], top: int = 20, groups=()) -> dict:
   its `top` slowest scopes (by_scope) with their shares."""
   scopes = by_scope(rows, groups)
   total = sum(scopes.values())
-  if not total:
-    return {"traced_ms": 0.0, "by_scope": [],
-            "note": "the trace holds no XLA op events (hlo_op) to read"}
   return {"traced_ms": round(total, 3),
           "by_scope": [{"scope": k, "ms": v, "share": round(v / total, 3)}
                        for k, v in list(scopes.items())[:top]],

@@ -125,9 +125,8 @@ def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
     box[0], m = compiled(box[0], tp, batch)
     jax.block_until_ready(m["train/loss"])
   sec, ts = bench.median_time(run, warmup=1, iters=iters)
-  prof = (bench.profile_section(lambda: profile.summary(
-      profile.op_times(run, dump_dir), groups=("teacher",)))
-          if dump_dir else None)
+  prof = bench.profile_section(dump_dir, lambda d: profile.summary(
+      profile.op_times(run, d), groups=("teacher",)))
   return sec, ts, compile_s, prof
 
 
