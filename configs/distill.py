@@ -46,9 +46,12 @@ def get_config(arg=None):
   c.track_sparsity = True
 
   # Hugging Face checkpoint directories (set on the command line).
-  c.student = dict(path=config_dict.placeholder(str), preset=None, init=None,
-                   dtype="bfloat16", param_dtype="float32", overrides={})
-  c.teacher = dict(path=config_dict.placeholder(str), preset=None, init=None,
+  # remat: recompute each layer's activations in the backward pass ('full'),
+  # or keep them ('none'); see "Fit on a TPU" in the README.
+  c.student = dict(path=config_dict.placeholder(str), preset=config_dict.placeholder(str), init=None,
+                   dtype="bfloat16", param_dtype="float32", remat="full",
+                   overrides={})
+  c.teacher = dict(path=config_dict.placeholder(str), preset=config_dict.placeholder(str), init=None,
                    dtype="bfloat16", param_dtype="bfloat16", overrides={})
   c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
 
@@ -90,7 +93,7 @@ def get_config(arg=None):
   if arg.runlocal:
     c.total_steps = 6
     c.eval_every = c.ckpt_every = 3
-    c.student.update(init=TINY_STUDENT, dtype="float32")
+    c.student.update(init=TINY_STUDENT, dtype="float32", remat="none")
     c.teacher.update(init=TINY_TEACHER, dtype="float32", param_dtype="float32")
     c.data.update(task="synthetic", batch_size=4, max_prompt_len=8)
     # Written with the export (hf_student/), for jaxdistill.evaluate; the

@@ -47,7 +47,7 @@ def get_config(arg=None):
   c.track_sparsity = True
 
   # A Hugging Face directory or a distillation workdir (command line).
-  c.student = dict(path=config_dict.placeholder(str), preset=None, init=None,
+  c.student = dict(path=config_dict.placeholder(str), preset=config_dict.placeholder(str), init=None,
                    dtype="bfloat16", param_dtype="float32", overrides={})
   c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
 

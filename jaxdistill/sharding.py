@@ -13,10 +13,14 @@ an optional tensor axis: ('data', 'fsdp', 'tensor').
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+import dataclasses
 import logging
 import math
 
 import jax
+from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -38,6 +42,33 @@ DEFAULT_RULES = (
     ("layers", None),
     ("cache_seq", None),
 )
+
+
+_TARGET = contextvars.ContextVar("jaxdistill_target_platform", default=None)
+
+
+def platform(mesh: Mesh | None = None) -> str:
+  """The platform a program being traced will run on: the one set by
+  `compiling_for` (compile-only: a TPU program traced on a CPU host), else
+  the mesh's devices', else JAX's default backend. Code that picks a
+  per-platform variant (CPU blocking, layouts) asks this, so that what is
+  compiled for a TPU slice is what runs there."""
+  target = _TARGET.get()
+  if target is not None:
+    return target
+  if mesh is not None:
+    return mesh.devices.flat[0].platform
+  return jax.default_backend()
+
+
+@contextlib.contextmanager
+def compiling_for(target_platform: str):
+  """Within it, `platform()` answers `target_platform`."""
+  token = _TARGET.set(target_platform)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 def rules_from_config(config) -> tuple:
@@ -142,6 +173,30 @@ def tree_shardings(logical_tree, mesh: Mesh, rules, shapes=None):
       lambda ax, s: NamedSharding(
           mesh, logical_to_spec(ax, getattr(s, "shape", s), mesh, rules)),
       logical_tree, shapes, is_leaf=is_axes_leaf)
+
+
+@dataclasses.dataclass(frozen=True)
+class Activations:
+  """Sharding constraints for activations, by logical axis names.
+
+  `shard(x, "batch", "seq", "embed")` pins x [B, T, D] to the mesh as the
+  rules place those names (with the rules' fallback: a dimension its mesh
+  axes do not divide is replicated; a mesh axis is used once per array, so
+  the batch takes 'fsdp' before the embedding can). Hashable (a static jit
+  argument and a Flax module field): the models take one to keep FSDP
+  activations split over the batch; without constraints XLA may propagate
+  the weights' embed sharding into the activations and all-reduce the
+  [B, T, V] logits instead of gathering the [D, V] head.
+  """
+  mesh: Mesh
+  rules: tuple
+
+  def __call__(self, x, *logical):
+    if len(logical) != x.ndim:
+      raise ValueError(f"Activations: {len(logical)} names {logical} for an "
+                       f"array of shape {x.shape}")
+    spec = logical_to_spec(logical, x.shape, self.mesh, self.rules)
+    return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -39,6 +39,7 @@ import numpy as np
 
 from jaxdistill import bench
 from jaxdistill import models
+from jaxdistill.models import flops
 from jaxdistill.bench import presets
 
 
@@ -47,12 +48,8 @@ def _log(*a):
 
 
 def model_flops_per_token(cfg: models.ModelConfig, seq: int) -> float:
-  """Training FLOPs per token: 3 x (2 x matmul params + attention scores)."""
-  d, f, l = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-  nh, kh = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-  matmul_params = l * (2 * d * nh + 2 * d * kh + 3 * d * f) + d * cfg.vocab_size
-  attention = l * 2 * seq * nh  # QK^T and PV, per token, all T keys
-  return 3 * 2 * (matmul_params + attention)
+  """Training FLOPs per token: 3 x the forward (models.flops)."""
+  return 3 * flops.forward_flops_per_token(cfg, seq)
 
 
 def _timed(fn):

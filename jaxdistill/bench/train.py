@@ -48,6 +48,7 @@ import optax
 from jaxdistill import bench
 from jaxdistill import losses
 from jaxdistill import models
+from jaxdistill.models import flops
 from jaxdistill.bench import presets
 from jaxdistill.bench import profile
 from jaxdistill.train import step as step_lib
@@ -76,18 +77,9 @@ def _configs(quick: bool):
   return s, t, 8, 256
 
 
-def matmul_params(cfg) -> int:
-  d, h, k, f = (cfg.hidden_size, cfg.num_attention_heads,
-                cfg.num_key_value_heads, cfg.intermediate_size)
-  per_layer = d * h * cfg.head_dim * 2 + d * k * cfg.head_dim * 2 + 3 * d * f
-  return cfg.num_hidden_layers * per_layer + d * cfg.vocab_size
-
-
 def step_flops(s, t, b, l) -> float:
-  def attn(cfg):  # QK^T and AV: 2 * 2 * T^2 * (heads * head_dim) per layer
-    return 4 * cfg.num_hidden_layers * l * l * cfg.num_attention_heads * cfg.head_dim
-  return b * (6 * matmul_params(s) * l + 3 * attn(s) +
-              2 * matmul_params(t) * l + attn(t))
+  """Student forward + backward and teacher forward over b x l tokens."""
+  return flops.train_step_flops(s, t, b * l, l)
 
 
 def _batch(b, l, v, seed=0):
@@ -183,7 +175,7 @@ def main(argv=None):
       args.no_torch = True
   else:
     (s, t, b, l), dtype = _configs(args.quick), "float32"
-  flops = step_flops(s, t, b, l)
+  step_fl = step_flops(s, t, b, l)
   _log(f"measuring {dtype} matmul rate ...")
   mm = presets.matmul_rate(dtype)
   _log("jaxdistill step ...")
@@ -197,9 +189,9 @@ def main(argv=None):
                  "backend": jax.default_backend(),
                  "device": str(jax.devices()[0].device_kind)},
       "matmul_flops_per_s": mm, "matmul_dtype": dtype,
-      "model_flops_per_step": flops,
+      "model_flops_per_step": step_fl,
       "jax": {"step_s": jsec, "step_times_s": jts, "compile_s": compile_s,
-              "tokens_per_s": tokens / jsec, "mfu": flops / jsec / mm},
+              "tokens_per_s": tokens / jsec, "mfu": step_fl / jsec / mm},
       "profile": prof,
   }
   headline_value, goal = None, ">= 2.0x PyTorch and MFU >= 0.55"
@@ -207,7 +199,7 @@ def main(argv=None):
     _log("PyTorch step ...")
     tsec, tts, threads = bench_torch(s, t, b, l, args.iters)
     out["torch"] = {"step_s": tsec, "step_times_s": tts, "threads": threads,
-                    "tokens_per_s": tokens / tsec, "mfu": flops / tsec / mm}
+                    "tokens_per_s": tokens / tsec, "mfu": step_fl / tsec / mm}
     headline_value = tsec / jsec
   mfu = out["jax"]["mfu"]
   if headline_value is not None:

@@ -43,6 +43,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from jaxdistill import sharding
 from jaxdistill.losses import _common as c
 
 
@@ -89,7 +90,7 @@ _CPU_UNBLOCKED_BYTES = 4 << 20  # below this, one block
 def _row_block(n_rows: int, width: int) -> int:
   """Rows per block: n_rows off CPU or when small, else the largest divisor
   of n_rows that keeps a [rows, width] float32 block near _CPU_BLOCK_BYTES."""
-  if (jax.default_backend() != "cpu"
+  if (sharding.platform() != "cpu"
       or n_rows * width * 4 <= _CPU_UNBLOCKED_BYTES):
     return n_rows
   target = max(1, _CPU_BLOCK_BYTES // (4 * width))

@@ -56,6 +56,26 @@ def _zero_masked(h, m):
   return jnp.where((m != 0)[..., None], h, jnp.zeros((), h.dtype))
 
 
+# Heads are cut to the shared vocabulary rounded up to a multiple of this
+# (whole TPU lanes; the slab split below needs the width divisible by 16).
+_ROUND = 128
+
+
+def _head_width(vocab: int, *widths: int) -> int:
+  """Columns of the heads the loss multiplies by: the vocabulary rounded up
+  to _ROUND, within the narrowest head."""
+  return min(-(-vocab // _ROUND) * _ROUND, *widths)
+
+
+def _mask_padding(x, cfg: "_Static"):
+  """[..., W] logits with the columns past the real vocabulary set to -inf
+  (zero probability; token_terms is NaN-free there)."""
+  if x.shape[-1] == cfg.vocab_size:
+    return x
+  col = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.where(col < cfg.vocab_size, x, -jnp.inf)
+
+
 def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
   """The chunk's student logits over the shared vocab, float32 / tau, and the
   teacher: its logits likewise, or its top-k (a TeacherTopK).
@@ -64,11 +84,11 @@ def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
   With cfg.given, `ht` is the chunk's (ids, logprobs, tail) and `wt` unused.
   """
   f32 = jnp.float32
-  v = cfg.vocab_size
-  # Full-width matmuls, then a chunk-sized slice: slicing the head instead
-  # would copy a whole [D, V] head (XLA hoists it out of the loop).
-  z = jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32)  # [B, C, Vs]
-  z = z[..., :v] / cfg.temperature
+  # The heads arrive cut to the shared vocabulary rounded up to whole
+  # 128-lane blocks (_run); the columns past it are padding: -inf.
+  z = _mask_padding(
+      jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32), cfg)
+  z = z / cfg.temperature  # [B, C, W]
   if cfg.given:
     active = (m != 0)[..., None]
     ids, lp, tail = ht
@@ -76,8 +96,9 @@ def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
     ids = jnp.where(active, ids, jnp.arange(ids.shape[-1], dtype=ids.dtype))
     return z, topk_lib.TeacherTopK(
         ids, jnp.where(active, lp, 0.0), jnp.where(active[..., 0], tail, -1.0))
-  u = jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32)  # [B, C, Vt]
-  u = lax.stop_gradient(u[..., :v]) / cfg.temperature
+  u = _mask_padding(
+      jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32), cfg)
+  u = lax.stop_gradient(u) / cfg.temperature  # [B, C, W]
   if cfg.topk is not None:
     return z, topk_lib.topk_of_scaled(u, cfg.topk)
   return z, u
@@ -174,9 +195,8 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
     ht_c = ht_c if cfg.given else _zero_masked(ht_c, m_c)
     z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, m_c)
     l, s, dz = _chunk_loss(cfg, z, u, w_c, m_c, with_grad=True)
-    dz = dz / cfg.temperature  # [B, C, V]: z above is logits / tau
-    dz = jnp.pad(dz, [(0, 0), (0, 0), (0, width - cfg.vocab_size)])  # [B, C, Vs]
-    dz = dz.astype(ws.dtype)
+    # [B, C, W]: z above is logits / tau; 0 on the padding columns.
+    dz = (dz / cfg.temperature).astype(ws.dtype)
     dhs = jnp.einsum("bcv,sv->bcs", dz, ws,
                      preferred_element_type=f32).astype(hs.dtype)
     if n_slabs == 1:
@@ -326,6 +346,19 @@ def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
   m = mask.astype(jnp.float32)
   cfg = _Static(kind, beta, temperature, vocab, topk, variant, given)
   chunks = functools.partial(_to_chunks, n=n, size=size)
+  # The heads are cut BEFORE the products, never the [B, C, V] logits after
+  # them: the TPU compiler fails (an INTERNAL 'Bitcast cannot have different
+  # shape sizes' error) on a slice of a product whose contraction dim is
+  # sharded (tests/losses/fused_test.py keeps the smallest such program
+  # compiling through this path). Cutting costs a copy of the cut head
+  # where it is used.
+  widths = [student_head.shape[1]]
+  if not given:
+    widths.append(teacher_head.shape[1])
+  w_cols = _head_width(vocab, *widths)
+  student_head = student_head[:, :w_cols]
+  if not given:
+    teacher_head = teacher_head[:, :w_cols]
   loss, sums = _fused(
       cfg, chunks(student_hidden), student_head,
       jax.tree.map(chunks, teacher), teacher_head, chunks(weights), chunks(m))

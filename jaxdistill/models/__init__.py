@@ -15,6 +15,7 @@ from jaxdistill.models.config import FAMILIES
 from jaxdistill.models.config import get_preset
 from jaxdistill.models.config import ModelConfig
 from jaxdistill.models.config import PRESETS
+from jaxdistill.models.config import REMAT_POLICIES
 from jaxdistill.models.model import apply
 from jaxdistill.models.model import cache_logical_axes
 from jaxdistill.models.model import init

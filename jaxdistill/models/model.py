@@ -142,9 +142,10 @@ def _exclusive_cumsum(m):
   return jnp.cumsum(m, axis=1) - m
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames="return_hidden")
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=("return_hidden", "shard"))
 def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
-          positions=None, cache=None, return_hidden=False):
+          positions=None, cache=None, return_hidden=False, shard=None):
   """Forward pass (jitted; cfg and return_hidden are static).
 
   Args:
@@ -160,6 +161,9 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
       logits (hidden) instead of silently overwriting earlier slots.
     return_hidden: return final-normed hidden states [B, T, D] (compute dtype)
       instead of float32 logits [B, T, V].
+    shard: None, or a sharding.Activations (static): activations are pinned
+      to its mesh by logical axes (batch over the data axes), the logits as
+      ('batch', 'seq', 'vocab'). Numerically a no-op.
 
   Returns:
     logits (or hidden) without a cache; (logits (or hidden), new_cache) with one.
@@ -169,7 +173,7 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
   b, t = tokens.shape
   m = (jnp.ones((b, t), jnp.int32) if attention_mask is None
        else jnp.asarray(attention_mask).astype(jnp.int32))
-  module = Transformer(cfg)
+  module = Transformer(cfg, shard)
   variables = {"params": params}
 
   if cache is None:
@@ -204,7 +208,11 @@ def apply(cfg: ModelConfig, params, tokens, attention_mask=None, *,
   else:
     with jax.named_scope("lm_head"):  # names the op in profiles
       head = output_head(cfg, params).astype(cfg.dtype)
+      if shard is not None:  # FSDP: the head is gathered where it is used
+        head = shard(head, None, "vocab")
       # A 2-D matmul (see transformer.Linear); float32 logits for the losses.
       out = jnp.dot(hidden.reshape(b * t, -1), head,
                     preferred_element_type=jnp.float32).reshape(b, t, -1)
+      if shard is not None:
+        out = shard(out, "batch", "seq", "vocab")
   return out if new_cache is None else (out, new_cache)

@@ -12,7 +12,7 @@ Einsum letters:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -29,6 +29,12 @@ _REMAT = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
+
+
+def _pin(shard, x, *logical):
+  """x constrained to its logical axes by `shard` (sharding.Activations), or
+  as it is when the model runs without one."""
+  return x if shard is None else shard(x, *logical)
 
 
 def _normal(stddev=0.02):
@@ -94,6 +100,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
   """Grouped-query self-attention with RoPE and an optional stacked KV cache."""
   cfg: ModelConfig
+  shard: Any = None
 
   @nn.compact
   def __call__(self, x, positions, mask, cache, index, layer):
@@ -108,6 +115,9 @@ class Attention(nn.Module):
     inv_freq = rope.inv_frequencies(c)
     q = rope.apply_rope(q, positions, inv_freq)  # [B, T, N, H]
     kk = rope.apply_rope(kk, positions, inv_freq)  # [B, T, K, H]
+    q = _pin(self.shard, q, "batch", "seq", "heads", "head_dim")
+    kk = _pin(self.shard, kk, "batch", "seq", "kv_heads", "head_dim")
+    vv = _pin(self.shard, vv, "batch", "seq", "kv_heads", "head_dim")
 
     b, t = x.shape[:2]
     q = q.reshape(b, t, k, c.num_groups, h)  # [B, T, K, G, H]
@@ -144,6 +154,7 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
   cfg: ModelConfig
+  shard: Any = None
 
   @nn.compact
   def __call__(self, x):
@@ -152,30 +163,39 @@ class MLP(nn.Module):
     d, f = c.hidden_size, c.intermediate_size
     gate = Linear((d,), (f,), ("embed", "mlp"), name="gate_proj", **kw)(x)
     up = Linear((d,), (f,), ("embed", "mlp"), name="up_proj", **kw)(x)
-    return Linear((f,), (d,), ("mlp", "embed"), name="down_proj", **kw)(
-        nn.silu(gate) * up)
+    h = _pin(self.shard, nn.silu(gate) * up, "batch", "seq", "mlp")
+    return Linear((f,), (d,), ("mlp", "embed"), name="down_proj", **kw)(h)
 
 
 class DecoderLayer(nn.Module):
   """One pre-norm block; signature fits nn.scan (carry, *broadcast, layer)."""
   cfg: ModelConfig
+  shard: Any = None
 
   @nn.compact
   def __call__(self, carry, positions, mask, index, layer):
     c = self.cfg
     x, cache = carry
+    pin = lambda y: _pin(self.shard, y, "batch", "seq", "embed")
     kw = dict(eps=c.rms_norm_eps, dtype=c.dtype, param_dtype=c.param_dtype)
-    h, cache = Attention(c, name="self_attn")(
-        RMSNorm(name="input_layernorm", **kw)(x), positions, mask, cache,
+    h, cache = Attention(c, self.shard, name="self_attn")(
+        RMSNorm(name="input_layernorm", **kw)(pin(x)), positions, mask, cache,
         index, layer)
-    x = x + h
-    x = x + MLP(c, name="mlp")(RMSNorm(name="post_attention_layernorm", **kw)(x))
-    return (x, cache), None
+    x = pin(x + h)
+    x = x + MLP(c, self.shard, name="mlp")(
+        RMSNorm(name="post_attention_layernorm", **kw)(x))
+    return (pin(x), cache), None
 
 
 class Transformer(nn.Module):
-  """tokens -> final-normed hidden states [B, T, D] (+ updated (k, v) cache)."""
+  """tokens -> final-normed hidden states [B, T, D] (+ updated (k, v) cache).
+
+  `shard` (a sharding.Activations, or None) pins the activations to the
+  mesh by logical axes: the residual stream ('batch', 'seq', 'embed'), the
+  attention heads and the MLP's hidden layer.
+  """
   cfg: ModelConfig
+  shard: Any = None
 
   @nn.compact
   def __call__(self, tokens, positions, mask, cache=None, index=0):
@@ -183,6 +203,7 @@ class Transformer(nn.Module):
     embedding = _Param("embedding", (c.vocab_size, c.hidden_size),
                        ("vocab", "embed"), c.param_dtype, name="embed_tokens")()
     x = jnp.take(embedding, tokens, axis=0).astype(c.dtype)  # [B, T, D]
+    x = _pin(self.shard, x, "batch", "seq", "embed")
 
     layer_cls = DecoderLayer
     if c.remat != "none":
@@ -195,10 +216,11 @@ class Transformer(nn.Module):
         length=c.num_hidden_layers,
         unroll=c.scan_unroll,
         metadata_params={nn.PARTITION_NAME: "layers"},
-    )(c, name="layers")
+    )(c, self.shard, name="layers")
     layers = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)
     (x, cache), _ = stack((x, cache), positions, mask, index, layers)
     x = RMSNorm(c.rms_norm_eps, c.dtype, c.param_dtype, name="norm")(x)
+    x = _pin(self.shard, x, "batch", "seq", "embed")
     if not c.tie_word_embeddings:
       # Created here so init makes it; apply() multiplies by it outside.
       _Param("kernel", (c.hidden_size, c.vocab_size), ("embed", "vocab"),

@@ -172,7 +172,8 @@ def grpo_objective(logp, old_logp, advantages, weights, mask, *,
 
 
 def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
-                   temperature: float = 1.0, vocab_size: int | None = None):
+                   temperature: float = 1.0, vocab_size: int | None = None,
+                   shard=None):
   """Log-probs and entropies of the response tokens under one model.
 
   Args:
@@ -183,6 +184,8 @@ def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
     temperature: T > 0, as used for sampling.
     vocab_size: the vocabulary sampled over (rollout.generate's vocab_size);
       default the model's full width.
+    shard: None or a sharding.Activations: activations pinned to its mesh
+      (models.apply), the head gathered where it is used.
 
   Returns:
     logp [R, N] float32 of tokens[:, P:] under softmax(logits / T) over the
@@ -192,11 +195,13 @@ def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
   n = num_response
   p = tokens.shape[1] - n
   hidden = models.apply(cfg, params, tokens, attention_mask,
-                        return_hidden=True)[:, p - 1:-1]  # [R, N, D]
+                        return_hidden=True, shard=shard)[:, p - 1:-1]  # [R, N, D]
   # Only response positions need logits: skip the [R, P, V] prompt head.
   head = models.output_head(cfg, params).astype(cfg.dtype)  # [D, V]
   if vocab_size is not None:
     head = head[:, :vocab_size]
+  if shard is not None:
+    head = shard(head, None, "vocab")
   logits = jnp.einsum("RND,DV->RNV", hidden, head,
                       preferred_element_type=jnp.float32)
   x = logits / temperature  # [R, N, V]
@@ -211,7 +216,7 @@ def token_logprobs(cfg, params, tokens, attention_mask, num_response: int, *,
 
 
 def grpo_loss(params, unused_teacher, batch, *, cfg, grpo_cfg, kl_cfg,
-              temperature, vocab_size=None):
+              temperature, vocab_size=None, shard=None):
   """step.train_step loss: the GRPO objective of one (micro-)batch.
 
   `batch` holds tokens, attention_mask [R, P+N]; loss_mask, old_logp,
@@ -224,7 +229,7 @@ def grpo_loss(params, unused_teacher, batch, *, cfg, grpo_cfg, kl_cfg,
   logp, entropy = token_logprobs(cfg, params, batch["tokens"],
                                  batch["attention_mask"], n,
                                  temperature=temperature,
-                                 vocab_size=vocab_size)
+                                 vocab_size=vocab_size, shard=shard)
   mask = batch["loss_mask"] > 0
   loss, metrics = grpo_objective(
       logp, batch["old_logp"], batch["advantages"], batch["weights"], mask,

@@ -186,10 +186,11 @@ def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
   return state, jax.tree.map(lambda m: m.mean(0), metrics)
 
 
-def make_loss_fn(config, cfg, vocab_size=None):
+def make_loss_fn(config, cfg, vocab_size=None, shard=None):
   return functools.partial(
       grpo.grpo_loss, cfg=cfg, grpo_cfg=config.grpo, kl_cfg=config.kl,
-      temperature=float(config.rollout.temperature), vocab_size=vocab_size)
+      temperature=float(config.rollout.temperature), vocab_size=vocab_size,
+      shard=shard)
 
 
 def make_update(config, cfg, optimizer, schedule, *, mesh=None,
@@ -202,7 +203,9 @@ def make_update(config, cfg, optimizer, schedule, *, mesh=None,
   _check_rules(mesh, rules)
   return functools.partial(
       ppo_update, optimizer=optimizer, schedule=schedule,
-      loss_fn=make_loss_fn(config, cfg, vocab_size),
+      loss_fn=make_loss_fn(
+          config, cfg, vocab_size,
+          None if mesh is None else sharding.Activations(mesh, rules)),
       ppo_epochs=int(config.grpo.ppo_epochs),
       num_minibatches=int(config.grpo.num_minibatches),
       grad_accum=int(config.optim.grad_accum),

@@ -18,6 +18,7 @@ optimizer steps on it (state['step'] counts those).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -27,12 +28,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxdistill import cli
+from jaxdistill import compile_only
 from jaxdistill import config_lib
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.rl import grpo
+from jaxdistill.rl import programs as rl_programs
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
@@ -133,14 +136,10 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
     return _train(config, workdir, overwrite, mesh, rules, reward_fn)
 
 
-def _train(config, workdir, overwrite, mesh, rules, reward_fn):
+def _models(config):
+  """(policy cfg, kl.reference's model config block and cfg or None, whether
+  a reference is used) of a GRPO config."""
   scfg = train_setup.model_config(config.student, "student")
-  if not config.student.get("path"):
-    logging.warning(
-        "config.student has no path: a randomly initialised policy (runlocal). "
-        "Its rewards and loss will be 0 at nearly every step: this run checks "
-        "the plumbing (sampling, rewards, updates, checkpoints, export), not "
-        "learning.")
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
   rmcfg = rcfg = None
@@ -149,6 +148,43 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
         path=config.kl.reference, dtype=scfg.dtype,
         param_dtype=scfg.param_dtype))
     rcfg = train_setup.model_config(rmcfg, "kl.reference")
+  return scfg, rmcfg, rcfg, use_ref
+
+
+def _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules):
+  per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
+  optimizer, schedule = step_lib.make_optimizer(
+      config.optim, config.total_steps * per_batch)
+  return rl_programs.grpo_programs(
+      config, scfg, rcfg, mesh, rules, vocab, optimizer=optimizer,
+      schedule=schedule, use_ref=use_ref,
+      track_sparsity=bool(config.get("track_sparsity", True)))
+
+
+def compile_for(config, slice_name: str) -> dict:
+  """--compile_only: the GRPO run's programs compiled for a TPU slice on this
+  host (no weights, data or TPU) -> compile_only's report."""
+  config = resolve_paths(config)
+  validate(config)
+  config_lib.validate_run(config)
+  target = compile_only.target(slice_name)
+  mesh = train_loop.config_mesh(config, target.devices)
+  rules = sharding.rules_from_config(config)
+  scfg, _, rcfg, use_ref = _models(config)
+  vocab = train_setup.compile_vocab(config, scfg, rcfg or scfg)
+  with sharding.compiling_for("tpu"):
+    return compile_only.compile_programs(
+        _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules), target)
+
+
+def _train(config, workdir, overwrite, mesh, rules, reward_fn):
+  scfg, rmcfg, rcfg, use_ref = _models(config)
+  if not config.student.get("path"):
+    logging.warning(
+        "config.student has no path: a randomly initialised policy (runlocal). "
+        "Its rewards and loss will be 0 at nearly every step: this run checks "
+        "the plumbing (sampling, rewards, updates, checkpoints, export), not "
+        "learning.")
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   if jax.process_index() == 0:
@@ -159,6 +195,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   vocab = (train_setup.shared_vocab(config, scfg, scfg, tokenizer)
            if rcfg is None else
            train_setup.shared_vocab(config, scfg, rcfg, tokenizer, "kl.reference"))
+  train_loop.check_fit(_programs(config, scfg, rcfg, use_ref, vocab, mesh, rules),
+                       mesh, functools.partial(rl_programs.advice, config))
   batches = train_batches.make_batches(config, tokenizer, vocab)
   train_loop.report_dropped(batches)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
@@ -186,7 +224,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   if not config.get("track_sparsity", True):
     params0 = None
 
-  update = train_loop.jit_update(
+  update = step_lib.jit_update(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
                           rules=rules, vocab_size=vocab), state_shard)
   collect = rl_step.Collector(
@@ -212,7 +250,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
 
 
 def main(argv):
-  train_loop.main(argv, train_fn=train)
+  train_loop.main(argv, train_fn=train, compile_fn=compile_for,
+                  advice_fn=rl_programs.advice)
 
 
 if __name__ == "__main__":

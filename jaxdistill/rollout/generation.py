@@ -131,7 +131,7 @@ def _constrainer(mesh, rules, cfgs):
   return constrain
 
 
-def _head(cfg, params, vocab):
+def _head(cfg, params, vocab, platform):
   """The output projection and its einsum, restricted to the sampling vocab.
 
   XLA:CPU's skinny matmuls read a [V, D] matrix (contracting dim minor) 2-3x
@@ -143,7 +143,7 @@ def _head(cfg, params, vocab):
   if cfg.tie_word_embeddings:
     return params["embed_tokens"]["embedding"][:vocab], "BD,VD->BV"
   head = models.output_head(cfg, params)[:, :vocab]  # [D, V]
-  if jax.default_backend() == "cpu":
+  if platform == "cpu":
     return head.T, "BD,VD->BV"
   return head, "BD,DV->BV"
 
@@ -155,7 +155,7 @@ def _logits(hidden, head):
                     preferred_element_type=jnp.float32)
 
 
-def _hoisted_layers(cfg, params):
+def _hoisted_layers(cfg, params, platform):
   """(config, params builder) for decode steps, with per-layer weights
   sliced once per rollout instead of once per token on CPU.
 
@@ -169,7 +169,7 @@ def _hoisted_layers(cfg, params):
   """
   layers = params.get("layers") if isinstance(params, dict) else None
   n = cfg.num_hidden_layers
-  if (jax.default_backend() != "cpu" or not isinstance(layers, dict)
+  if (platform != "cpu" or not isinstance(layers, dict)
       or any(jnp.shape(x)[:1] != (n,) for x in jax.tree.leaves(layers))):
     return cfg, lambda: params
   per_layer = [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n)]
@@ -177,8 +177,8 @@ def _hoisted_layers(cfg, params):
       **params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)}
 
 
-def _step_fn(cfg, params, head):
-  cfg, build = _hoisted_layers(cfg, params)
+def _step_fn(cfg, params, head, platform):
+  cfg, build = _hoisted_layers(cfg, params, platform)
 
   def step(cache, tok):
     hidden, cache = models.apply(cfg, build(), tok[:, None], cache=cache,
@@ -197,10 +197,11 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
              pad_id, vocab, cache_len, mesh, rules):
   b = prompts.shape[0]
   constrain = _constrainer(mesh, rules, cfgs)
+  platform = sharding.platform(mesh)
 
   logits, caches, steps = [], [], []
   for cfg, p in zip(cfgs, params):
-    head = _head(cfg, p, vocab)  # [V, D]
+    head = _head(cfg, p, vocab, platform)  # [V, D]
     cache = models.init_cache(cfg, b, cache_len)
     hidden, cache = models.apply(cfg, p, prompts, prompt_mask, cache=cache,
                                  return_hidden=True)  # [B, P, D]
@@ -208,7 +209,7 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
     # only its logits are needed: skip the [B, P, V] head of the prefill.
     logits.append(_logits(hidden[:, -1], head))
     caches.append(cache)
-    steps.append(_step_fn(cfg, p, head))
+    steps.append(_step_fn(cfg, p, head, platform))
 
   s = loop.decode(
       steps, logits, caches,
@@ -383,12 +384,61 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
   Returns:
     A Rollout (layout in the module docstring).
   """
+  fn, args, kwargs = _plan(
+      student, teacher, prompts, prompt_mask, rng=rng, policy=policy, lam=lam,
+      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+      top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+      bucket=bucket, cache_len=cache_len, row_ids=row_ids, mesh=mesh,
+      rules=rules, vocab_size=vocab_size, abstract=False)
+  out = fn(*args, **kwargs)
+  if not return_logprobs:
+    out = out.replace(logprobs=None, behaviour_logprobs=None)
+  return out
+
+
+def program(student, teacher=None, prompts=None, prompt_mask=None, *,
+            policy: str = "student", lam: float | None = None,
+            max_new_tokens: int, temperature: float = 1.0,
+            top_k: int | None = None, top_p: float | None = None,
+            eos_token_ids: Sequence[int] | None = None,
+            pad_token_id: int = 0, cache_len: int | None = None,
+            mesh: Mesh | None = None, rules=None,
+            vocab_size: int | None = None):
+  """The program `generate` runs, for compiling ahead of time: (jitted
+  function, arguments, static keyword arguments), with `prompts`,
+  `prompt_mask` and the params abstract (jax.ShapeDtypeStruct leaves placed
+  by their shardings). Arguments as `generate`; the prompts are not checked
+  (there are none), the settings are."""
+  sds = jax.ShapeDtypeStruct
+  b = prompts.shape[0]
+  row_sharding = None
+  if mesh is not None:
+    row_sharding = NamedSharding(mesh, sharding.logical_to_spec(
+        ("batch",), (b,), mesh, rules or sharding.DEFAULT_RULES))
+  return _plan(
+      student, teacher, prompts, prompt_mask,
+      rng=sds((), jax.random.key(0).dtype), policy=policy, lam=lam,
+      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+      top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+      bucket=None, cache_len=cache_len,
+      row_ids=sds((b,), jnp.int32, sharding=row_sharding), mesh=mesh,
+      rules=rules, vocab_size=vocab_size, abstract=True)
+
+
+def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
+          max_new_tokens, temperature, top_k, top_p, eos_token_ids,
+          pad_token_id, bucket, cache_len, row_ids, mesh, rules, vocab_size,
+          abstract):
+  """Checks and resolves generate's arguments -> (_rollout, args, kwargs).
+  `abstract`: prompts, params and row_ids are jax.ShapeDtypeStructs already
+  placed (nothing is moved or read)."""
   given, vocab = _check_settings(student, teacher, policy, lam,
                                  max_new_tokens, temperature, top_k, top_p,
                                  vocab_size)
-  _check_prompts(prompts, prompt_mask, vocab)
+  if not abstract:
+    _check_prompts(prompts, prompt_mask, vocab)
   max_new_tokens, temperature = int(max_new_tokens), float(temperature)
-  b, p = jnp.shape(prompts)
+  b, p = tuple(prompts.shape) if abstract else jnp.shape(prompts)
   if bucket is not None:
     width = prompts_lib.bucket_length(p, bucket)
     if width != p:
@@ -411,8 +461,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
 
   if row_ids is None:
     row_ids = jnp.arange(b, dtype=jnp.int32)
-  elif jnp.shape(row_ids) != (b,):
-    raise ValueError(f"row_ids: expected shape ({b},), got {jnp.shape(row_ids)}")
+  elif tuple(np.shape(row_ids) if not abstract else row_ids.shape) != (b,):
+    raise ValueError(f"row_ids: expected shape ({b},), got {np.shape(row_ids)}")
   if eos_token_ids is None:
     eos = eos_ids(*(cfg for cfg, _ in given.values()))
   else:
@@ -422,11 +472,13 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
            "mixture": ("student", "teacher")}[policy]
   cfgs = tuple(given[n][0] for n in names)
   params = tuple(given[n][1] for n in names)
-  prompts = jnp.asarray(prompts, jnp.int32)
-  prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
   if rules is None:
     rules = sharding.DEFAULT_RULES
-  if mesh is not None:
+  if not abstract:
+    prompts = jnp.asarray(prompts, jnp.int32)
+    prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
+    row_ids = jnp.asarray(row_ids, jnp.int32)
+  if mesh is not None and not abstract:
     params = tuple(
         jax.device_put(pr, sharding.tree_shardings(
             models.logical_axes(cfg), mesh, rules, pr))
@@ -440,15 +492,13 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
   sampler = sampling.Sampler(
       greedy=greedy, top_k=None if greedy else top_k,
       use_top_p=(not greedy) and top_p is not None and float(top_p) < 1.0)
-  out = _rollout(
-      params, prompts, prompt_mask, rng, jnp.asarray(row_ids, jnp.int32),
-      jnp.float32(1.0 if lam is None else lam),
-      jnp.float32(1.0 if greedy else temperature),
-      jnp.float32(1.0 if top_p is None else top_p),
+  args = (params, prompts, prompt_mask, rng, row_ids,
+          jnp.float32(1.0 if lam is None else lam),
+          jnp.float32(1.0 if greedy else temperature),
+          jnp.float32(1.0 if top_p is None else top_p))
+  kwargs = dict(
       cfgs=cfgs, student_index=0 if names[0] == "student" else None,
       max_new_tokens=max_new_tokens, sampler=sampler, eos_ids=tuple(eos),
       pad_id=int(pad_token_id), vocab=vocab, cache_len=int(cache_len),
       mesh=mesh, rules=tuple(tuple(r) for r in rules))
-  if not return_logprobs:
-    out = out.replace(logprobs=None, behaviour_logprobs=None)
-  return out
+  return _rollout, args, kwargs

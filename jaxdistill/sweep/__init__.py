@@ -7,5 +7,4 @@
   runlocal.py  runlocal grids' tiny tokenizer and student (grid.local_assets)
   table.py     results.csv / results.md: per arm mean, std, n over seeds
   figures.py   the summary figures
-  flops.py     FLOP counts of training and rollouts (the compute columns)
 """

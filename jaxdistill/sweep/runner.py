@@ -13,7 +13,7 @@ resumes from the run's newest good checkpoint by itself. results.json holds
   eval                          evaluation metrics (jaxdistill.evaluate), or None
   compute                       steps, tokens_generated (response tokens),
                                 tokens_processed (prompt + response), model
-                                FLOPs of training and of rollouts (flops.py)
+                                FLOPs of training and of rollouts (models/flops.py)
 
 With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
 <run>/rlvr/ with its own results.json (run_rlvr_one).
@@ -32,7 +32,7 @@ from jaxdistill import rollout as rollout_lib
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import figures
-from jaxdistill.sweep import flops as flops_lib
+from jaxdistill.models import flops as flops_lib
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import runlocal

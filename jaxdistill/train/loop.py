@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import optax
 
+from jaxdistill import cli
+from jaxdistill import compile_only
 from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
@@ -47,6 +49,7 @@ from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import log as train_log
+from jaxdistill.train import programs
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 from jaxdistill.train import teacher_cache
@@ -87,14 +90,6 @@ def prepare_workdir(config, workdir: str, overwrite: bool):
     f.write(config_lib.to_json(config))
 
 
-def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
-  """Shardings of an optax state: each param-shaped leaf like its param, the
-  rest (counts, scalars) replicated."""
-  return optax.tree_map_params(
-      optimizer, lambda _, s: s, abstract_opt, param_shardings,
-      transform_non_params=lambda _: sharding.replicated(mesh))
-
-
 def config_mesh(config, devices=None):
   """The mesh of config.mesh over `devices` (default: all)."""
   try:
@@ -112,17 +107,10 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
   checkpoint's metadata ({} when starting fresh) and `start` the step to run
   next.
   """
-  param_shardings = sharding.tree_shardings(models.logical_axes(scfg), mesh,
-                                            rules, params0)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                keep=config.keep_ckpts)
-  make_state = lambda p: {"params": p, "opt_state": optimizer.init(p),
-                          "step": jnp.zeros((), jnp.int32)}
-  state_shard = {"params": param_shardings,
-                 "opt_state": opt_shardings(
-                     optimizer, jax.eval_shape(optimizer.init, params0),
-                     param_shardings, mesh),
-                 "step": sharding.replicated(mesh)}
+  make_state = functools.partial(step_lib.new_state, optimizer)
+  state_shard = step_lib.state_shardings(scfg, optimizer, params0, mesh, rules)
   abstract = jax.tree.map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
       jax.eval_shape(make_state, params0), state_shard)
@@ -135,13 +123,6 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
   if int(meta.get("step", start)) != start:
     raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
   return ckpt, state, state_shard, meta, start
-
-
-def jit_update(update, state_shard):
-  """update(state, x, y) -> (state, metrics), jitted with the state sharded
-  and donated."""
-  return jax.jit(update, in_shardings=(state_shard, None, None),
-                 out_shardings=(state_shard, None), donate_argnums=0)
 
 
 def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
@@ -230,17 +211,66 @@ def train(config, workdir: str, *, overwrite: bool = False,
     return _train(config, workdir, overwrite, mesh, rules)
 
 
+def model_configs(config):
+  """(student cfg, teacher cfg, cached) of a distillation config. A teacher
+  cache (jaxdistill.train.teacher_cache) replaces the teacher: its records
+  are the run's batches and no teacher weights are loaded; supervised
+  fine-tuning ('ce') needs no teacher. Without a teacher, its cfg is the
+  student's."""
+  scfg = train_setup.model_config(config.student, "student")
+  cached = bool(config.loss.get("teacher_cache"))
+  no_teacher = config.loss.kind == losses.CE or cached
+  tcfg = scfg if no_teacher else train_setup.model_config(config.teacher, "teacher")
+  return scfg, tcfg, cached
+
+
+def run_programs(config, scfg, tcfg, vocab, mesh, rules, cached):
+  """The run's compiled programs (train/programs.py), abstract."""
+  optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)
+  return programs.train_programs(
+      config, scfg, tcfg, mesh, rules, vocab, optimizer=optimizer,
+      schedule=schedule, cached=cached,
+      track_sparsity=bool(config.get("track_sparsity", True)))
+
+
+def compile_for(config, slice_name: str) -> dict:
+  """--compile_only: the run's programs compiled for a TPU slice on this
+  host (no weights, data or TPU) -> compile_only's report."""
+  config_lib.validate(config)
+  config_lib.validate_run(config)
+  target = compile_only.target(slice_name)
+  mesh = config_mesh(config, target.devices)
+  rules = sharding.rules_from_config(config)
+  config_lib.validate_run(config, mesh, rules)
+  scfg, tcfg, cached = model_configs(config)
+  vocab = train_setup.compile_vocab(config, scfg, tcfg)
+  with sharding.compiling_for("tpu"):
+    return compile_only.compile_programs(
+        run_programs(config, scfg, tcfg, vocab, mesh, rules, cached), target)
+
+
+def check_fit(progs, mesh, advice) -> None:
+  """On a TPU: compile the run's programs for its devices before any weight
+  is loaded, and stop with one line (compile_only.FitError) if one does not
+  fit. The compilations go to JAX's persistent cache, where the run's own
+  calls find them."""
+  target = compile_only.local_target(list(mesh.devices.flat))
+  if target is None:
+    return
+  compile_only.ensure_persistent_cache()
+  report = compile_only.compile_programs(
+      progs, target, log=lambda m: logging.info("%s", m))
+  compile_only.check(report, advice=advice)
+
+
 def _train(config, workdir, overwrite, mesh, rules):
   # Everything that can be checked without weights is checked first.
-  scfg = train_setup.model_config(config.student, "student")
-  # Supervised fine-tuning ('ce') needs no teacher.
+  scfg, tcfg, cached = model_configs(config)
   sft = config.loss.kind == losses.CE
-  # A teacher cache (jaxdistill.train.teacher_cache) replaces the teacher: its
-  # records are the run's batches, and no teacher weights are loaded.
-  cached = bool(config.loss.get("teacher_cache"))
-  tcfg = scfg if sft or cached else train_setup.model_config(config.teacher, "teacher")
   tokenizer = tok_lib.run_tokenizer(config)
   vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
+  check_fit(run_programs(config, scfg, tcfg, vocab, mesh, rules, cached),
+            mesh, functools.partial(programs.advice, config))
   if cached:
     batches = teacher_cache.TeacherCache(config.loss.teacher_cache)
     batches.check(config, tokenizer, vocab)
@@ -264,8 +294,9 @@ def _train(config, workdir, overwrite, mesh, rules):
     del params0
     params0 = None
 
-  loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab)
-  update = jit_update(functools.partial(
+  loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab,
+                                  shard=sharding.Activations(mesh, rules))
+  update = step_lib.jit_update(functools.partial(
       step_lib.train_step, optimizer=optimizer, schedule=schedule,
       loss_fn=loss_fn, grad_accum=int(config.optim.grad_accum)), state_shard)
   make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
@@ -422,10 +453,18 @@ def nan_stop_message(step, loss, ckpt, state, init_norm) -> str:
           f"{ckpt.directory}: {kept}{ref}; {verdict}.")
 
 
-def main(argv, train_fn=None):
-  """The CLI of `train_fn` (default: train): jaxdistill.train, rl.train."""
+def main(argv, train_fn=None, compile_fn=None, advice_fn=None):
+  """The CLI of `train_fn` (default: train): jaxdistill.train, rl.train.
+  With --compile_only: `compile_fn(config, slice)` (default compile_for)
+  and `advice_fn(config, row)` (default programs.advice) instead of a run."""
   del argv
   f = flags.FLAGS
+  if f.compile_only:
+    report = (compile_fn or compile_for)(f.config, f.compile_only)
+    compile_only.emit(report, f.json)
+    compile_only.check(report, advice=functools.partial(
+        advice_fn or programs.advice, f.config))
+    return
   initialize_distributed(f)
   try:
     (train_fn or train)(f.config, f.workdir, overwrite=f.overwrite)
@@ -467,4 +506,5 @@ def define_flags():
   flags.DEFINE_integer("process_id", None,
                        "--distributed: this process's index (default: found "
                        "by JAX).")
+  cli.define_compile_only_flags()
   flags.mark_flags_as_required(["config", "workdir"])

@@ -47,8 +47,15 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
     raise ValueError(f"config.{name}.path: set it to a Hugging Face checkpoint "
                      f"directory (or set config.{name}.preset/.init for a "
                      "randomly initialised model)")
-  return dataclasses.replace(cfg, dtype=mcfg.dtype, param_dtype=mcfg.param_dtype,
-                             **overrides)
+  # remat: the rematerialisation policy of the layers (models.REMAT_POLICIES);
+  # it changes memory and time, not results.
+  fields = dict(dtype=mcfg.dtype, param_dtype=mcfg.param_dtype)
+  if mcfg.get("remat") is not None:
+    if mcfg.remat not in models.REMAT_POLICIES:
+      raise ValueError(f"config.{name}.remat: {mcfg.remat!r} is not one of "
+                       f"{models.REMAT_POLICIES}")
+    fields["remat"] = mcfg.remat
+  return dataclasses.replace(cfg, **fields, **overrides)
 
 
 def load_params(cfg, mcfg, mesh, rules, rng):
@@ -90,6 +97,19 @@ def shared_vocab(config, scfg, tcfg, tokenizer, teacher: str = "teacher") -> int
         f"({scfg.vocab_size}) or {teacher} ({tcfg.vocab_size}) vocabulary: "
         "the models do not share a tokenizer")
   return v
+
+
+def compile_vocab(config, scfg, tcfg) -> int:
+  """shared_vocab for a compile-only run, whose models may be presets with
+  no tokenizer: config.loss.vocab_size, else the tokenizer's (when one is
+  found), else the models' common width."""
+  tokenizer = None
+  if not config.get("loss", {}).get("vocab_size"):
+    try:
+      tokenizer = tok_lib.run_tokenizer(config)
+    except (ValueError, OSError):
+      tokenizer = None
+  return shared_vocab(config, scfg, tcfg, tokenizer)
 
 
 def init_keys(seed: int):

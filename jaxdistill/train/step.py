@@ -29,6 +29,7 @@ import optax
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
 
 PyTree = Any
 
@@ -49,7 +50,7 @@ CACHE_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs", "teacher_topk_tail")
 
 
 def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
-                 loss_cfg, vocab_size, policy="student", lam=None):
+                 loss_cfg, vocab_size, policy="student", lam=None, shard=None):
   """Weighted divergence over the batch's response positions -> (loss, metrics).
 
   `batch['weights']` ([B, L]) must already hold
@@ -57,14 +58,26 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   loss_cfg.teacher_topk = k the loss sees only the teacher's top-k
   (losses.topk_divergence, variant loss_cfg.topk_variant); a batch holding
   CACHE_KEYS takes that top-k from the cache and runs no teacher at all
-  (teacher_params may then be None).
+  (teacher_params may then be None). `shard` (a sharding.Activations, or
+  None) pins both models' activations to the mesh (models.apply) and gathers
+  the output heads the fused loss multiplies by (FSDP: weights are gathered
+  where they are used, activations stay split over the batch).
   """
+  apply = functools.partial(models.apply, shard=shard)
+  if shard is not None:  # rows over the batch axes (also each micro-batch's)
+    batch = {k: shard(x, "batch", "seq", *([None] * (x.ndim - 2)))
+             for k, x in batch.items()}
+
+  def head(cfg, p):
+    w = models.output_head(cfg, p)
+    return w if shard is None else shard(w, None, "vocab")
+
   tokens, attn = batch["tokens"], batch["attention_mask"]
   w = batch["weights"][:, 1:]  # [B, L-1]: weight of predicting token t+1 at t
   kind = loss_cfg.kind
   if kind == losses.CE:  # supervised fine-tuning on the batch's own tokens
     loss, metrics = losses.cross_entropy(
-        models.apply(student_cfg, params, tokens, attn)[:, :-1], tokens[:, 1:],
+        apply(student_cfg, params, tokens, attn)[:, :-1], tokens[:, 1:],
         w, reduction="sum", vocab_size=vocab_size)
     return loss, {**metrics, MEAN_WEIGHT: metrics["sft/tokens"]}
   fused = bool(loss_cfg.get("fused", False)) and kind != losses.SAMPLED
@@ -75,20 +88,20 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   chunk = loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE)
   if CACHE_KEYS[0] in batch and kind != losses.SAMPLED:
     ids, lp, tail = (jax.lax.stop_gradient(batch[n][:, :-1]) for n in CACHE_KEYS)
-    s_out = models.apply(student_cfg, params, tokens, attn,
+    s_out = apply(student_cfg, params, tokens, attn,
                          return_hidden=fused)[:, :-1]
     if fused:
       loss, metrics = losses.fused_topk_divergence(
-          s_out, models.output_head(student_cfg, params), ids, lp, w,
+          s_out, head(student_cfg, params), ids, lp, w,
           teacher_tail=tail, variant=variant, chunk_size=chunk, **kw)
     else:
       loss, metrics = losses.topk_divergence(
           s_out, ids, lp, w, teacher_tail=tail, variant=variant, **kw)
     return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
   with jax.named_scope("teacher"):  # names its ops in profiles
-    t_full = jax.lax.stop_gradient(models.apply(
+    t_full = jax.lax.stop_gradient(apply(
         teacher_cfg, teacher_params, tokens, attn, return_hidden=fused))
-  s_full = models.apply(student_cfg, params, tokens, attn,
+  s_full = apply(student_cfg, params, tokens, attn,
                         return_hidden=fused)
   t_out, s_out = t_full[:, :-1], s_full[:, :-1]
   if kind == losses.SAMPLED:
@@ -102,9 +115,9 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
         vocab_size=vocab_size)
   elif fused:
     t_head = jax.lax.stop_gradient(
-        models.output_head(teacher_cfg, teacher_params))
+        head(teacher_cfg, teacher_params))
     loss, metrics = losses.fused_divergence(
-        s_out, models.output_head(student_cfg, params), t_out, t_head, w,
+        s_out, head(student_cfg, params), t_out, t_head, w,
         chunk_size=chunk, teacher_topk=k, topk_variant=variant, **kw)
   elif k is not None:
     t = losses.teacher_topk(t_out, k, temperature=loss_cfg.temperature,
@@ -184,9 +197,14 @@ def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
     metrics = dict(metrics)
     metrics.pop(MEAN_WEIGHT, None)
   else:
+    # Micro-batch j holds rows j, A + j, 2A + j, ...: with the rows split
+    # over the devices in contiguous blocks, every device then holds 1/A of
+    # each micro-batch, so each step of the scan runs on all of them with
+    # 1/A of the activations (a contiguous split would put a micro-batch on
+    # 1/A of the devices, or gather it). The gradient sums the same rows.
     micro = jax.tree.map(
-        lambda x: x.reshape((grad_accum, x.shape[0] // grad_accum) + x.shape[1:]),
-        batch)
+        lambda x: x.reshape((x.shape[0] // grad_accum, grad_accum)
+                            + x.shape[1:]).swapaxes(0, 1), batch)
 
     def body(carry, mb):
       (l, m), g = grad_fn(params, teacher_params, mb)
@@ -211,9 +229,42 @@ def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
   return new_state, metrics
 
 
-def make_loss_fn(config, student_cfg, teacher_cfg, vocab_size):
+def new_state(optimizer, params):
+  """The train state at step 0: {params, opt_state, step}."""
+  return {"params": params, "opt_state": optimizer.init(params),
+          "step": jnp.zeros((), jnp.int32)}
+
+
+def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
+  """Shardings of an optax state: each param-shaped leaf like its param, the
+  rest (counts, scalars) replicated."""
+  return optax.tree_map_params(
+      optimizer, lambda _, s: s, abstract_opt, param_shardings,
+      transform_non_params=lambda _: sharding.replicated(mesh))
+
+
+def state_shardings(cfg, optimizer, params, mesh, rules):
+  """Shardings of the train state {params, opt_state, step} of a model of
+  `cfg` (params: arrays or ShapeDtypeStructs of its shapes)."""
+  param_shardings = sharding.tree_shardings(models.logical_axes(cfg), mesh,
+                                            rules, params)
+  return {"params": param_shardings,
+          "opt_state": opt_shardings(
+              optimizer, jax.eval_shape(optimizer.init, params),
+              param_shardings, mesh),
+          "step": sharding.replicated(mesh)}
+
+
+def jit_update(update, state_shard):
+  """update(state, x, y) -> (state, metrics), jitted with the state sharded
+  and donated."""
+  return jax.jit(update, in_shardings=(state_shard, None, None),
+                 out_shardings=(state_shard, None), donate_argnums=0)
+
+
+def make_loss_fn(config, student_cfg, teacher_cfg, vocab_size, shard=None):
   ro = config.rollout
   return functools.partial(
       distill_loss, student_cfg=student_cfg, teacher_cfg=teacher_cfg,
       loss_cfg=config.loss, vocab_size=vocab_size, policy=ro.policy,
-      lam=rollout_lib.mixture_lam(ro))
+      lam=rollout_lib.mixture_lam(ro), shard=shard)

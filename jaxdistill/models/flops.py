@@ -56,3 +56,27 @@ def rollout_flops(student: ModelConfig, teacher: ModelConfig | None,
   # The average token attends to half the sequence under a KV cache.
   return sum(forward_flops_per_token(m, seq_len / 2) * tokens
              for m in models[policy])
+
+
+def weight_bytes(cfg: ModelConfig) -> int:
+  """Bytes of the model's weights as stored (cfg.param_dtype): what one pass
+  over the model reads."""
+  d, h, k, f = (cfg.hidden_size, cfg.num_attention_heads,
+                cfg.num_key_value_heads, cfg.intermediate_size)
+  hd = cfg.head_dim
+  per_layer = (d * h * hd * 2 + d * k * hd * 2 + 3 * d * f + 2 * d
+               + (h + 2 * k) * hd * int(cfg.attention_bias))
+  n = (cfg.num_hidden_layers * per_layer + cfg.vocab_size * d + d
+       + (0 if cfg.tie_word_embeddings else d * cfg.vocab_size))
+  return n * _itemsize(cfg.param_dtype)
+
+
+def kv_cache_bytes(cfg: ModelConfig, rows: float, length: int) -> float:
+  """Bytes of a KV cache (models.init_cache, compute dtype) for `rows`
+  rows of `length` slots: what one decode step reads."""
+  return (2.0 * cfg.num_hidden_layers * rows * cfg.num_key_value_heads
+          * length * cfg.head_dim * _itemsize(cfg.dtype))
+
+
+def _itemsize(dtype: str) -> int:
+  return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]

@@ -1,0 +1,387 @@
+"""Compile a run's programs for a TPU slice on any host, and say if they fit.
+
+  python -m jaxdistill.train --config configs/distill.py \
+      --config.student.preset=qwen2.5-0.5b --config.teacher.preset=qwen2.5-7b \
+      --config.loss.vocab_size=151665 --workdir W --compile_only=v5e-8 [--json]
+
+JAX compiles for a TPU topology without a TPU (libtpu installed: the `tpu`
+extra, `pip install -e '.[tpu]'`): `jax.experimental.topologies` gives the
+slice's devices, each command lays its programs (rollout, train step, ...)
+on a mesh over them with abstract arguments (shapes, dtypes and shardings;
+no weights), and XLA's TPU compiler reports per chip what each needs. That
+is the TPU's own word on fit, got before anyone pays for the slice.
+
+Per program and chip:
+  argument / output / temp bytes   XLA's memory_analysis();
+  total      arguments + outputs - donated (aliased) + temporaries, plus
+             `resident_bytes`: what the run keeps on the chip meanwhile that
+             is no argument of the program (the optimizer state while the
+             rollout runs, the initial weights kept for update sparsity);
+  fits       total <= (1 - HEADROOM) x HBM;
+  flops      the program's matrix-product FLOPs per chip, counted on its
+             jaxpr with every loop body times its trip count (XLA's
+             cost_analysis() counts a loop body once: the layer scan, the
+             loss's chunk scan, the decode loop), divided over the chips;
+             rematerialised products are counted, as they run;
+  bytes      a lower bound of the HBM traffic per chip that the command
+             computes from its shapes (weights read per pass, gathered under
+             FSDP; optimizer state read and written; the KV cache read per
+             decode step); activations are not counted;
+  bound      max(flops / peak FLOP/s, bytes / HBM bandwidth) per chip: no
+             step can be faster (the roofline);
+  mfu_ceiling  model FLOPs (models.flops: the useful work, no
+             rematerialisation) / (bound x peak): the best MFU the program
+             could reach.
+
+Each command builds its Programs (train/programs.py, rl/programs.py,
+evaluate/programs.py, ...); `compile_programs` compiles them and `check`
+raises FitError, one line, when one does not fit.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+# A program fits when it leaves at least this fraction of a chip's HBM free.
+HEADROOM = 0.10
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Per-chip figures of a TPU generation (bf16 dense peak, HBM, bandwidth),
+  from Google Cloud's TPU pages. `names_count_cores`: v4 and v5p slices are
+  named by TensorCores (v5p-8 is 4 chips), v5e and v6e by chips."""
+  name: str
+  hbm_bytes: int
+  peak_flops: float
+  hbm_bandwidth: float
+  dims: int
+  names_count_cores: bool
+
+
+CHIPS = {
+    "v4": Chip("v4", 32 * GiB, 275e12, 1228e9, 3, True),
+    "v5e": Chip("v5e", 16 * GiB, 197e12, 819e9, 2, False),
+    "v5p": Chip("v5p", 95 * GiB, 459e12, 2765e9, 3, True),
+    "v6e": Chip("v6e", 32 * GiB, 918e12, 1640e9, 2, False),
+}
+
+# Chips -> the topology of a slice of that many (2-D: v5e/v6e; 3-D: v4/v5p).
+_SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8",
+              128: "8x16", 256: "16x16"}
+_SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
+              128: "4x4x8", 256: "4x8x8"}
+
+
+class FitError(ValueError):
+  """A program of the run does not fit the slice (one-line message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Devices to compile for, with the per-device figures a report uses."""
+  name: str
+  chip: Chip
+  topology: str
+  chips: int
+  devices: tuple
+  hbm_bytes: int        # per device
+  peak_flops: float     # per device
+  hbm_bandwidth: float  # per device
+
+
+def _target(name, chip, topology, chips, devices, hbm_bytes=None) -> Target:
+  per_device = chips / len(devices)  # v4: 2 devices a chip
+  return Target(name, chip, topology, chips, tuple(devices),
+                int(hbm_bytes or chip.hbm_bytes * per_device),
+                chip.peak_flops * per_device, chip.hbm_bandwidth * per_device)
+
+
+def parse_slice(name: str) -> tuple[Chip, str, int]:
+  """'v5e-8' (a slice as Cloud TPU names it) or 'v5e:2x4' (a topology) ->
+  (chip, topology, chips). Raises ValueError naming what it accepts."""
+  known = ", ".join(sorted(CHIPS))
+  m = re.fullmatch(r"(v\d+[a-z]?)([-:])(\S+)", name.strip().lower())
+  if not m or m.group(1) not in CHIPS:
+    raise ValueError(f"--compile_only: unknown slice {name!r}; give a Cloud TPU "
+                     f"slice like v5e-8, v6e-8, v5p-8, v4-8 or a topology like "
+                     f"v5e:2x4 (chips: {known})")
+  chip = CHIPS[m.group(1)]
+  if m.group(2) == ":":
+    dims = m.group(3).split("x")
+    if len(dims) != chip.dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+      raise ValueError(f"--compile_only: topology {name!r} needs {chip.dims} "
+                       f"positive dimensions for {chip.name}")
+    return chip, f"{chip.name}:{m.group(3)}", math.prod(int(d) for d in dims)
+  if not m.group(3).isdigit():
+    raise ValueError(f"--compile_only: {name!r}: expected {chip.name}-N")
+  n = int(m.group(3))
+  chips = n // 2 if chip.names_count_cores else n
+  shapes = _SHAPES_3D if chip.dims == 3 else _SHAPES_2D
+  if chips not in shapes or (chip.names_count_cores and n % 2):
+    sizes = sorted(k * (2 if chip.names_count_cores else 1) for k in shapes)
+    raise ValueError(f"--compile_only: no {chip.name} slice of size {n}; "
+                     f"sizes: {sizes} (or give a topology, e.g. "
+                     f"{chip.name}:{shapes[min(shapes)]})")
+  return chip, f"{chip.name}:{shapes[chips]}", chips
+
+
+def target(name: str) -> Target:
+  """The compile-only devices of a slice (needs libtpu; no TPU)."""
+  chip, topology, chips = parse_slice(name)
+  try:
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    devices = topologies.get_topology_desc(topology, platform="tpu").devices
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(
+        f"--compile_only={name}: cannot compile for a TPU here ({_first_line(e)}); "
+        "install libtpu for the installed JAX: pip install -e '.[tpu]'") from None
+  return _target(name, chip, topology, chips, devices)
+
+
+# jax.Device.device_kind -> chip.
+_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e",
+          "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e",
+          "TPU v6e": "v6e"}
+
+
+def local_target(devices=None) -> Target | None:
+  """The TPU this process runs on, as a Target (its HBM as the runtime
+  reports it), or None off TPU or on a TPU generation the table lacks."""
+  devices = list(jax.devices() if devices is None else devices)
+  if devices[0].platform != "tpu" or devices[0].device_kind not in _KINDS:
+    return None
+  chip = CHIPS[_KINDS[devices[0].device_kind]]
+  try:
+    hbm = int(devices[0].memory_stats()["bytes_limit"])
+  except Exception:  # pylint: disable=broad-except
+    hbm = None
+  n = len(devices)
+  chips = n // 2 if chip.name == "v4" and n > 1 else n
+  return _target(f"{chip.name} ({n} devices)", chip, devices[0].device_kind,
+                 chips, devices, hbm)
+
+
+def _first_line(e: BaseException) -> str:
+  lines = [l for l in str(e).splitlines() if l.strip()]
+  return lines[0] if lines else type(e).__name__
+
+
+@dataclasses.dataclass
+class Program:
+  """One compiled program of a run, with its abstract arguments.
+
+  `fn` is the jitted function the run calls, `args`/`kwargs` what it is
+  called with (jax.ShapeDtypeStruct leaves with shardings; static keyword
+  arguments). `model_flops` and `bytes_accessed` are for the whole program
+  (all chips) and per chip respectively; `while_trips` is the trip count its
+  while loops are counted with (the decode loop's steps).
+  """
+  name: str
+  fn: Callable
+  args: tuple
+  kwargs: dict = dataclasses.field(default_factory=dict)
+  model_flops: float = 0.0
+  bytes_accessed: float = 0.0
+  resident_bytes: int = 0
+  while_trips: int = 1
+
+  def trace(self):
+    return self.fn.trace(*self.args, **self.kwargs)
+
+
+def _is_jaxpr(x) -> bool:
+  return isinstance(x, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr))
+
+
+def _inner(x):
+  return x.jaxpr if isinstance(x, jax.extend.core.ClosedJaxpr) else x
+
+
+def jaxpr_flops(jaxpr, while_trips: int = 1) -> float:
+  """Matrix-product FLOPs of a jaxpr: 2 x output size x contracted size per
+  dot_general, scan bodies times their length, while bodies times
+  `while_trips`, the costlier branch of a cond, and every other sub-jaxpr
+  (jit, remat, custom derivatives) once."""
+  total = 0.0
+  for eqn in _inner(jaxpr).eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (lc, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      out = eqn.outvars[0].aval.shape
+      total += 2.0 * math.prod(out) * math.prod(lhs[d] for d in lc)
+    elif name == "scan":
+      total += eqn.params["length"] * jaxpr_flops(eqn.params["jaxpr"], while_trips)
+    elif name == "while":
+      total += while_trips * jaxpr_flops(eqn.params["body_jaxpr"], while_trips)
+    elif name == "cond":
+      total += max(jaxpr_flops(b, while_trips) for b in eqn.params["branches"])
+    else:
+      for v in eqn.params.values():
+        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+          if _is_jaxpr(sub):
+            total += jaxpr_flops(sub, while_trips)
+  return total
+
+
+def _shard_bytes(x) -> int:
+  """Bytes of one device's shard of an abstract array."""
+  shape = x.shape
+  sh = getattr(x, "sharding", None)
+  if sh is not None and hasattr(sh, "shard_shape"):
+    shape = sh.shard_shape(x.shape)
+  return int(math.prod(shape)) * np.dtype(x.dtype).itemsize
+
+
+def tree_bytes_per_device(tree) -> int:
+  """Per-device bytes of a pytree of abstract arrays (with shardings)."""
+  return sum(_shard_bytes(x) for x in jax.tree.leaves(tree)
+             if hasattr(x, "shape") and hasattr(x, "dtype"))
+
+
+_OOM = re.compile(r"memory required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def _oom_temp_bytes(msg: str) -> float | None:
+  m = _OOM.search(msg)
+  return None if m is None else float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def compile_program(p: Program, t: Target) -> dict:
+  """Compiles one program for `t`; returns its report row (see module doc)."""
+  t0 = time.perf_counter()
+  traced = p.trace()
+  flops = jaxpr_flops(traced.jaxpr, p.while_trips) / len(t.devices)
+  row = {"name": p.name}
+  try:
+    compiled = traced.lower().compile()
+  except Exception as e:  # pylint: disable=broad-except
+    msg = str(e)
+    temp = _oom_temp_bytes(msg)
+    if temp is None:
+      raise RuntimeError(f"{p.name}: the TPU compiler failed: {_first_line(e)}") from e
+    # Out of memory at compile time: XLA reports the temporaries it needed;
+    # the arguments are counted from their shardings (outputs unknown).
+    args = tree_bytes_per_device((p.args, p.kwargs))
+    row.update(argument_bytes=args, output_bytes=None, temp_bytes=int(temp),
+               alias_bytes=None, compile_error="out of memory")
+    total = args + temp + p.resident_bytes
+  else:
+    ma = compiled.memory_analysis()
+    row.update(argument_bytes=int(ma.argument_size_in_bytes),
+               output_bytes=int(ma.output_size_in_bytes),
+               temp_bytes=int(ma.temp_size_in_bytes),
+               alias_bytes=int(ma.alias_size_in_bytes))
+    total = (row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
+             + row["temp_bytes"] + p.resident_bytes)
+  hbm = t.hbm_bytes
+  compute_s = flops / t.peak_flops
+  memory_s = p.bytes_accessed / t.hbm_bandwidth
+  bound = max(compute_s, memory_s)
+  model = p.model_flops / len(t.devices)
+  row.update(
+      resident_bytes=int(p.resident_bytes), total_bytes=int(total),
+      hbm_bytes=hbm, fits=total <= (1.0 - HEADROOM) * hbm,
+      headroom=1.0 - total / hbm, flops=flops, model_flops=model,
+      bytes_accessed=float(p.bytes_accessed), step_time_bound_s=bound,
+      bound_by="compute" if compute_s >= memory_s else "memory",
+      mfu_ceiling=(model / t.peak_flops) / bound if bound > 0 else None,
+      compile_s=round(time.perf_counter() - t0, 1))
+  return row
+
+
+def compile_programs(programs: Sequence[Program], t: Target, *,
+                     log=None) -> dict:
+  """Compiles every program for `t` -> the report: {topology, chips,
+  devices, hbm_bytes_per_chip, programs: [row, ...]} (rows per device)."""
+  log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+  rows = []
+  for i, p in enumerate(programs):
+    log(f"compiling {p.name} for {t.name} ({i + 1}/{len(programs)}) ...")
+    rows.append(compile_program(p, t))
+  return {"topology": t.name, "topology_desc": t.topology, "chips": t.chips,
+          "devices": len(t.devices), "hbm_bytes_per_chip": t.chip.hbm_bytes,
+          "hbm_bytes_per_device": t.hbm_bytes,
+          "peak_flops_per_chip": t.chip.peak_flops,
+          "hbm_bandwidth_per_chip": t.chip.hbm_bandwidth,
+          "headroom_required": HEADROOM, "programs": rows}
+
+
+def _gb(x) -> str:
+  return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def format_report(report: dict) -> str:
+  """The report as a table (GB = 1e9 bytes, per chip)."""
+  head = (f"{report['topology']} ({report['topology_desc']}, "
+          f"{report['chips']} chips, {report['hbm_bytes_per_device'] / GiB:.1f} "
+          f"GiB HBM per device; fits = {1 - HEADROOM:.0%} of it or less)")
+  cols = ("program", "args GB", "out GB", "temp GB", "resident GB",
+          "total GB", "fits", "headroom", "TFLOP", "bound ms", "MFU ceiling")
+  lines = [head, " | ".join(cols)]
+  for r in report["programs"]:
+    lines.append(" | ".join([
+        r["name"], _gb(r["argument_bytes"]), _gb(r["output_bytes"]),
+        _gb(r["temp_bytes"]), _gb(r["resident_bytes"]), _gb(r["total_bytes"]),
+        ("yes" if r["fits"] else "NO") + (" (compile: out of memory)"
+                                          if r.get("compile_error") else ""),
+        f"{r['headroom']:.0%}", f"{r['flops'] / 1e12:.2f}",
+        f"{r['step_time_bound_s'] * 1e3:.1f} ({r['bound_by']})",
+        "-" if r["mfu_ceiling"] is None else f"{r['mfu_ceiling']:.2f}"]))
+  return "\n".join(lines)
+
+
+def check(report: dict, advice: Callable[[dict], str] | None = None) -> None:
+  """Raises FitError naming the first program that does not fit, its need
+  and `advice(row)` (what would help)."""
+  for r in report["programs"]:
+    if not r["fits"]:
+      need = r["total_bytes"] / GiB
+      have = report["hbm_bytes_per_device"] / GiB
+      extra = f"; {advice(r)}" if advice else ""
+      raise FitError(
+          f"{r['name']} does not fit {report['topology']}: it needs "
+          f"{need:.1f} GiB per chip of {have:.1f} GiB (at most "
+          f"{(1 - HEADROOM) * have:.1f} GiB to leave {HEADROOM:.0%} free){extra}")
+
+
+def ensure_persistent_cache() -> None:
+  """Turns on JAX's persistent compilation cache when the user has not
+  (~/.cache/jaxdistill/xla): a run's fit check compiles its programs ahead
+  of time, and the run's own calls then find them there instead of
+  compiling again (also after a preemption)."""
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(
+        "~/.cache/jaxdistill/xla"))
+
+
+def emit(report: dict, as_json: bool, out=None) -> None:
+  """Prints the report: one JSON object, or the table."""
+  out = out or sys.stdout
+  if as_json:
+    print(json.dumps(report, indent=1, default=_json_default), file=out)
+  else:
+    print(format_report(report), file=out)
+
+
+def _json_default(x: Any):
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (np.floating,)):
+    return float(x)
+  if isinstance(x, np.bool_):
+    return bool(x)
+  return str(x)

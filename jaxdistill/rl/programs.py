@@ -1,0 +1,92 @@
+"""The programs a GRPO run compiles, from its config alone (no weights):
+for `python -m jaxdistill.rl.train --compile_only=SLICE` and the fit check
+before a TPU run loads weights (train/programs.py does the same for
+distillation; compile_only.py compiles and reports).
+
+  rollout    data.batch_size x rollout.group_size samples of the policy;
+  reference  the frozen reference's log-probs of those samples (with a
+             kl.coef or kl.monitor);
+  update     grpo.ppo_epochs x grpo.num_minibatches optimizer steps.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxdistill import compile_only
+from jaxdistill.models import flops
+from jaxdistill.rl import step as rl_step
+from jaxdistill.train import programs as train_programs
+from jaxdistill.train import step as step_lib
+
+
+def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
+                  schedule, use_ref: bool, track_sparsity: bool):
+  """compile_only.Programs of a GRPO run. `rcfg`: the kl.reference's config,
+  or None (the initial policy is the reference)."""
+  ro, g = config.rollout, config.grpo
+  p, n = int(config.data.max_prompt_len), int(ro.max_new_tokens)
+  rows = int(config.data.batch_size) * int(ro.group_size)
+  seq = p + n
+  size = compile_only.tree_bytes_per_device
+  policy = train_programs.abstract_params(cfg, mesh, rules)
+  ref = (None if rcfg is None or not use_ref
+         else train_programs.abstract_params(rcfg, mesh, rules))
+  state_shard = step_lib.state_shardings(cfg, optimizer, policy, mesh, rules)
+  state = train_programs.with_shardings(
+      jax.eval_shape(functools.partial(step_lib.new_state, optimizer), policy),
+      state_shard)
+  # The initial policy stays on the chips as the reference (when none is
+  # named) and for update sparsity.
+  keep0 = (use_ref and ref is None) or track_sparsity
+  run_b = size(state) + size(ref) + (size(policy) if keep0 else 0)
+
+  out = [train_programs.rollout_program(
+      "rollout", config, cfg, None, policy, None, mesh, rules, vocab,
+      rows=rows, policy="student", resident=run_b - size(policy))]
+  bs = functools.partial(train_programs.batch_struct, mesh=mesh, rules=rules)
+  tokens = bs((rows, seq), jnp.int32)
+  if use_ref:
+    r_cfg = rcfg or cfg
+    r_params = ref if ref is not None else policy
+    fn = functools.partial(
+        rl_step.reference_logprobs, cfg=r_cfg, num_response=n,
+        chunks=int(config.optim.grad_accum), vocab_size=vocab)
+    out.append(compile_only.Program(
+        "reference", jax.jit(fn), (r_params, tokens, tokens, jnp.float32(1.0)),
+        model_flops=flops.forward_flops_per_token(r_cfg, seq) * rows * seq,
+        bytes_accessed=int(config.optim.grad_accum) * flops.weight_bytes(r_cfg),
+        resident_bytes=run_b - size(r_params)))
+  batch = {"tokens": tokens, "attention_mask": tokens,
+           "loss_mask": bs((rows, n), jnp.int32),
+           "old_logp": bs((rows, n), jnp.float32),
+           "advantages": bs((rows,), jnp.float32)}
+  if use_ref:
+    batch["ref_logp"] = bs((rows, n), jnp.float32)
+  update = step_lib.jit_update(
+      rl_step.make_update(config, cfg, optimizer, schedule, mesh=mesh,
+                          rules=rules, vocab_size=vocab), state_shard)
+  epochs, mbs = int(g.ppo_epochs), int(g.num_minibatches)
+  steps = epochs * mbs
+  out.append(compile_only.Program(
+      "update", update,
+      (state, batch, jax.ShapeDtypeStruct((), jax.random.key(0).dtype)),
+      model_flops=flops.train_step_flops(cfg, None, epochs * rows * seq, seq),
+      bytes_accessed=steps * train_programs.update_bytes(
+          cfg, None, passes=train_programs.student_passes(cfg),
+          micro=int(config.optim.grad_accum), n_dev=mesh.devices.size),
+      resident_bytes=run_b - size(state)))
+  return out
+
+
+def advice(config, row) -> str:
+  """What would help a GRPO program that does not fit."""
+  if row["name"] == "update":
+    tips = ["config.student.remat='full'", "a larger grpo.num_minibatches or "
+            "optim.grad_accum (fewer rows per step)"]
+  else:
+    tips = ["a smaller data.batch_size, rollout.group_size or "
+            "rollout.max_new_tokens"]
+  return "try " + "; ".join(tips + ["a slice with more chips"])

@@ -1,0 +1,176 @@
+"""The programs a distillation run compiles, built from its config alone.
+
+No weights and no data: parameters, optimizer state and batches are
+abstract (jax.ShapeDtypeStruct with the shardings the run gives them), so
+the same function serves `--compile_only` on any host (compile_only.py:
+compiled for a TPU slice's devices) and the fit check a run makes on its
+own devices before it loads weights. The functions are the run's own
+(rollout.generate's program, the jitted update of train/loop.py), at the
+run's largest shapes: rollouts of data.batch_size prompts of
+data.max_prompt_len tokens plus rollout.max_new_tokens, the update on
+[batch, prompt + new tokens] sequences.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxdistill import compile_only
+from jaxdistill import losses
+from jaxdistill import models
+from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
+from jaxdistill.models import flops
+from jaxdistill.train import step as step_lib
+
+# Bytes per parameter an AdamW update moves: params read and written (their
+# dtype), float32 gradients written and read, float32 m and v read and written.
+_ADAM_F32_BYTES = 4 * 2 + 4 * 4
+
+
+def abstract_params(cfg, mesh, rules):
+  """The params of `cfg` as ShapeDtypeStructs placed by the run's rules."""
+  shapes = models.param_shapes(cfg)
+  shard = sharding.tree_shardings(models.logical_axes(cfg), mesh, rules, shapes)
+  return jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      shapes, shard)
+
+
+def with_shardings(shapes, shardings):
+  return jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      shapes, shardings)
+
+
+def batch_struct(shape, dtype, mesh, rules):
+  return jax.ShapeDtypeStruct(
+      shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape), rules))
+
+
+def rollout_program(name, config, scfg, tcfg, student, teacher, mesh, rules,
+                    vocab, *, rows, policy, lam=None, resident=0,
+                    prompt_len=None, max_new_tokens=None, temperature=None):
+  """compile_only.Program of rollout.generate for `rows` prompts."""
+  ro = config.rollout
+  p = int(prompt_len or config.data.max_prompt_len)
+  n = int(max_new_tokens or ro.max_new_tokens)
+  prompts = batch_struct((rows, p), jnp.int32, mesh, rules)
+  used = {"student": ((scfg, student),), "teacher": ((tcfg, teacher),),
+          "mixture": ((scfg, student), (tcfg, teacher))}[policy]
+  fn, args, kwargs = rollout_lib.program(
+      (scfg, student) if student is not None else None,
+      (tcfg, teacher) if teacher is not None else None, prompts, prompts,
+      policy=policy, lam=lam, max_new_tokens=n,
+      temperature=float(ro.temperature if temperature is None else temperature),
+      top_k=ro.get("top_k"), top_p=ro.get("top_p"), mesh=mesh, rules=rules,
+      vocab_size=vocab, eos_token_ids=(0,))
+  n_dev = mesh.devices.size
+  cache_len = p + n - 1
+  # Per decode step (and the prefill): every weight of each sampling model,
+  # gathered whole on each chip, and the chip's rows of its KV cache.
+  per_step = sum(flops.weight_bytes(c) + flops.kv_cache_bytes(c, rows / n_dev,
+                                                             cache_len)
+                 for c, _ in used)
+  return compile_only.Program(
+      name, fn, args, kwargs,
+      model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
+      bytes_accessed=n * per_step, resident_bytes=resident,
+      while_trips=n - 1)
+
+
+def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int) -> float:
+  """HBM traffic lower bound per chip of one update: each micro-batch reads
+  the student's weights `passes` times and the teacher's once (whole:
+  gathered under FSDP), then AdamW reads and writes the chip's share of the
+  state."""
+  out = micro * passes * flops.weight_bytes(scfg)
+  if tcfg is not None:
+    out += micro * flops.weight_bytes(tcfg)
+  n = flops.weight_bytes(scfg) / flops._itemsize(scfg.param_dtype)  # pylint: disable=protected-access
+  return out + n * _ADAM_F32_BYTES / n_dev
+
+
+def student_passes(cfg) -> int:
+  """Passes over the student's weights per micro-batch: forward, backward,
+  and the forward again that rematerialisation recomputes."""
+  return 3 if cfg.remat != "none" else 2
+
+
+def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
+                   schedule, cached: bool, track_sparsity: bool):
+  """[rollout (unless the rollouts come from data or a teacher cache),
+  update] of a distillation run: compile_only.Programs, laid out as
+  train/loop.py lays the run out."""
+  ro, d = config.rollout, config.data
+  b = int(d.batch_size)
+  seq = int(d.max_prompt_len) + int(ro.max_new_tokens)
+  n_dev = mesh.devices.size
+  no_teacher = config.loss.kind == losses.CE or cached
+  student = abstract_params(scfg, mesh, rules)
+  teacher = None if no_teacher else abstract_params(tcfg, mesh, rules)
+  state_shard = step_lib.state_shardings(scfg, optimizer, student, mesh, rules)
+  state = with_shardings(
+      jax.eval_shape(functools.partial(step_lib.new_state, optimizer), student),
+      state_shard)
+  size = compile_only.tree_bytes_per_device
+  # What stays on the chips for the whole run: the train state, the teacher
+  # and the initial weights (kept for update sparsity).
+  run_b = (size(state) + size(teacher)
+           + (size(student) if track_sparsity else 0))
+
+  out = []
+  if ro.policy != "dataset" and not cached:
+    s_in = student if ro.policy != "teacher" else None
+    t_in = teacher if ro.policy != "student" else None
+    out.append(rollout_program(
+        "rollout", config, scfg, tcfg, s_in, t_in, mesh, rules, vocab,
+        rows=b, policy=ro.policy, lam=rollout_lib.mixture_lam(ro),
+        resident=run_b - size(s_in) - size(t_in)))
+
+  batch = {k: batch_struct((b, seq), jnp.int32, mesh, rules)
+           for k in ("tokens", "attention_mask", "loss_mask")}
+  batch["weights"] = batch_struct((b, seq), jnp.float32, mesh, rules)
+  if config.loss.kind == losses.SAMPLED and ro.policy != "student":
+    batch["behaviour_logprobs"] = batch_struct((b, seq), jnp.float32, mesh, rules)
+  if cached:
+    k = int(config.loss.teacher_topk)
+    ids, lps, tail = step_lib.CACHE_KEYS
+    batch[ids] = batch_struct((b, seq, k), jnp.int32, mesh, rules)
+    batch[lps] = batch_struct((b, seq, k), jnp.float32, mesh, rules)
+    batch[tail] = batch_struct((b, seq), jnp.float32, mesh, rules)
+  loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab,
+                                  shard=sharding.Activations(mesh, rules))
+  accum = int(config.optim.grad_accum)
+  update = step_lib.jit_update(functools.partial(
+      step_lib.train_step, optimizer=optimizer, schedule=schedule,
+      loss_fn=loss_fn, grad_accum=accum), state_shard)
+  t_model = None if no_teacher else tcfg
+  out.append(compile_only.Program(
+      "update", update, (state, teacher, batch),
+      model_flops=flops.train_step_flops(scfg, t_model, b * seq, seq),
+      bytes_accessed=update_bytes(scfg, t_model, passes=student_passes(scfg),
+                                  micro=accum, n_dev=n_dev),
+      resident_bytes=run_b - size(state) - size(teacher)))
+  return out
+
+
+def advice(config, row) -> str:
+  """What would help a distillation program that does not fit."""
+  tips = []
+  if row["name"] == "update":
+    if config.student.get("remat", "none") != "full":
+      tips.append("config.student.remat='full' (recompute each layer's "
+                  "activations in the backward pass)")
+    tips.append("a larger config.optim.grad_accum (micro-batches: the rows per "
+                "chip must divide by it)")
+    if config.loss.get("fused") is False:
+      tips.append("config.loss.fused=True")
+    else:
+      tips.append("a smaller config.loss.chunk_size")
+  else:
+    tips.append("a smaller config.data.batch_size or rollout.max_new_tokens")
+  tips.append("a slice with more chips")
+  return "try " + "; ".join(tips)

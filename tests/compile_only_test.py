@@ -1,0 +1,171 @@
+"""compile_only: slice names, the FLOP count of a program (against hand counts
+written here from the shapes), the report's arithmetic, and (with libtpu)
+compiling real programs for a TPU slice on this CPU host."""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxdistill import compile_only
+from jaxdistill import config_lib
+from jaxdistill import sharding
+from jaxdistill.train import loop
+from tests import config_util
+
+
+@pytest.mark.parametrize("name,topology,chips", [
+    ("v5e-8", "v5e:2x4", 8), ("v6e-8", "v6e:2x4", 8), ("v5e-16", "v5e:4x4", 16),
+    ("v6e-16", "v6e:4x4", 16), ("v5p-8", "v5p:2x2x1", 4),
+    ("v4-8", "v4:2x2x1", 4), ("v5e:2x2", "v5e:2x2", 4), ("V6E-4", "v6e:2x2", 4)])
+def test_parse_slice(name, topology, chips):
+  chip, topo, n = compile_only.parse_slice(name)
+  assert (topo, n) == (topology, chips)
+  assert chip.name == topology.split(":")[0]
+
+
+@pytest.mark.parametrize("name,words", [
+    ("v7-8", "unknown slice"), ("v5e-3", "no v5e slice of size 3"),
+    ("v5p-5", "no v5p slice of size 5"), ("v5e:2x2x2", "needs 2 positive"),
+    ("tpu", "unknown slice")])
+def test_parse_slice_refuses_in_one_line(name, words):
+  with pytest.raises(ValueError, match=words) as e:
+    compile_only.parse_slice(name)
+  assert "\n" not in str(e.value)
+
+
+def test_jaxpr_flops_counts_loops_by_their_trips():
+  """2 x M x N x K per product; a scan body x its length; a while body x the
+  trip count given; a cond's costlier branch."""
+  def f(x, w, v):
+    y = x @ w                                      # 2*4*8*16
+    def body(c, _):
+      return c @ v, None                           # 2*4*16*16, 5 times
+    y, _ = jax.lax.scan(body, y, None, length=5)
+    y = jax.lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, s[1] @ v),
+                           (0, y))[1]              # 2*4*16*16, x trips
+    y = jax.lax.cond(y.sum() > 0, lambda a: a @ v @ v, lambda a: a, y)
+    return jnp.einsum("bk,bk->b", y, y)            # 2*4*16
+  args = (jax.ShapeDtypeStruct((4, 8), jnp.float32),
+          jax.ShapeDtypeStruct((8, 16), jnp.float32),
+          jax.ShapeDtypeStruct((16, 16), jnp.float32))
+  jaxpr = jax.make_jaxpr(f)(*args)
+  step = 2 * 4 * 16 * 16
+  want = 2 * 4 * 8 * 16 + 5 * step + 7 * step + 2 * step + 2 * 4 * 16
+  assert compile_only.jaxpr_flops(jaxpr, while_trips=7) == want
+
+
+# A tiny pair whose every product is easy to write down.
+S = dict(family="llama", vocab_size=300, hidden_size=32, intermediate_size=48,
+         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+         head_dim=8, eos_token_id=(2,), max_position_embeddings=512)
+T = dict(S, hidden_size=64, intermediate_size=96, num_hidden_layers=3)
+
+
+def _layers_fwd(m, rows, q, s):
+  """One forward of the decoder layers: `rows` x `q` query tokens attending
+  to `s` keys. Projections q, k, v, o and the three MLP products; attention
+  QK^T and PV (dense: masking does not skip work)."""
+  d, n, k, h, f = (m["hidden_size"], m["num_attention_heads"],
+                   m["num_key_value_heads"], m["head_dim"],
+                   m["intermediate_size"])
+  proj = 2 * rows * q * (d * n * h + 2 * d * k * h + n * h * d + 3 * d * f)
+  attn = 2 * 2 * rows * n * q * s * h
+  return m["num_hidden_layers"] * (proj + attn)
+
+
+def _config(remat="none", **fields):
+  c = config_lib.load_config("configs/distill.py:runlocal")
+  c.student.init = S
+  c.teacher.init = T
+  c.student.remat = remat
+  return config_util.set_fields(c, fields)
+
+
+def _program_flops(c, name, vocab=300):
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  rules = sharding.DEFAULT_RULES
+  scfg, tcfg, cached = loop.model_configs(c)
+  p, = [p for p in loop.run_programs(c, scfg, tcfg, vocab, mesh, rules, cached)
+        if p.name == name]
+  return compile_only.jaxpr_flops(p.trace().jaxpr, p.while_trips)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_update_flops_hand_count(remat):
+  """The distillation update: student layers forward + backward (2 x forward)
+  and, with remat 'full', the forward again minus each layer's down_proj
+  (the backward needs no layer's output: the next layer's input is saved);
+  teacher layers forward; the fused loss's head products over the positions
+  padded to whole chunks: student logits, their gradient to the hidden
+  states and to the head, teacher logits. The heads are cut to the
+  vocabulary rounded up to 128 columns, within their width (300)."""
+  c = _config(remat, **{"data.batch_size": 4, "data.max_prompt_len": 8,
+                        "rollout.max_new_tokens": 8, "loss.chunk_size": 4})
+  b, seq = 4, 16
+  pos = math.ceil((seq - 1) / 4) * 4  # 15 loss positions -> 4 chunks of 4
+  w = 300  # min(384, the heads' width 300)
+  recompute = 0
+  if remat == "full":
+    down_proj = 2 * b * seq * S["intermediate_size"] * S["hidden_size"]
+    recompute = _layers_fwd(S, b, seq, seq) - S["num_hidden_layers"] * down_proj
+  want = (3 * _layers_fwd(S, b, seq, seq) + recompute
+          + _layers_fwd(T, b, seq, seq)
+          + 3 * 2 * b * pos * S["hidden_size"] * w
+          + 2 * b * pos * T["hidden_size"] * w)
+  assert _program_flops(c, "update") == want
+
+
+def test_rollout_flops_hand_count():
+  """Student rollout: the prefill runs the prompt's P tokens against the
+  whole cache (P + N - 1 slots) and the head on the last position; each of
+  the N - 1 decode steps one token per row; the head is cut to the
+  vocabulary sampled (300)."""
+  c = _config(**{"data.batch_size": 4, "data.max_prompt_len": 8,
+                 "rollout.max_new_tokens": 6})
+  b, p, n = 4, 8, 6
+  cache = p + n - 1
+  head = 2 * b * S["hidden_size"] * 300
+  want = (_layers_fwd(S, b, p, cache) + head
+          + (n - 1) * (_layers_fwd(S, b, 1, cache) + head))
+  assert _program_flops(c, "rollout") == want
+
+
+def test_report_row_arithmetic():
+  """total = arguments + outputs - aliased + temporaries + resident; the
+  bound is the larger of FLOPs / peak and bytes / bandwidth."""
+  chip = compile_only.Chip("x", 1000, 10.0, 5.0, 2, False)
+  t = compile_only.Target("x-1", chip, "x:1x1", 1, (None,), 1000, 10.0, 5.0)
+
+  class Mem:
+    argument_size_in_bytes, output_size_in_bytes = 300, 200
+    alias_size_in_bytes, temp_size_in_bytes = 150, 100
+
+  class Compiled:
+    def memory_analysis(self):
+      return Mem()
+
+  class Traced:
+    jaxpr = jax.make_jaxpr(lambda a: a @ a)(jnp.ones((2, 2)))  # 16 FLOPs
+
+    def lower(self):
+      class L:
+        def compile(self):
+          return Compiled()
+      return L()
+
+  p = compile_only.Program("prog", None, (), model_flops=8.0,
+                           bytes_accessed=50.0, resident_bytes=350)
+  p.trace = lambda: Traced()
+  row = compile_only.compile_program(p, t)
+  assert row["total_bytes"] == 300 + 200 - 150 + 100 + 350 == 800
+  assert row["fits"] and abs(row["headroom"] - 0.2) < 1e-12
+  assert row["flops"] == 16
+  assert row["step_time_bound_s"] == max(16 / 10.0, 50 / 5.0) == 10.0
+  assert row["bound_by"] == "memory"
+  assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / 10.0) < 1e-12
+  resident = dataclasses.replace(p, resident_bytes=560)
+  resident.trace = p.trace
+  assert not compile_only.compile_program(resident, t)["fits"]  # 1010 > 900
+
