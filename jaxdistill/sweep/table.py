@@ -33,7 +33,9 @@ import os
 
 import numpy as np
 
-from jaxdistill.sweep import rlvr
+# <arm dir>/rlvr/: where an arm's RLVR stage (sweep/rlvr.py) runs. Defined
+# here, below rlvr.py, which builds on this module's rows.
+RLVR_DIR = "rlvr"
 
 STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
 SPARSITY_DTYPES = ("bfloat16", "float32")
@@ -108,12 +110,17 @@ def aggregate(workdir: str) -> list[dict]:
   for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
     with open(path) as f:
       row = row_of(json.load(f))
-    stage = os.path.join(rlvr.stage_dir(os.path.dirname(path)), "results.json")
+    stage = os.path.join(stage_dir(os.path.dirname(path)), "results.json")
     if os.path.isfile(stage):
       with open(stage) as f:
         row = with_rlvr(row, json.load(f))
     rows.append(row)
   return rows
+
+
+def stage_dir(run_dir: str) -> str:
+  """The directory of a run's RLVR stage."""
+  return os.path.join(run_dir, RLVR_DIR)
 
 
 def metric_columns(rows: Sequence[Mapping]) -> list[str]:
