@@ -10,7 +10,8 @@ the metrics below (None when a run has no such figure):
   sparsity_bfloat16, sparsity_float32   update sparsity, whole model,
                   |delta| <= atol, compared in that dtype (evaluation on the
                   stored checkpoints; else the training loop's figure)
-  sparsity_exact_bfloat16, sparsity_exact_float32   the same, bit-equal
+  sparsity_exact_bfloat16, sparsity_exact_float32   the same, equal under
+                  IEEE comparison (-0.0 == 0.0)
   sparsity, sparsity_exact   row fields only (figures): the same in the
                   run's default dtype, the base checkpoint's stored one
   harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
@@ -227,7 +228,7 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
             f"percentage points (positive = forgotten); {spread}. "
             "sparsity_<dtype>: share of parameter entries with |change| <= "
             "atol after both are rounded to <dtype> (sparsity_exact_<dtype>: "
-            "bit-equal)."]
+            "equal, IEEE ==, so -0.0 equals 0.0)."]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path
