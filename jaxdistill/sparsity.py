@@ -311,7 +311,7 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
       n = c = e = 0
       for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        for i in (i0, i1):  # each file opened once (setdefault would open per block)
+        for i in (i0, i1):  # once per file, not per block
           if i.file not in files:
             files[i.file] = open(i.file, "rb")
         a = st.read_rows(i0, r0, r1, f=files[i0.file])

@@ -150,7 +150,7 @@ def prepare(builder_cls, *, data_dir: str, config=None, manual_dir: str | None =
   try:
     builder = builder_cls(data_dir=data_dir, config=config,
                           file_format="array_record")
-  except Exception as e:  # The only file read here is a prepared dataset_info.json.
+  except Exception as e:  # The one file read here: a prepared dataset_info.json.
     name = config if isinstance(config, str) else getattr(
         config, "name", None) or builder_cls.BUILDER_CONFIGS[0].name
     info = os.path.join(data_dir, builder_cls.name, name,
@@ -192,7 +192,7 @@ def load_records(builder, split: str) -> list[dict]:
   try:
     source = builder.as_data_source(split=split)
     return [to_record(source[i]) for i in range(len(source))]
-  except Exception as e:
+  except Exception:
     for path in builder.info.splits[split].filepaths:
       try:
         shard = array_record_data_source.ArrayRecordDataSource([os.fspath(path)])
@@ -200,7 +200,7 @@ def load_records(builder, split: str) -> list[dict]:
       except Exception as bad:  # The first shard that cannot be read whole.
         raise ValueError(_damaged(os.fspath(path), os.fspath(builder.data_dir),
                                   bad)) from None
-    raise e
+    raise
 
 
 def _damaged(path: str, directory: str, error: Exception) -> str:

@@ -327,7 +327,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 def _parse_answer(answer: str):
-  """Tree of an answer; `expr = N` is allowed and returns N too. Raises ExprError.
+  """Tree of an answer; `expr = N` is allowed and returns N too (ExprError).
 
   Whitespace around the answer is stripped before the length cap (a right
   equation after 300 newlines is right); unary minus is allowed.

@@ -20,8 +20,9 @@ number that is not in the prompt. Evaluation is exact (`fractions.Fraction`).
 Every limit exists so that hostile text costs bounded time: the text is capped
 at MAX_CHARS characters once leading and trailing whitespace is stripped
 (spaces inside an expression count), parentheses at MAX_DEPTH levels and
-literals at MAX_DIGITS digits, so the parser touches at most a few hundred tokens and the
-rational arithmetic stays on small numbers. Nothing here calls `eval`.
+literals at MAX_DIGITS digits, so the parser touches at most a few hundred
+tokens and the rational arithmetic stays on small numbers. Nothing here calls
+`eval`.
 
 A parse returns a tree of tuples: `('num', int)`, `('neg', operand)` or
 `(op, left, right)`.
@@ -197,8 +198,8 @@ def canonical(node) -> str:
 
   Sums are flattened into signed terms and products into factors with
   exponent +-1; both are sorted. So `3+4*5`, `5*4+3` and `(4*5)+3` agree, and
-  `a-(b-c)` equals `a+c-b` and `-(a-b)` equals `b-a`, while `(a+b)*c` and `a*c+b*c` stay distinct (they
-  are different equations a student can write).
+  `a-(b-c)` equals `a+c-b` and `-(a-b)` equals `b-a`, while `(a+b)*c` and
+  `a*c+b*c` stay distinct (they are different equations a student can write).
   """
   return _canon(node)
 

@@ -27,8 +27,8 @@ would take as its answer:
    is no answer; a negated one ("the answer is not B") is none either.
 
 Only the final MAX_SCAN_CHARS characters are searched, so hostile megabyte
-completions cost bounded time. An unparseable completion yields None, which scores 0 and is
-counted separately (`parsed` in `score`).
+completions cost bounded time. An unparseable completion yields None, which
+scores 0 and is counted separately (`parsed` in `score`).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _letter_at(text: str, pos: int, offered: str):
 
 
 def _stated(text: str, pos: int, offered: str) -> str | None:
-  """The letter an answer statement ending at `pos` names, or None (rules 3-5)."""
+  """The letter a statement ending at `pos` names, or None (rules 3-5)."""
   pos = _FILLER.match(text, pos).end()
   found = _letter_at(text, pos, offered)
   if found is None:
