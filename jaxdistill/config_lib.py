@@ -14,17 +14,17 @@ import re
 
 import ml_collections
 
-from jaxdistill import losses
-from jaxdistill import rollout as rollout_lib
+from jaxdistill import choices
 
 # The checkout jaxdistill runs from (pip install -e): its configs/ directory is
 # where a relative config path falls back to, so commands work from any cwd.
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The loss kinds, estimators, reductions and top-k variants are those of
-# jaxdistill.losses; the rollout policies those of jaxdistill.rollout, plus
-# 'dataset' (train on the data's own text: no rollout).
-POLICIES = rollout_lib.POLICIES + ("dataset",)
+# The loss kinds, estimators, reductions and top-k variants are
+# jaxdistill.choices' (those jaxdistill.losses implements); the rollout
+# policies jaxdistill.rollout's, plus 'dataset' (train on the data's own text:
+# no rollout).
+POLICIES = choices.ROLLOUT_POLICIES + ("dataset",)
 SCHEDULES = ("constant", "cosine")
 
 
@@ -124,12 +124,12 @@ def _check_topk(loss, ro) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
       _err("loss.teacher_topk", f"must be None (the full teacher) or an "
            f"integer >= 1, got {k!r}")
-    if loss.kind not in losses.KINDS:
+    if loss.kind not in choices.KINDS:
       _err("loss.teacher_topk", f"applies to the exact losses (forward, "
            f"reverse, jsd), not loss.kind={loss.kind!r}; set it to None")
-  if loss.get("topk_variant", "renorm") not in losses.TOPK_VARIANTS:
+  if loss.get("topk_variant", "renorm") not in choices.TOPK_VARIANTS:
     _err("loss.topk_variant", f"unknown {loss.topk_variant!r}; choose from "
-         f"{losses.TOPK_VARIANTS}")
+         f"{choices.TOPK_VARIANTS}")
   if cache is not None:
     if k is None:
       _err("loss.teacher_cache", "a cache holds the teacher's top-k: set "
@@ -143,18 +143,17 @@ def _check_topk(loss, ro) -> None:
 def validate(config) -> None:
   """Checks a training config before any compute; raises naming the field."""
   loss = config.loss
-  if loss.kind not in losses.LOSS_KINDS:
+  if loss.kind not in choices.LOSS_KINDS:
     _err("loss.kind", f"unknown loss {loss.kind!r}; choose from "
-         f"{losses.LOSS_KINDS}")
+         f"{choices.LOSS_KINDS}")
   if loss.kind == "jsd" and not 0.0 <= float(loss.beta) <= 1.0:
     _err("loss.beta", f"must be in [0, 1], got {loss.beta}")
-  if loss.kind == losses.SAMPLED and loss.estimator not in losses.ESTIMATORS:
+  if loss.kind == choices.SAMPLED and loss.estimator not in choices.ESTIMATORS:
     _err("loss.estimator", f"unknown estimator {loss.estimator!r}; choose "
-         f"from {losses.ESTIMATORS}")
-  try:
-    losses.check_reduction(loss.reduction)
-  except ValueError as e:
-    _err("loss.reduction", str(e))
+         f"from {choices.ESTIMATORS}")
+  if loss.reduction not in choices.REDUCTIONS:
+    _err("loss.reduction", f"reduction must be one of {choices.REDUCTIONS}, "
+         f"got {loss.reduction!r}")
   if not float(loss.temperature) > 0:
     _err("loss.temperature", f"must be > 0, got {loss.temperature}")
   _check_topk(loss, config.rollout)
@@ -162,7 +161,7 @@ def validate(config) -> None:
   ro = config.rollout
   if ro.policy not in POLICIES:
     _err("rollout.policy", f"unknown policy {ro.policy!r}; choose from {POLICIES}")
-  if loss.kind == losses.CE and ro.policy != "dataset":
+  if loss.kind == choices.CE and ro.policy != "dataset":
     _err("rollout.policy", "loss.kind='ce' (supervised fine-tuning) trains on "
          f"fixed sequences: use policy='dataset', got {ro.policy!r}")
   if ro.policy == "mixture":
@@ -172,7 +171,7 @@ def validate(config) -> None:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
   if float(ro.temperature) < 0:
     _err("rollout.temperature", f"must be >= 0, got {ro.temperature}")
-  if loss.kind == losses.SAMPLED:
+  if loss.kind == choices.SAMPLED:
     _check_sampled_rollout(loss, ro)
 
   opt = config.optim

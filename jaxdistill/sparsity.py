@@ -4,6 +4,14 @@ between two Hugging Face checkpoints on disk (update_sparsity_from_checkpoints,
 one tensor at a time); and their flat sparsity/* metrics
 (metrics_from_result; the training loop's: metrics_from_params).
 Definitions: docs/method.md.
+
+Entries are compared after both are rounded to the comparison dtype:
+`sparsity` counts |theta1 - theta0| <= atol, `exact_sparsity` counts
+theta1 == theta0 under IEEE equality (so -0.0 equals 0.0; it is not a
+comparison of bit patterns). Both are defined for finite weights only: an inf
+or nan in either tree or checkpoint (after rounding) is a ValueError naming
+the parameter, since IEEE arithmetic would count it as changed (nan != nan,
+inf - inf = nan) and report a sparsity that means nothing.
 """
 from __future__ import annotations
 
@@ -49,12 +57,14 @@ def _layer_info(path: Sequence[str], layer_key: str):
 
 @functools.partial(jax.jit, static_argnames=("dtype", "atol", "axis"))
 def _row_counts(a, b, *, dtype, atol, axis):
-  """int32 [rows] counts of |a - b| <= atol and of a == b, per index of `axis`.
+  """int32 [rows] counts of |a - b| <= atol and of a == b (IEEE), per index
+  of `axis`, and the int32 counts of non-finite entries of a and of b.
 
   Both operands are first rounded to `dtype`, then widened exactly to float32
   so the difference itself is not rounded to a coarse (bf16) grid.
   """
   a, b = a.astype(dtype), b.astype(dtype)
+  bad = tuple(jnp.sum(~jnp.isfinite(x), dtype=jnp.int32) for x in (a, b))
   if a.ndim == 0:
     a, b = a[None], b[None]
   else:
@@ -65,7 +75,7 @@ def _row_counts(a, b, *, dtype, atol, axis):
     close = jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)) <= atol
   else:
     close = a == b
-  return jnp.sum(close, axis=red, dtype=jnp.int32), exact
+  return jnp.sum(close, axis=red, dtype=jnp.int32), exact, *bad
 
 
 def _summary(total, close, exact) -> dict:
@@ -104,12 +114,23 @@ class _Tally:
     return out
 
 
-def _counts(a, b, dtype, atol, axis=0):
-  """int64 NumPy (close, exact) counts per index of `axis`; see _row_counts."""
+def _counts(a, b, dtype, atol, axis=0, *, name):
+  """int64 NumPy (close, exact) counts per index of `axis`; see _row_counts.
+  ValueError naming the parameter `name` if a or b holds inf or nan."""
   # Sharded leaves give sharded counts; on several hosts they are gathered.
-  c_rows, e_rows = map(sharding.to_host, _row_counts(
+  c_rows, e_rows, bad0, bad1 = map(sharding.to_host, _row_counts(
       a, b, dtype=dtype, atol=float(atol), axis=axis))
+  _check_finite(name, int(bad0), int(bad1), dtype, "params0", "params1")
   return c_rows.astype(np.int64), e_rows.astype(np.int64)
+
+
+def _check_finite(name, bad0, bad1, dtype, where0, where1):
+  for bad, where in ((bad0, where0), (bad1, where1)):
+    if bad:
+      raise ValueError(
+          f"{name}: {bad} non-finite value(s) (inf or nan) in {where} "
+          f"(compared in {jnp.dtype(dtype).name}); update sparsity is defined "
+          "for finite weights only")
 
 
 def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
@@ -119,8 +140,10 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
 
   An entry counts as unchanged when |theta1 - theta0| <= atol after both are
   rounded to the storage dtype (`dtype`, or else each leaf's dtype in
-  `params0`, i.e. the checkpoint's); `exact_sparsity` counts bit-equal
-  entries. Reported whole-model, per layer and per parameter group.
+  `params0`, i.e. the checkpoint's); `exact_sparsity` counts entries equal
+  under IEEE comparison (-0.0 == 0.0). Reported whole-model, per layer and per
+  parameter group. An inf or nan in either tree (after rounding) raises a
+  ValueError naming the leaf.
 
   Layers are found in two layouts: leaves under a `layer_key` entry are
   STACKED along `layer_axis` ([L, ...], one count per index), while keys like
@@ -154,7 +177,8 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
     axis = layer_axis if stacked else 0
     if stacked and not -a.ndim <= layer_axis < a.ndim:
       raise ValueError(f"{'/'.join(names)}: no layer axis {layer_axis} in {a.shape}")
-    c_rows, e_rows = _counts(a, b, leaf_dtype, atol, axis)
+    c_rows, e_rows = _counts(a, b, leaf_dtype, atol, axis,
+                             name="/".join(names))
     if stacked:
       per_row = int(np.prod(a.shape)) // max(len(c_rows), 1)
       for i in range(len(c_rows)):
@@ -209,8 +233,10 @@ def _hf_tensors(path: str) -> tuple[dict, bool]:
           if not k.endswith(ckpt_lib.IGNORED_SUFFIXES)}, tied
 
 
-def _host_counts(a: np.ndarray, b: np.ndarray, dtype, atol) -> tuple[int, int]:
-  """(close, exact) counts of host arrays rounded to `dtype`, like _row_counts.
+def _host_counts(a: np.ndarray, b: np.ndarray, dtype, atol,
+                 where) -> tuple[int, int]:
+  """(close, exact) counts of host arrays rounded to `dtype`, like _row_counts;
+  ValueError if either holds inf or nan (`where`: the tensor and both paths).
 
   Blocks read from files are already on the host, where NumPy needs no
   compilation per tensor shape; the difference is taken in float64, exact
@@ -220,6 +246,8 @@ def _host_counts(a: np.ndarray, b: np.ndarray, dtype, atol) -> tuple[int, int]:
   exact = int(np.count_nonzero(a == b))
   if not jnp.issubdtype(dtype, jnp.floating):  # (NumPy's misses bfloat16.)
     return exact, exact
+  _check_finite(where[0], int(np.count_nonzero(~np.isfinite(a))),
+                int(np.count_nonzero(~np.isfinite(b))), dtype, *where[1:])
   diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
   return int(np.count_nonzero(diff <= atol)), exact
 
@@ -238,7 +266,8 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
   bfloat16 base is then compared on the bfloat16 grid, where updates smaller
   than a bf16 step leave an entry unchanged, as they would in a bf16 release;
   pass dtype='float32' for the finer comparison (jaxdistill.evaluate reports
-  both).
+  both). A tensor holding inf or nan in either checkpoint is a ValueError
+  naming it and the checkpoint.
 
   Per-layer figures use the HF layer index ('model.layers.3.' -> 3); groups
   are tensor names without it ('model.layers.self_attn.q_proj.weight').
@@ -282,9 +311,13 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
       n = c = e = 0
       for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        a = st.read_rows(i0, r0, r1, f=files.setdefault(i0.file, open(i0.file, "rb")))
-        b = st.read_rows(i1, r0, r1, f=files.setdefault(i1.file, open(i1.file, "rb")))
-        dc, de = _host_counts(a, b, cmp_dtype, atol)
+        for i in (i0, i1):  # once per file, not per block
+          if i.file not in files:
+            files[i.file] = open(i.file, "rb")
+        a = st.read_rows(i0, r0, r1, f=files[i0.file])
+        b = st.read_rows(i1, r0, r1, f=files[i1.file])
+        dc, de = _host_counts(a, b, cmp_dtype, atol,
+                              (f"tensor {name!r}", path0, path1))
         n, c, e = n + a.size, c + dc, e + de
       tally.add(n, c, e, group=group, layer=layer)
   finally:

@@ -443,6 +443,18 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
   assert not (tmp_path / ".lock").exists()
 
 
+@pytest.mark.parametrize("pid", ["abc", None, True, 1.5, -3, "123", 10**30])
+def test_lock_with_a_non_numeric_pid_is_refused_in_one_line(tmp_path, pid):
+  lock = tmp_path / ".lock"
+  lock.write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+  with pytest.raises(ValueError) as e:
+    ckpt_lib.WorkdirLock(str(tmp_path)).acquire()
+  assert str(e.value) == (
+      f"{lock}: the workdir is locked, but the lock's pid {pid!r} is not a "
+      "process id; remove the lock if no run uses this workdir")
+  assert json.loads(lock.read_text())["pid"] == pid  # left as it was
+
+
 # -- 8. what a user should see -----------------------------------------------------------
 
 def test_nan_weights_in_a_checkpoint_are_named_at_load(tmp_path, caplog):

@@ -19,6 +19,10 @@ train_size=100, test_size=20), data_dir=...)`.
 Metadata is built with `tfds.core.DatasetInfo` directly, not
 `dataset_info_from_configs`, because the latter reads package metadata files
 that these in-repo builders do not have.
+
+A prepared dataset whose dataset_info.json or array_record files are damaged
+(truncated, edited, half-copied) is a ValueError naming the file, with the
+remedy: delete the dataset's directory and it is prepared again.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import dataclasses
 import inspect
 import os
 
+from array_record.python import array_record_data_source
 from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
@@ -142,7 +147,17 @@ def prepare(builder_cls, *, data_dir: str, config=None, manual_dir: str | None =
   """Builds (once) and returns a builder; writes array_record files under data_dir."""
   if not data_dir:
     raise ValueError("data_dir must be given explicitly")
-  builder = builder_cls(data_dir=data_dir, config=config, file_format="array_record")
+  try:
+    builder = builder_cls(data_dir=data_dir, config=config,
+                          file_format="array_record")
+  except Exception as e:  # The one file read here: a prepared dataset_info.json.
+    name = config if isinstance(config, str) else getattr(
+        config, "name", None) or builder_cls.BUILDER_CONFIGS[0].name
+    info = os.path.join(data_dir, builder_cls.name, name,
+                        str(builder_cls.VERSION), "dataset_info.json")
+    if not os.path.isfile(info):
+      raise
+    raise ValueError(_damaged(info, os.path.dirname(info), e)) from None
   download_config = None
   if manual_dir is not None:
     if not os.path.isdir(manual_dir):
@@ -169,8 +184,26 @@ def to_record(example: dict) -> dict:
 
 
 def load_records(builder, split: str) -> list[dict]:
-  """All examples of a prepared builder's split as plain dicts, in stored order."""
+  """All examples of a prepared builder's split as plain dicts, in stored order.
+
+  A damaged array_record file is a ValueError naming it."""
   if split not in builder.info.splits:
     raise ValueError(f"split {split!r} not in {sorted(builder.info.splits)}")
-  source = builder.as_data_source(split=split)
-  return [to_record(source[i]) for i in range(len(source))]
+  try:
+    source = builder.as_data_source(split=split)
+    return [to_record(source[i]) for i in range(len(source))]
+  except Exception:
+    for path in builder.info.splits[split].filepaths:
+      try:
+        shard = array_record_data_source.ArrayRecordDataSource([os.fspath(path)])
+        shard.__getitems__(range(len(shard)))
+      except Exception as bad:  # The first shard that cannot be read whole.
+        raise ValueError(_damaged(os.fspath(path), os.fspath(builder.data_dir),
+                                  bad)) from None
+    raise
+
+
+def _damaged(path: str, directory: str, error: Exception) -> str:
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return (f"{path}: damaged prepared data ({first}); delete {directory} and "
+          "it is prepared again")

@@ -286,8 +286,9 @@ def make_sequence_batches(records: Sequence[Mapping], tokenizer, *,
       process_index=process_index, process_count=process_count)
 
 
-def records_from_config(data) -> list[dict]:
-  """The records named by a run config's `data` block.
+def records_from_config(data, *, responses: bool = False) -> list[dict]:
+  """The records named by a run config's `data` block (`responses`: they
+  are trained on as text, rollout.policy='dataset'; see read_records).
 
   data.task 'countdown': Countdown-`n_numbers` problems of `split` (default
     'train'). With `data_dir`, they are prepared as (and read from) the TFDS
@@ -333,33 +334,97 @@ def records_from_config(data) -> list[dict]:
     path = data.get("records_file")
     if not path:
       raise ValueError("data.records_file is required for task 'records'")
-    return read_records(path)
+    return read_records(path, responses=responses)
   raise ValueError(f"data.task: expected 'countdown', 'mcq' or 'records', "
                    f"got {task!r}")
 
 
-def read_records(path: str) -> list[dict]:
-  """Task records from a .jsonl/.json file, each checked to be a Countdown or
-  multiple-choice record; errors name the file and line."""
+# The fields that make a record of each kind (tasks.task_of).
+_FIELDS = {tasks.COUNTDOWN: ("numbers", "target"),
+           tasks.MCQ: ("question", "options", "answer"),
+           tasks.ARITH: ("expression", "value")}
+_KIND = {tasks.COUNTDOWN: "Countdown", tasks.MCQ: "multiple-choice",
+         tasks.ARITH: "arithmetic"}
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)  # JSON true is not 1
+
+
+def _record_kind(row) -> int:
+  """The one kind whose fields `row` has; ValueError naming the missing field
+  of the kind it comes closest to, or the kinds it mixes."""
+  whole = [k for k, f in _FIELDS.items() if all(x in row for x in f)]
+  if len(whole) > 1:
+    raise ValueError(
+        "record has the fields of " + " and ".join(
+            f"a {_KIND[k]} record ({', '.join(_FIELDS[k])})" for k in whole)
+        + "; each record must be one kind")
+  if whole:
+    return whole[0]
+  near = max(_FIELDS, key=lambda k: sum(x in row for x in _FIELDS[k]))
+  if any(x in row for x in _FIELDS[near]):
+    missing = [x for x in _FIELDS[near] if x not in row]
+    raise ValueError(f"{_KIND[near]} record has no field {missing[0]!r} (it "
+                     f"needs {', '.join(_FIELDS[near])})")
+  return tasks.task_of(row)  # Raises, naming the fields each kind needs.
+
+
+def _check_record(row, responses: bool) -> None:
+  """ValueError naming the field of `row` that is missing or wrong."""
+  kind = _record_kind(row)
+  if "response" in row and not isinstance(row["response"], str):
+    raise ValueError("field 'response' must be text")
+  if kind == tasks.COUNTDOWN:
+    nums, target = row["numbers"], row["target"]
+    if (not isinstance(nums, list) or not 1 <= len(nums) <= MAX_NUMBERS
+        or not all(_is_int(x) for x in nums)):
+      raise ValueError(f"field 'numbers' must be a list of 1-{MAX_NUMBERS} "
+                       f"integers, got {nums!r}")
+    if not _is_int(target):
+      raise ValueError(f"field 'target' must be an integer, got {target!r}")
+    if row.get("solution") is not None:
+      if not isinstance(row["solution"], str):
+        raise ValueError("field 'solution' must be text")
+      try:
+        countdown_lib.reference_completion(nums, target, row["solution"])
+      except (ValueError, RecursionError) as e:
+        raise ValueError(f"field 'solution': {e}") from None
+    elif responses and row.get("response") is None:
+      raise ValueError("Countdown record has no field 'solution' or 'response' "
+                       "(rollout.policy='dataset' trains on one)")
+  elif kind == tasks.ARITH:
+    if not _is_int(row["value"]) or row["value"] < 0:
+      raise ValueError("field 'value' must be a non-negative integer, got "
+                       f"{row['value']!r}")
+    if not isinstance(row["expression"], str):
+      raise ValueError("field 'expression' must be text")
+    if expr_lib.evaluate(expr_lib.parse(row["expression"])) != row["value"]:
+      raise ValueError(f"arithmetic record: {row['expression']} is not "
+                       f"{row['value']}")
+  else:
+    if not isinstance(row["question"], str) or not row["question"].strip():
+      raise ValueError("field 'question' must be non-empty text")
+    rec = sources.validate_record(row["question"], row["options"], row["answer"])
+    seen = {}
+    for letter, option in zip(mcq.LETTERS, rec["options"]):
+      key = " ".join(option.split())
+      if key in seen:
+        raise ValueError(f"field 'options': {seen[key]} and {letter} are the "
+                         f"same option {option!r}")
+      seen[key] = letter
+
+
+def read_records(path: str, *, responses: bool = False) -> list[dict]:
+  """Task records from a .jsonl/.json file, each checked to be exactly one
+  kind: Countdown (integer numbers and target, not booleans; a `solution`
+  that solves it), multiple choice (distinct options) or arithmetic. With
+  `responses` (rollout.policy='dataset') each must also give the text to
+  train on. Errors are one line naming the file, line and field."""
   out = []
   for where, row in sources.read_rows(path):
     try:
-      kind = tasks.task_of(row)
-      if kind == tasks.COUNTDOWN:
-        nums = row["numbers"]
-        if (not isinstance(nums, list) or not nums or len(nums) > MAX_NUMBERS
-            or not all(isinstance(x, int) for x in nums)
-            or not isinstance(row["target"], int)):
-          raise ValueError(f"Countdown record needs 1-{MAX_NUMBERS} integer "
-                           "numbers and an integer target")
-      elif kind == tasks.ARITH:
-        if not isinstance(row["value"], int) or row["value"] < 0:
-          raise ValueError("arithmetic record needs a non-negative integer value")
-        if expr_lib.evaluate(expr_lib.parse(row["expression"])) != row["value"]:
-          raise ValueError(f"arithmetic record: {row['expression']} is not "
-                           f"{row['value']}")
-      else:
-        sources.validate_record(row["question"], row["options"], row["answer"])
+      _check_record(row, responses)
     except (ValueError, TypeError, KeyError) as e:
       raise ValueError(f"{where}: {e}") from None
     out.append(row)
@@ -383,7 +448,8 @@ def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
   longer than rollout.max_new_tokens. Every host builds the full global batch
   (the loop keeps its own rows)."""
   data = config.data
-  recs = records_from_config(data)
+  recs = records_from_config(data,
+                             responses=config.rollout.policy == "dataset")
   common = dict(batch_size=int(data.batch_size),
                 max_prompt_len=int(data.max_prompt_len), seed=int(config.seed),
                 system=data.get("system"), bucket=data.get("bucket"))

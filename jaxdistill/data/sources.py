@@ -18,7 +18,8 @@ Sources (`SOURCES`) and the fields they read:
   sciq      question, correct_answer, distractor1..3            [shuffled]
   gpqa      Question, Correct Answer, Incorrect Answer 1..3     [shuffled]
   medmcqa   question, opa..opd, cop (0-based as on the HF hub, 1-based in the
-            original release; detected per file, or pass cop_base)
+            original release; detected per file from a 0 or a 4, else given
+            as convert_file's cop_base argument or McqConfig.cop_base)
   medqa     question, options ({"A": ..} or [{"key", "value"}]), answer_idx
   pubmedqa  QUESTION/CONTEXTS/final_decision (ori_pqal.json) or
             question/context.contexts/final_decision (HF parquet); options are
@@ -325,15 +326,19 @@ def _detect_cop_base(path, rows) -> int:
     if cop is not None:
       seen.add(cop)
   if 0 in seen and 4 in seen:
-    raise DataError(f"{path}: field 'cop' has both 0 and 4; pass cop_base")
+    raise DataError(f"{path}: field 'cop' holds both 0 and 4, so it is neither "
+                    "0-based (0-3) nor 1-based (1-4); fix the file")
   if 0 in seen:
     return 0
   if 4 in seen:
     return 1
   if not seen:
     return 0
-  raise DataError(f"{path}: cannot tell whether 'cop' is 0- or 1-based "
-                  "(no 0 or 4 present); pass cop_base")
+  raise DataError(
+      f"{path}: cannot tell whether field 'cop' is 0-based (HF hub) or 1-based "
+      "(original release): no row has 0 or 4. Convert it in Python with "
+      f"jaxdistill.data.sources.convert_file({path!r}, 'medmcqa', cop_base=0 "
+      "or 1) and save that with sources.write_jsonl, then use source 'generic'")
 
 
 def split_of_file(path: str) -> str:

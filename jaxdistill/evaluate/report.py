@@ -11,7 +11,8 @@ Keys added next to the per-suite ones of evaluation.core:
                               compared in the default dtype (the base
                               checkpoint's stored dtype; result['sparsity']
                               ['dtype'] names it)
-  sparsity/whole_exact        fraction bit-equal in that dtype
+  sparsity/whole_exact        fraction equal in that dtype (IEEE ==, so
+                              -0.0 equals 0.0)
   sparsity/layer_{i:02d}[_exact], sparsity/{tensor group}[_exact]   the same
   sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}   whole model, named by
                               the comparison dtype: the default one and the

@@ -3,6 +3,7 @@ memory-bounded fused path from hidden states, divergences against the
 teacher's top-k (renormalised, or with a tail bucket), the cross-entropy of
 supervised fine-tuning, and the reduction weights they all share.
 Definitions: docs/method.md."""
+from jaxdistill import choices
 from jaxdistill.losses._common import check_reduction
 from jaxdistill.losses._common import KINDS
 from jaxdistill.losses._common import reduction_weights
@@ -34,7 +35,7 @@ from jaxdistill.losses.topk import VARIANTS as TOPK_VARIANTS
 
 # Every loss.kind a training config may name: the exact divergences (KINDS),
 # the sampled estimators and supervised cross-entropy.
-LOSS_KINDS = KINDS + (SAMPLED, CE)
+LOSS_KINDS = choices.LOSS_KINDS
 
 __all__ = [
     "divergence", "forward_kl", "reverse_kl", "jsd", "token_divergence",

@@ -16,8 +16,10 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-KINDS = ("forward", "reverse", "jsd")
-REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
+from jaxdistill import choices
+
+KINDS = choices.KINDS
+REDUCTIONS = choices.REDUCTIONS
 
 
 # --------------------------------------------------------------------------

@@ -11,10 +11,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxdistill import choices
 from jaxdistill.losses import _common as c
 
 # The loss kind (config loss.kind) of supervised fine-tuning.
-CE = "ce"
+CE = choices.CE
 
 
 def cross_entropy(logits, targets, mask, *, reduction="token_mean",

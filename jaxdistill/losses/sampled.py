@@ -48,11 +48,12 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from jaxdistill import choices
 from jaxdistill.losses import _common as c
 
 # The loss kind (config loss.kind) of these estimators.
-SAMPLED = "sampled"
-ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
+SAMPLED = choices.SAMPLED
+ESTIMATORS = choices.ESTIMATORS
 
 
 def _estimates(lq, log_r):

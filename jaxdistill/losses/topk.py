@@ -31,9 +31,10 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from jaxdistill import choices
 from jaxdistill.losses import _common as c
 
-VARIANTS = ("renorm", "tail")
+VARIANTS = choices.TOPK_VARIANTS
 
 
 def check_topk_inputs(teacher_ids, teacher_logprobs, student, name: str):

@@ -60,13 +60,14 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 import numpy as np
 
+from jaxdistill import choices
 from jaxdistill import models
 from jaxdistill import sharding
 from jaxdistill.rollout import loop
 from jaxdistill.rollout import prompts as prompts_lib
 from jaxdistill.rollout import sampling
 
-POLICIES = ("student", "teacher", "mixture")
+POLICIES = choices.ROLLOUT_POLICIES
 
 
 def mixture_lam(rollout_config) -> float | None:

@@ -47,16 +47,13 @@ from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import table
 
-DIR = "rlvr"  # <arm dir>/rlvr/
+DIR = table.RLVR_DIR  # <arm dir>/rlvr/
+stage_dir = table.stage_dir
 MODULE = "jaxdistill.rl.train"
 
 
 def declared(grid) -> bool:
   return bool(grid.get("rlvr"))
-
-
-def stage_dir(run_dir: str) -> str:
-  return os.path.join(run_dir, DIR)
 
 
 def base_spec(grid, run: grid_lib.Run) -> str | None:

@@ -10,7 +10,8 @@ the metrics below (None when a run has no such figure):
   sparsity_bfloat16, sparsity_float32   update sparsity, whole model,
                   |delta| <= atol, compared in that dtype (evaluation on the
                   stored checkpoints; else the training loop's figure)
-  sparsity_exact_bfloat16, sparsity_exact_float32   the same, bit-equal
+  sparsity_exact_bfloat16, sparsity_exact_float32   the same, equal under
+                  IEEE comparison (-0.0 == 0.0)
   sparsity, sparsity_exact   row fields only (figures): the same in the
                   run's default dtype, the base checkpoint's stored one
   harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
@@ -33,7 +34,9 @@ import os
 
 import numpy as np
 
-from jaxdistill.sweep import rlvr
+# <arm dir>/rlvr/: where an arm's RLVR stage (sweep/rlvr.py) runs. Defined
+# here, below rlvr.py, which builds on this module's rows.
+RLVR_DIR = "rlvr"
 
 STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
 SPARSITY_DTYPES = ("bfloat16", "float32")
@@ -108,12 +111,17 @@ def aggregate(workdir: str) -> list[dict]:
   for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
     with open(path) as f:
       row = row_of(json.load(f))
-    stage = os.path.join(rlvr.stage_dir(os.path.dirname(path)), "results.json")
+    stage = os.path.join(stage_dir(os.path.dirname(path)), "results.json")
     if os.path.isfile(stage):
       with open(stage) as f:
         row = with_rlvr(row, json.load(f))
     rows.append(row)
   return rows
+
+
+def stage_dir(run_dir: str) -> str:
+  """The directory of a run's RLVR stage."""
+  return os.path.join(run_dir, RLVR_DIR)
 
 
 def metric_columns(rows: Sequence[Mapping]) -> list[str]:
@@ -220,7 +228,7 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
             f"percentage points (positive = forgotten); {spread}. "
             "sparsity_<dtype>: share of parameter entries with |change| <= "
             "atol after both are rounded to <dtype> (sparsity_exact_<dtype>: "
-            "bit-equal)."]
+            "equal, IEEE ==, so -0.0 equals 0.0)."]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path

@@ -7,7 +7,9 @@ as a reference solution. The generator keeps every intermediate value a
 positive integer no larger than `max_intermediate` (division only when exact,
 no subtraction reaching zero or below), like the TV game. The verifier is more
 permissive: any equation that evaluates exactly (over the rationals) to the
-target with the right multiset of numbers earns the reward, e.g. `(7/2)*4`.
+target with the right multiset of numbers earns the reward, e.g. `(7/2)*4`,
+and so does one with a unary minus, e.g. `-(3-5)*2` for 3, 5, 2 -> 4 (it
+negates a number or a parenthesis; `--3` is malformed).
 
 Splits keep evaluation targets disjoint from training ones: a hash of the
 TARGET value decides its split (`target_split`), so no test target is ever seen
@@ -19,7 +21,8 @@ is a combination of numbers and target never trained on.
 `reward` reads the last `<answer>...</answer>` in the final MAX_SCAN_CHARS
 characters of a completion (an answer has to close there; generation budgets in
 the study are far shorter), optionally followed by `= target`, and never
-raises or loops on hostile text; the arithmetic limits live in `expr`.
+raises or loops on hostile text; the arithmetic limits live in `expr` (the
+length cap applies after whitespace around the answer is stripped).
 """
 from __future__ import annotations
 
@@ -324,18 +327,24 @@ def extract_answer(completion: str) -> str | None:
 
 
 def _parse_answer(answer: str):
-  """Tree of an answer; `expr = N` is allowed and returns N too. Raises ExprError."""
+  """Tree of an answer; `expr = N` is allowed and returns N too (ExprError).
+
+  Whitespace around the answer is stripped before the length cap (a right
+  equation after 300 newlines is right); unary minus is allowed.
+  """
+  answer = answer.strip(" \t\r\n")
   if len(answer) > expr_lib.MAX_CHARS:
     raise expr_lib.ExprError("answer too long")
   lhs, eq, rhs = answer.partition("=")
   stated = None
   if eq:
     rhs = rhs.strip()
-    if not rhs or "=" in rhs or any(c not in "0123456789" for c in rhs) or len(
-        rhs) > expr_lib.MAX_DIGITS:
+    digits = rhs[1:] if rhs.startswith("-") else rhs
+    if not digits or any(c not in "0123456789" for c in digits) or len(
+        digits) > expr_lib.MAX_DIGITS:
       raise expr_lib.ExprError("right-hand side of '=' must be one integer")
     stated = int(rhs)
-  return expr_lib.parse(lhs), stated
+  return expr_lib.parse(lhs, unary_minus=True), stated
 
 
 def reward(completion: str, numbers: Sequence[int], target: int) -> float:

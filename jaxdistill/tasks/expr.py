@@ -1,22 +1,31 @@
 """A small, safe arithmetic language for Countdown answers.
 
-Grammar (recursive descent, no unary operators, no exponent)::
+Grammar (recursive descent, no exponent)::
 
-  expr   := term (('+' | '-') term)*
-  term   := factor (('*' | '/') factor)*
-  factor := INT | '(' expr ')'
-  INT    := ASCII digits, no leading zero, at most MAX_DIGITS long
+  expr    := term (('+' | '-') term)*
+  term    := factor (('*' | '/') factor)*
+  factor  := primary | '-' primary          (the '-' only with unary_minus)
+  primary := INT | '(' expr ')'
+  INT     := ASCII digits, no leading zero, at most MAX_DIGITS long
+
+Unary minus is off by default (worked steps and arithmetic records have none);
+the Countdown verifier turns it on, so "-(3-5)*2" = 4 and "3*-2+10" = 4 are
+equations over their literals like any other. It negates one number or one
+parenthesised expression: "--3" is refused, "-(-3)" is not.
 
 Only ASCII digits count as digits: '٣' or '３' are rejected rather than read as
 3, because `str.isdigit` would accept them and a model could then "use" a
 number that is not in the prompt. Evaluation is exact (`fractions.Fraction`).
 
 Every limit exists so that hostile text costs bounded time: the text is capped
-at MAX_CHARS characters, parentheses at MAX_DEPTH levels and literals at
-MAX_DIGITS digits, so the parser touches at most a few hundred tokens and the
-rational arithmetic stays on small numbers. Nothing here calls `eval`.
+at MAX_CHARS characters once leading and trailing whitespace is stripped
+(spaces inside an expression count), parentheses at MAX_DEPTH levels and
+literals at MAX_DIGITS digits, so the parser touches at most a few hundred
+tokens and the rational arithmetic stays on small numbers. Nothing here calls
+`eval`.
 
-A parse returns a tree of tuples: `('num', int)` or `(op, left, right)`.
+A parse returns a tree of tuples: `('num', int)`, `('neg', operand)` or
+`(op, left, right)`.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ _OPS = "+-*/"
 _SPACE = " \t\r\n"
 _DIGITS = "0123456789"
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "num": 3}
+NEG = "neg"
 
 
 class ExprError(ValueError):
@@ -38,6 +48,7 @@ class ExprError(ValueError):
 
 def tokenize(text: str) -> list[str | int]:
   """Splits text into ints, operators and parentheses; raises ExprError."""
+  text = text.strip(_SPACE)
   if len(text) > MAX_CHARS:
     raise ExprError(f"expression longer than {MAX_CHARS} characters")
   toks: list[str | int] = []
@@ -68,8 +79,9 @@ def tokenize(text: str) -> list[str | int]:
 class _Parser:
   """Recursive descent over a token list; recursion depth <= MAX_DEPTH."""
 
-  def __init__(self, toks):
+  def __init__(self, toks, unary_minus):
     self.toks, self.pos, self.depth = toks, 0, 0
+    self.unary_minus = unary_minus
 
   def peek(self):
     return self.toks[self.pos] if self.pos < len(self.toks) else None
@@ -94,6 +106,12 @@ class _Parser:
     return node
 
   def factor(self):
+    if self.unary_minus and self.peek() == "-":
+      self.take()
+      return (NEG, self.primary())
+    return self.primary()
+
+  def primary(self):
     tok = self.take()
     if isinstance(tok, int):
       return ("num", tok)
@@ -109,12 +127,13 @@ class _Parser:
     raise ExprError(f"expected a number or '(' at token {self.pos - 1}, got {tok!r}")
 
 
-def parse(text: str):
-  """Parses `text` into a tree; raises ExprError on anything else."""
+def parse(text: str, *, unary_minus: bool = False):
+  """Parses `text` into a tree; raises ExprError on anything else (on any
+  unary minus unless `unary_minus`)."""
   toks = tokenize(text)
   if not toks:
     raise ExprError("empty expression")
-  p = _Parser(toks)
+  p = _Parser(toks, unary_minus)
   node = p.expr()
   if p.pos != len(toks):
     raise ExprError(f"unexpected token {toks[p.pos]!r} at {p.pos}")
@@ -125,6 +144,8 @@ def evaluate(node) -> Fraction:
   """Exact value of a tree; raises ExprError on division by zero."""
   if node[0] == "num":
     return Fraction(node[1])
+  if node[0] == NEG:
+    return -evaluate(node[1])
   a, b = evaluate(node[1]), evaluate(node[2])
   op = node[0]
   if op == "+":
@@ -142,7 +163,7 @@ def literals(node) -> list[int]:
   """The integer literals of a tree, left to right."""
   if node[0] == "num":
     return [node[1]]
-  return literals(node[1]) + literals(node[2])
+  return [n for child in node[1:] for n in literals(child)]
 
 
 def render(node) -> str:
@@ -153,6 +174,9 @@ def render(node) -> str:
 def _render(node) -> tuple[str, int]:
   if node[0] == "num":
     return str(node[1]), _PREC["num"]
+  if node[0] == NEG:
+    s, p = _render(node[1])
+    return (f"-{s}" if p == _PREC["num"] else f"-({s})"), _PREC["num"]
   return combine(node[0], _render(node[1]), _render(node[2]))
 
 
@@ -174,8 +198,8 @@ def canonical(node) -> str:
 
   Sums are flattened into signed terms and products into factors with
   exponent +-1; both are sorted. So `3+4*5`, `5*4+3` and `(4*5)+3` agree, and
-  `a-(b-c)` equals `a+c-b`, while `(a+b)*c` and `a*c+b*c` stay distinct (they
-  are different equations a student can write).
+  `a-(b-c)` equals `a+c-b` and `-(a-b)` equals `b-a`, while `(a+b)*c` and
+  `a*c+b*c` stay distinct (they are different equations a student can write).
   """
   return _canon(node)
 
@@ -184,7 +208,7 @@ def _canon(node) -> str:
   op = node[0]
   if op == "num":
     return str(node[1])
-  if op in "+-":
+  if op in ("+", "-", NEG):
     pos, neg = [], []
     _flatten(node, True, pos, neg, "+-")
     body = "+".join(sorted(pos))
@@ -201,7 +225,9 @@ def _canon(node) -> str:
 
 def _flatten(node, sign, pos, neg, ops):
   op = node[0]
-  if op in ops:
+  if op == NEG and ops == "+-":  # A negation is a term of the sum, sign flipped.
+    _flatten(node[1], not sign, pos, neg, ops)
+  elif op in ops:
     _flatten(node[1], sign, pos, neg, ops)
     # The second op of the pair ('-' or '/') inverts its right operand.
     _flatten(node[2], sign if op == ops[0] else not sign, pos, neg, ops)

@@ -2,17 +2,30 @@
 
 A record is `{question: str, options: list[str], answer: 'A'..}` (see
 jaxdistill.data.sources). The model is asked to reason and finish with
-"The answer is: X". `extract_answer` accepts, case-insensitively for the
-phrase but only with an upper-case letter (so "the answer is a bit" is not
-read as A) that stands alone as a word and is one of the question's options
-(`num_options`: with four options, "The answer is I think C" has no answer,
-rather than the answer I):
+"The answer is: X".
 
-  The answer is: X    The answer is X    answer is (X)    Answer: **X**
-  \\boxed{X}           \\boxed{(X)}        \\boxed{\\text{X}}
+The grading rule (`extract_answer`), what a person marking the completion
+would take as its answer:
 
-When a completion contains several, the LAST one (by position) wins: models
-often restate or revise their choice, and the final statement is the answer.
+1. Only an explicit answer statement counts: "answer" followed by "is",
+   "would/should/must be", ":" or "=" (The answer is X, Final Answer: X, the
+   correct answer would be X; also "the correct option/choice is X"), or
+   \\boxed{X}, or a last line that is nothing but the letter. A letter merely
+   mentioned ("answer A is a common distractor", "Option D needs more
+   data", "(answer D would need more data)") is not an answer.
+2. Among the statements, the LAST one (by position) wins: models restate or
+   revise their choice, and the final statement is the answer.
+3. X is a letter the question offers (`num_options`; with four options "The
+   answer is: E" states nothing and is skipped) standing alone as a word ("The
+   answer is Aspirin" is not A), possibly in markup: **X**, *X*, (X), [X], X.,
+   X), $X$, \\text{X}, \\textbf{X}, \\mathrm{X}, `X`, 'X'. A hedge or a noun may
+   sit between ("the answer is probably B", "the answer is option B").
+4. Lower-case letters count where they cannot be an English word: wrapped in
+   markup ((b), **b**, \\boxed{b}) or ending the statement ("the answer is b.",
+   "Answer: c"); "the answer is a bit unclear" has no answer.
+5. A statement naming two letters ("the answer is B or C", "B/C", "A and D")
+   is no answer; a negated one ("the answer is not B") is none either.
+
 Only the final MAX_SCAN_CHARS characters are searched, so hostile megabyte
 completions cost bounded time. An unparseable completion yields None, which
 scores 0 and is counted separately (`parsed` in `score`).
@@ -27,15 +40,29 @@ MAX_SCAN_CHARS = 32_768
 MAX_OPTIONS = 26
 LETTERS = string.ascii_uppercase
 
-# The letter must be a word of its own: neither preceded ("answer isA") nor
-# followed ("The answer is Aspirin" is not A) by another letter or digit. Wrappers like ** or ( ) or [ ] around it are tolerated.
-# Whitespace runs are bounded ({0,4}) so that adjacent optional pieces cannot
-# backtrack quadratically on hostile runs of spaces.
-_PHRASE = re.compile(
-    r"(?i:answer)\s{0,4}(?:(?i:is)\s{0,4})?[:：]?\s{0,4}[\*_]{0,2}\s{0,4}[\(\[]?"
-    r"\s{0,4}(?:\\text\{)?(?<![A-Za-z0-9])([A-Z])(?![A-Za-z0-9])")
-_BOXED = re.compile(
-    r"\\boxed\{\s{0,4}(?:\\text(?:bf)?\{)?\s{0,4}\(?([A-Z])\)?\s{0,4}\}?\s{0,4}\}")
+# Runs of whitespace and markup are bounded ({0,4}, {0,12}) so that adjacent
+# optional pieces cannot backtrack quadratically on hostile text.
+_STATEMENT = re.compile(
+    r"(?i)(?<![a-z])(?:answer|(?:correct|right|best)\s{1,4}(?:option|choice))"
+    r"[*_]{0,2}\s{0,4}(?:(?:is|(?:would|should|must|will)\s{1,4}be)"
+    r"(?![a-z0-9'’])\s{0,4}[:：]?|[:：=])")
+# Between the statement and the letter: "probably", "option", "letter".
+_FILLER = re.compile(
+    r"(?i)\s{0,4}(?:(?:therefore|thus|hence|clearly|definitely|probably|"
+    r"likely|most\s{1,4}likely|indeed|then|so|actually)(?![a-z])[\s:,]{0,4})?"
+    r"(?:[*_]{0,2}(?:option|choice|letter)(?![a-z])[*_]{0,2})?")
+_OPEN = (r"(?:[\s*_`\"'(\[{$]|\\[(\[]|"
+         r"\\(?:text|textbf|textrm|texttt|mathrm|mathbf|mathtt|mathit|emph)"
+         r"\s?\{){0,12}")
+_CLOSE = r"(?:[*_`\"')\]}$]|\\[)\]]){0,12}"
+_LETTER = re.compile(f"(?P<open>{_OPEN})(?P<letter>[A-Za-z])(?P<close>{_CLOSE})")
+# What may follow a bare lower-case letter for it to be an answer, not a word.
+_ENDS = re.compile(r"[ \t]{0,4}(?:\Z|\n|[.,;!?](?:\s|\Z))")
+# A second letter after these makes a statement ambiguous.
+_ALTERNATIVE = re.compile(r"(?i)[ \t]{0,4}(?:(?:or|and)(?![a-z])|/|&)")
+_BOXED = re.compile(r"\\boxed\s{0,2}\{")
+_BOXED_MAX = 64
+_LINE_MAX = 40
 
 
 def build_prompt(question: str, options: Sequence[str]) -> str:
@@ -59,23 +86,101 @@ def _check_num_options(num_options) -> int:
   return num_options
 
 
+def _letter_at(text: str, pos: int, offered: str):
+  """(letter, close markup, end) of an answer letter at `pos`, or None.
+
+  The letter must stand alone (no letter or digit touches it) and be offered;
+  a lower-case one must be wrapped in markup or end the statement (rule 4).
+  """
+  m = _LETTER.match(text, pos)
+  if m is None:
+    return None
+  i, j = m.start("letter"), m.end("letter")
+  if (i > 0 and text[i - 1].isalnum()) or (j < len(text) and text[j].isalnum()):
+    return None
+  letter = m.group("letter")
+  if letter.islower() and not (
+      (m.group("open").strip() and m.group("close"))
+      or _ENDS.match(text, m.end())):
+    return None
+  if letter.upper() not in offered:
+    return None
+  return letter.upper(), m.group("close"), m.end()
+
+
+def _stated(text: str, pos: int, offered: str) -> str | None:
+  """The letter a statement ending at `pos` names, or None (rules 3-5)."""
+  pos = _FILLER.match(text, pos).end()
+  found = _letter_at(text, pos, offered)
+  if found is None:
+    return None
+  letter, _, end = found
+  alt = _ALTERNATIVE.match(text, end)
+  if alt is not None:
+    other = _letter_at(text, alt.end(), offered)
+    if other is not None and other[0] != letter:
+      return None
+  return letter
+
+
+def _label(text: str, offered: str) -> str | None:
+  """The letter if `text` is only a letter with markup, optionally followed
+  (\\boxed{B) Paris}) by its option after '.', ':' or ')'."""
+  found = _letter_at(text, 0, offered)
+  if found is None:
+    return None
+  letter, close, end = found
+  rest = text[end:].strip()
+  return letter if not rest or rest[0] in ".:)" or close.endswith(")") else None
+
+
+def _lone(line: str, offered: str) -> str | None:
+  """The letter if `line` is nothing but a letter with markup (and a '.')."""
+  found = _letter_at(line, 0, offered)
+  return found[0] if found and line[found[2]:].strip() in ("", ".") else None
+
+
+def _boxed(text: str, start: int) -> str | None:
+  """The content of the braces opened just before `start`, or None."""
+  depth = 1
+  for i in range(start, min(len(text), start + _BOXED_MAX)):
+    if text[i] == "{":
+      depth += 1
+    elif text[i] == "}":
+      depth -= 1
+      if depth == 0:
+        return text[start:i]
+  return None
+
+
 def extract_answer(text: str, num_options: int | None = None) -> str | None:
   """The letter of the last answer statement in `text`, or None.
 
-  Only the first `num_options` letters (the options the question offers;
-  default all 26) count as answers: a statement naming any other letter is
-  ignored.
+  The rule is the module docstring's. Only the first `num_options` letters
+  (the options the question offers; default all 26) count as answers: a
+  statement naming any other letter is skipped.
   """
   if not isinstance(text, str):
     raise ValueError(f"text must be a str, got {type(text).__name__}")
   offered = LETTERS[:_check_num_options(num_options)]
   tail = text[-MAX_SCAN_CHARS:]
-  best_pos, best = -1, None
-  for pattern in (_PHRASE, _BOXED):
-    for m in pattern.finditer(tail):
-      if m.group(1) in offered and m.start() > best_pos:
-        best_pos, best = m.start(), m.group(1)
-  return best
+  found = []  # (position, letter)
+  for m in _STATEMENT.finditer(tail):
+    letter = _stated(tail, m.end(), offered)
+    if letter:
+      found.append((m.start(), letter))
+  for m in _BOXED.finditer(tail):
+    content = _boxed(tail, m.end())
+    letter = None if content is None else _label(content, offered)
+    if letter:
+      found.append((m.start(), letter))
+  body = tail.rstrip()
+  line = body[body.rfind("\n") + 1:].strip()
+  # (A line that starts before the scanned tail is not looked at.)
+  if len(line) <= _LINE_MAX and ("\n" in body or len(tail) == len(text)):
+    found.append((len(tail), _lone(line, offered)))
+  found = [f for f in found if f[1]]
+  return max(found)[1] if found else None
 
 
 def letter_index(letter: str) -> int:

@@ -179,7 +179,10 @@ class WorkdirLock:
 
   A lock left by a process that no longer runs on this host is taken over;
   a live holder (or one on another host, which cannot be checked) makes
-  `acquire` raise a one-line ValueError naming it.
+  `acquire` raise a one-line ValueError naming it. A lock file that is not
+  JSON, or whose pid is not a positive integer (a lock this class did not
+  write: its holder cannot be checked), is refused the same way, never taken
+  over: removing it is the user's call.
   """
   NAME = ".lock"
 
@@ -204,8 +207,13 @@ class WorkdirLock:
         if holder is None:  # being written by its creator, or garbage
           time.sleep(0.1)
           holder = self._holder()
+        if isinstance(holder, dict) and not _is_pid(holder.get("pid")):
+          raise ValueError(
+              f"{self.path}: the workdir is locked, but the lock's pid "
+              f"{holder.get('pid')!r} is not a process id; remove the lock if "
+              "no run uses this workdir")
         if isinstance(holder, dict) and holder.get("host") == me["host"]:
-          pid = int(holder.get("pid", -1))
+          pid = holder["pid"]
           if pid == me["pid"] or not _pid_alive(pid):
             logging.warning("taking over the stale lock %s of pid %s (not "
                             "running)", self.path, pid)
@@ -236,6 +244,10 @@ class WorkdirLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+def _is_pid(pid) -> bool:
+  return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31
 
 
 def _pid_alive(pid: int) -> bool:

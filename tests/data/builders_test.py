@@ -1,6 +1,8 @@
 """TFDS builders prepare array_record files and read back without TensorFlow."""
 import importlib.util
 import json
+import re
+import shutil
 import sys
 
 import grain
@@ -70,3 +72,27 @@ def test_builder_errors(tmp_path):
   with pytest.raises(Exception, match=r"test\.jsonl:1"):
     builders.prepare(builders.McqFiles, data_dir=str(tmp_path / "d"),
                      config="generic", manual_dir=str(manual))
+
+
+def test_damaged_prepared_data_names_the_file(tmp_path):
+  cfg = builders.CountdownConfig(name="n3_dmg", n_numbers=3, train_size=6,
+                                 test_size=2, seed=1)
+  prep = lambda: builders.prepare(builders.CountdownTasks,
+                                  data_dir=str(tmp_path), config=cfg)
+  want = builders.load_records(prep(), "train")
+  version_dir = tmp_path / "countdown_tasks" / "n3_dmg" / "1.0.0"
+  (shard,) = version_dir.glob("countdown_tasks-train.array_record*")
+  shard.write_bytes(shard.read_bytes()[:1000])   # truncated
+  with pytest.raises(ValueError) as e:
+    builders.load_records(prep(), "train")
+  msg = str(e.value)
+  assert msg.startswith(f"{shard}: damaged prepared data (") and "\n" not in msg
+  assert f"delete {version_dir} " in msg
+  assert builders.load_records(prep(), "test")   # the other split is intact
+  # What the message says to do works: the data is prepared again.
+  shutil.rmtree(version_dir)
+  assert builders.load_records(prep(), "train") == want
+  info = version_dir / "dataset_info.json"
+  info.write_text(info.read_text()[:40])
+  with pytest.raises(ValueError, match=rf"^{re.escape(str(info))}: damaged "):
+    prep()

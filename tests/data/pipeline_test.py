@@ -256,6 +256,24 @@ def test_records_task_reads_a_mixed_file(tiny_tokenizer, tmp_path):
     ('{"question": "q", "options": ["a", "b"], "answer": "C"}', "answer"),
     ('{"prompt": "hello"}', "expected Countdown fields"),
     ('[1, 2]', "JSON object"),
+    # JSON booleans are not numbers (Python's True == 1).
+    ('{"numbers": [true, 2], "target": 3}', r"field 'numbers' .* \[True, 2\]"),
+    ('{"numbers": [1, 2], "target": true}', "field 'target' must be an integer"),
+    ('{"expression": "1+0", "value": true}', "field 'value'"),
+    # Both kinds at once: which one was meant is not for us to guess.
+    ('{"numbers": [1, 2], "target": 3, "question": "q", "options": ["a", "b"], '
+     '"answer": "A"}', r"fields of a Countdown record \(numbers, target\) and "
+     r"a multiple-choice record \(question, options, answer\)"),
+    ('{"question": "Capital?", "options": ["Paris", "Rome", " Paris "], '
+     '"answer": "A"}', r"field 'options': A and C are the same option 'Paris'"),
+    # A missing field is named.
+    ('{"question": "q", "options": ["a", "b"]}',
+     "multiple-choice record has no field 'answer'"),
+    ('{"target": 3, "solution": "1+2"}', "Countdown record has no field 'numbers'"),
+    ('{"expression": "1+2"}', "arithmetic record has no field 'value'"),
+    ('{"numbers": [1, 2], "target": 3, "solution": "1*2"}',
+     "field 'solution': solution '1\\*2' does not solve"),
+    ('{"question": 7, "options": ["a", "b"], "answer": "A"}', "field 'question'"),
 ])
 def test_read_records_names_the_bad_line(tmp_path, line, match):
   path = tmp_path / "bad.jsonl"
@@ -263,4 +281,20 @@ def test_read_records_names_the_bad_line(tmp_path, line, match):
                   + line + "\n")
   with pytest.raises(ValueError, match=match) as e:
     pipeline.read_records(str(path))
-  assert "bad.jsonl:2" in str(e.value)
+  assert str(e.value).startswith(f"{path}:2: ") and "\n" not in str(e.value)
+
+
+def test_dataset_policy_records_need_a_text_naming_the_line(tiny_tokenizer,
+                                                            tmp_path):
+  path = tmp_path / "mine.jsonl"
+  path.write_text('{"numbers": [3, 4, 5], "target": 27, "solution": "(4+5)*3"}\n'
+                  '{"numbers": [3, 4, 5], "target": 12}\n')
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 64},
+      "data": {"task": "records", "records_file": str(path), "batch_size": 2,
+               "max_prompt_len": P}})
+  assert len(pipeline.batches_from_config(config, tiny_tokenizer)[0]["index"]) == 2
+  config.rollout.policy = "dataset"  # now the second record has nothing to train on
+  with pytest.raises(ValueError, match=rf"^{path}:2: Countdown record has no "
+                     "field 'solution' or 'response'"):
+    pipeline.batches_from_config(config, tiny_tokenizer)

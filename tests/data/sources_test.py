@@ -77,10 +77,21 @@ def test_medmcqa_cop_bases(tmp_path):
   assert [r["answer"] for r in sources.convert_file(str(orig), "medmcqa")] == [
       "D", "A", "B"]
   amb = write_jsonl(tmp_path / "amb.jsonl", [dict(base, cop=c) for c in (1, 2)])
-  with pytest.raises(sources.DataError, match="cop_base"):
+  with pytest.raises(sources.DataError) as e:
     sources.convert_file(amb, "medmcqa")
-  assert [r["answer"] for r in sources.convert_file(amb, "medmcqa", cop_base=1)] == [
-      "A", "B"]
+  # The hint names what exists: convert_file's cop_base, write_jsonl, and
+  # the generic source; following it gives the records.
+  msg = str(e.value)
+  assert (f"convert_file({amb!r}, 'medmcqa', cop_base=0 or 1)" in msg
+          and "sources.write_jsonl" in msg and "'generic'" in msg), msg
+  assert "\n" not in msg and "pass cop_base" not in msg
+  recs = sources.convert_file(amb, "medmcqa", cop_base=1)
+  assert [r["answer"] for r in recs] == ["A", "B"]
+  sources.write_jsonl(recs, str(tmp_path / "fixed.jsonl"))
+  assert sources.convert_file(str(tmp_path / "fixed.jsonl"), "generic") == recs
+  both = write_jsonl(tmp_path / "both.jsonl", [dict(base, cop=c) for c in (0, 4)])
+  with pytest.raises(sources.DataError, match=r"both 0 and 4.*fix the file$"):
+    sources.convert_file(both, "medmcqa")
 
 
 def test_medqa_and_pubmedqa(tmp_path):

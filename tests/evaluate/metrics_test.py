@@ -3,6 +3,7 @@ from fractions import Fraction
 import itertools
 import json
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -302,6 +303,47 @@ def test_update_sparsity_from_checkpoints_errors(tmp_path):
   p2 = _write_hf(tmp_path / "c", after, tied=False)
   got = sparsity.update_sparsity_from_checkpoints(p0, p2)
   assert got["num_params"] == sum(v.size for v in before.values())
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("side", ["before", "after"])
+def test_update_sparsity_from_checkpoints_refuses_non_finite(tmp_path, bad, side):
+  rng = np.random.default_rng(4)
+  before, after = _hf_pair(rng, np.dtype("float32"), np.dtype("float32"))
+  {"before": before, "after": after}[side]["model.layers.1.mlp.up_proj.weight"][
+      3, 2] = bad
+  p0 = _write_hf(tmp_path / "before", before, tied=True)
+  p1 = _write_hf(tmp_path / "after", after, tied=True)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no RuntimeWarning on the way
+    for dtype in (None, "bfloat16"):
+      with pytest.raises(ValueError) as e:
+        sparsity.update_sparsity_from_checkpoints(p0, p1, dtype=dtype)
+      msg = str(e.value)
+      assert "model.layers.1.mlp.up_proj.weight" in msg and "1 non-finite" in msg
+      assert str(tmp_path / side) in msg and "\n" not in msg
+
+
+def test_update_sparsity_refuses_non_finite_and_compares_ieee():
+  zeros = np.zeros((2, 3, 4), np.float32)
+  p0 = {"layers": {"mlp": {"w": zeros}}, "embed": np.ones((5, 4), np.float32)}
+  # -0.0 == 0.0 under IEEE equality: an entry that only flips the sign of a
+  # zero counts as unchanged, exactly.
+  flipped = {"layers": {"mlp": {"w": -zeros}}, "embed": p0["embed"]}
+  for dtype in ("float32", "bfloat16"):
+    got = sparsity.update_sparsity(p0, flipped, dtype=dtype)
+    assert got["exact_sparsity"] == got["sparsity"] == 1.0
+  for where, bad in (("params1", np.inf), ("params0", np.nan)):
+    w = zeros.copy()
+    w[1, 2, 3] = bad
+    a, b = (p0, {"layers": {"mlp": {"w": w}}, "embed": p0["embed"]})
+    if where == "params0":
+      a, b = b, a
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      with pytest.raises(ValueError,
+                         match=rf"^layers/mlp/w: 1 non-finite .* in {where} "):
+        sparsity.update_sparsity(a, b, dtype="bfloat16")
 
 
 def test_checkpoint_dtype_reads_the_stored_dtype(tmp_path):

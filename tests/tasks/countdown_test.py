@@ -24,6 +24,8 @@ def ref_eval(text):
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
       lits.append(node.value)
       return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+      return -ev(node.operand)
     if isinstance(node, ast.BinOp):
       a, b = ev(node.left), ev(node.right)
       return {ast.Add: lambda: a + b, ast.Sub: lambda: a - b,
@@ -135,6 +137,15 @@ CASES = [
     ("<answer><answer>25+5*3</answer>", [25, 5, 3], 40, 1.0),
     ("x" * 1_000_000 + A.format("25+5*3"), [25, 5, 3], 40, 1.0),
     (A.format("10-(5-3)*4+2*1"), [10, 5, 3, 4, 2, 1], 4, 1.0),
+    # Whitespace around the answer is stripped before the 256-character cap.
+    (A.format(" " * 300 + "25+5*3"), [25, 5, 3], 40, 1.0),
+    (A.format("\n" * 300 + "25+5*3 = 40" + " \t" * 200), [25, 5, 3], 40, 1.0),
+    # Unary minus negates a number or a parenthesis; the value is exact.
+    (A.format("-(3-5)*2"), [3, 5, 2], 4, 1.0),
+    (A.format("2*-(3-5)"), [3, 5, 2], 4, 1.0),
+    (A.format("-3*(2-5) = 9"), [3, 5, 2], 9, 1.0),
+    (A.format("7--3"), [7, 3], 10, 1.0),
+    (A.format("-(1+2) = -3"), [1, 2], -3, 1.0),
     # Wrong value or wrong numbers.
     (A.format("25+5+3"), [25, 5, 3], 40, 0.0),
     (A.format("25*5-3"), [25, 5, 3], 40, 0.0),
@@ -159,7 +170,15 @@ CASES = [
     (A.format("(25+5*3"), [25, 5, 3], 40, 0.0),
     (A.format("25+5*3)"), [25, 5, 3], 40, 0.0),
     (A.format("25 5 3"), [25, 5, 3], 40, 0.0),
-    (A.format("-3+25+5*3+3"), [25, 5, 3, 3], 40, 0.0),  # No unary minus.
+    (A.format("-3+25+5*3+3"), [25, 5, 3, 3], 40, 0.0),  # Reused 3.
+    (A.format("-(3-5)*2"), [3, 5, 2], -4, 0.0),          # Wrong value.
+    (A.format("-(3-5)*2*1"), [3, 5, 2], 4, 0.0),         # Extra number.
+    (A.format("-(3-5)*2 = 5"), [3, 5, 2], 4, 0.0),       # Wrong stated result.
+    (A.format("--(5-3)*2"), [3, 5, 2], 4, 0.0),          # Double negation.
+    (A.format("-" * 10_000 + "4"), [4], 4, 0.0),
+    (A.format("+4"), [4], 4, 0.0),                        # No unary plus.
+    (A.format("25" + " " * 300 + "+5*3"), [25, 5, 3], 40, 0.0),  # Inner spaces count.
+    (A.format(" " * 300 + "25+5*3" + " " * 300 + "*1"), [25, 5, 3, 1], 40, 0.0),
     (A.format("25.0+5*3"), [25, 5, 3], 40, 0.0),
     (A.format("025+5*3"), [25, 5, 3], 40, 0.0),        # Leading zero.
     (A.format("0x19+5*3"), [25, 5, 3], 40, 0.0),
@@ -240,6 +259,7 @@ def test_normalize_answer_identifies_reorderings_only():
   assert key(A.format("8/(4/2)")) == key(A.format("8*2/4"))
   assert key(A.format("(1+2)*3")) != key(A.format("1*3+2*3"))
   assert key(A.format("6-2")) != key(A.format("2-6"))
+  assert key(A.format("-(2-6)*3")) == key(A.format("(6-2)*3"))
   assert key("nothing") is None and key(A.format("1+")) is None
 
 

@@ -31,7 +31,7 @@ EXTRACT = [
     ("I am not sure.", None),
     ("", None),
     (r"\boxed{Both}", None),
-    ("The answer is: b", None),        # Lower-case letters are not options.
+    ("The answer is: b", "B"),         # Lower-case, ending the statement.
     ("answers: many", None),
     ("answer" + " " * 50_000 + "x", None),
     ("The answer is: B" + "z" * 1_000_000, None),  # Beyond the scan window.
@@ -45,6 +45,78 @@ def test_extract_answer_table(text, expected):
   start = time.perf_counter()
   assert mcq.extract_answer(text) == expected
   assert time.perf_counter() - start < 2.0
+
+
+# Completions as models write them, each with the letter a person marking it
+# would take as its answer (None: no answer), and the options offered.
+# (text, num_options, expected)
+GRADED = [
+    # The four cases of issue 31: a later mention is not an answer.
+    ("The answer is: B. Note that answer A is a common distractor.", 4, "B"),
+    ("The answer is: B (answer D would need more data)", 4, "B"),
+    ("Answer: B\nAnswer A is wrong because it ignores friction.", 4, "B"),
+    ("Answer: $B$", 4, "B"),
+    # Distractors discussed after the answer.
+    ("Neon is inert, so the answer is C. Option A (iron) reacts with oxygen "
+     "and option D is a compound.", 4, "C"),
+    ("The answer is (D). Choice B might look right, but B is a salt.", 4, "D"),
+    ("Answer: A\n\nWhy not C? C only holds at low pressure.", 4, "A"),
+    ("The correct answer is B, not A.", 4, "B"),
+    # Hedges and revisions: the last statement.
+    ("It could be A or B. Checking the units, the answer is B.", 4, "B"),
+    ("I first thought the answer is A. Re-reading the question, the answer is "
+     "D.", 4, "D"),
+    ("The answer is probably C.", 4, "C"),
+    ("Between B and C, I'd go with C.\nThe answer is: C", 4, "C"),
+    ("The answer is B or C.", 4, None),            # Two letters: no answer.
+    ("The answer is A/B", 4, None),
+    ("The answer is not B.", 4, None),
+    ("Both A and C seem plausible; I cannot decide.", 4, None),
+    # Markdown.
+    ("**Answer:** **(B)**", 4, "B"),
+    ("The correct answer is: **C) Mitochondria**", 4, "C"),
+    ("### Final Answer\nThe answer is *D*.", 4, "D"),
+    ("Step 1: ...\nStep 2: ...\n\n**B**", 4, "B"),    # A last line of its own.
+    ("Options A and B are wrong.\nC", 4, "C"),
+    ("The answer is `A`", 4, "A"),
+    # LaTeX.
+    (r"Therefore, the final answer is $\boxed{C}$.", 4, "C"),
+    (r"**Final Answer:** $\boxed{\text{C}}$", 4, "C"),
+    (r"The answer is \textbf{D}.", 4, "D"),
+    (r"Answer: $\mathrm{A}$", 4, "A"),
+    (r"\boxed{B) 12 mg} since 3 \times 4 = 12", 4, "B"),
+    (r"The answer is \(\boxed{A}\), and \(B\) is the distractor.", 4, "A"),
+    # Lower case: a letter, never a word.
+    ("the answer is: b", 4, "B"),
+    ("answer: c", 4, "C"),
+    ("so the answer is (a) because of the dose", 4, "A"),
+    ("the answer is a bit unclear", 4, None),
+    ("the answer is a mix of both", 4, None),
+    # Options beyond D, when the question offers them.
+    ("The answer is (F) 12 mg/kg", 6, "F"),
+    ("The answer is (F) 12 mg/kg", 4, None),
+    ("Answer: J", 10, "J"),
+    ("The answer is I", 10, "I"),
+    ("The answer is I think C", 4, None),          # I is not offered.
+    # No statement at all.
+    ("Option B seems right but I am not sure.", 4, None),
+    ("The mitochondria is the powerhouse of the cell.", 4, None),
+    ("The answer is Aspirin.", 4, None),
+]
+
+
+@pytest.mark.parametrize("text,num_options,expected", GRADED,
+                         ids=[f"graded{i}" for i in range(len(GRADED))])
+def test_extract_answer_grades_as_a_person(text, num_options, expected):
+  assert mcq.extract_answer(text, num_options) == expected
+  gold = expected or "A"
+  assert mcq.reward(text, gold, num_options) == (1.0 if expected else 0.0)
+
+
+def test_graded_table_covers_the_rule():
+  assert len(GRADED) >= 30
+  assert sum(e is None for _, _, e in GRADED) >= 8
+  assert any(n > 4 and e and e > "D" for _, n, e in GRADED)
 
 
 def test_reward_and_format_score():
