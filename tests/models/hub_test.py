@@ -10,8 +10,10 @@ import os
 import shutil
 
 import httpx2
+import huggingface_hub
 from huggingface_hub import errors as hf_errors
 from huggingface_hub import HfApi
+from huggingface_hub.utils import are_progress_bars_disabled
 import ml_collections
 import numpy as np
 import pytest
@@ -136,3 +138,18 @@ def test_a_training_workdir_is_refused_naming_its_export(hf_cache, tmp_path):
   # Where a command takes a workdir (evaluate, rl.train), it is its export.
   assert hub.checkpoint_dir(str(work), "--checkpoint", workdir_ok=True) == str(
       work / "hf_student")
+
+
+@pytest.mark.parametrize("process,shown", [(0, True), (1, False)])
+def test_only_process_0_shows_download_progress(hf_cache, monkeypatch, process,
+                                                shown):
+  seen = []
+  real = huggingface_hub.snapshot_download
+
+  def spy(*a, **kw):  # the real download, noting whether bars are shown
+    seen.append(not are_progress_bars_disabled())
+    return real(*a, **kw)
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", spy)
+  monkeypatch.setattr(hub.jax, "process_index", lambda: process)
+  assert hub.resolve(QWEN)[1]["commit"] == hf_cache["models"][QWEN]
+  assert seen == [shown] and not are_progress_bars_disabled()
