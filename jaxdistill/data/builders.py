@@ -228,6 +228,13 @@ def read_record(data_dir: str, name: str) -> dict | None:
                      "with --overwrite") from None
 
 
+def is_prepared(data_dir: str, name: str) -> bool:
+  """DIR holds data set NAME as `python -m jaxdistill.data.prepare` left it:
+  its record and its mcq_files builder directory."""
+  return bool(read_record(data_dir, name)) and os.path.isdir(
+      os.path.join(os.path.expanduser(data_dir), "mcq_files", name))
+
+
 def prepare_command(name: str, data_dir: str) -> str:
   return f"python -m jaxdistill.data.prepare {name} --data_dir {data_dir}"
 
@@ -247,7 +254,7 @@ def mcq_builder(spec, field: str):
   if manual:
     return prepare(McqFiles, data_dir=data_dir, config=source,
                    manual_dir=os.path.expanduser(manual))
-  if source in HUB_DATASETS and read_record(data_dir, source):
+  if source in HUB_DATASETS and is_prepared(data_dir, source):
     return prepare(McqFiles, data_dir=data_dir, config=source)
   if source in HUB_DATASETS:
     raise ValueError(f"{field}.manual_dir: not set, and {data_dir} holds no "

@@ -73,16 +73,17 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
                                allow_patterns=data.files)
   old = builders.read_record(data_dir, name)
   target = os.path.join(data_dir, "mcq_files", name)
-  if old and old.get("commit") == info["commit"]:
+  same = bool(old) and old.get("commit") == info["commit"]
+  if same and builders.is_prepared(data_dir, name):
     log(f"{name}: already prepared in {data_dir} from {data.repo} at commit "
         f"{info['commit']}; nothing to do")
     return old
-  if old and not overwrite:
+  if old and not same and not overwrite:
     raise ValueError(
         f"--data_dir {data_dir} holds {name} from {old['repo']} at commit "
         f"{old['commit']}; {spec} is commit {info['commit']}: pass --revision "
         f"{old['commit']} to keep it, or --overwrite to replace it")
-  if os.path.exists(target) and not overwrite:
+  if not old and os.path.exists(target) and not overwrite:
     raise ValueError(
         f"--data_dir {data_dir}: {target} exists and was not written by this "
         "command (built from your files in a manual_dir?): pass --overwrite "
@@ -155,9 +156,12 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
 
 
 def ensure(name: str, data_dir: str, log=print) -> dict:
-  """The record of `name` under data_dir, preparing it first if missing
-  (whatever commit a prepared one came from: a sweep reads what is there)."""
-  return builders.read_record(data_dir, name) or prepare(name, data_dir, log=log)
+  """The record of hub data set `name` under data_dir, preparing it first if
+  missing (whatever commit a prepared one came from: a sweep reads what is
+  there)."""
+  if builders.is_prepared(data_dir, name):
+    return builders.read_record(data_dir, name)
+  return prepare(name, data_dir, log=log)
 
 
 def main(argv):

@@ -83,6 +83,9 @@ def test_idempotent_another_revision_refused_unless_overwrite(
   assert prepare.prepare("sciq", out, log=log.append) == first
   assert "nothing to do" in log[-1]
   assert os.path.getmtime(builders.record_path(out, "sciq")) == stamp
+  shutil.rmtree(os.path.join(out, "mcq_files", "sciq"))  # data lost, record kept
+  assert prepare.prepare("sciq", out, log=log.append) == first
+  assert builders.is_prepared(out, "sciq")
   # The hub's main moves to a commit with one more training row.
   rows = hub_cache.sciq_rows("train") + [dict(
       hub_cache.sciq_rows("train")[0], question="Which gas do we exhale most?")]
