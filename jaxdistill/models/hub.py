@@ -117,7 +117,8 @@ def _explain(e: Exception, repo_id: str, rev: str, repo_type: str) -> str:
   if isinstance(e, hf_errors.RepositoryNotFoundError):
     return (f"{repo_id}: no such {repo_type} repository on the Hugging Face hub "
             "(nor a local directory); a private one needs HF_TOKEN")
-  if isinstance(e, hf_errors.IncompleteSnapshotError):
+  # IncompleteSnapshotError: huggingface_hub >= 2 checks a cached snapshot.
+  if isinstance(e, getattr(hf_errors, "IncompleteSnapshotError", ())):
     return (f"{name}: the cached snapshot in {cache} is incomplete and the hub "
             "cannot be reached: download it again with network access")
   if isinstance(e, (hf_errors.LocalEntryNotFoundError,
