@@ -16,6 +16,12 @@ setuptools.setup(
         "orbax-checkpoint>=0.9",
         "ml-collections>=0.1.1",
         "transformers>=4.46",
+        # Checkpoints and data sets by hub name (jaxdistill/models/hub.py;
+        # HfApi.resolve_revision is 1.26's). transformers 5 brings it too
+        # (transformers 4 pins huggingface_hub < 1).
+        "huggingface_hub>=1.26",
+        # The hub's SciQ and MedMCQA are parquet (jaxdistill.data.prepare).
+        "pyarrow>=14",
         "tokenizers>=0.20",
         # transformers' apply_chat_template (every prompt) needs it; torch
         # brings it along, so only an install without torch shows it missing.

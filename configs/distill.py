@@ -5,19 +5,31 @@ policy (student | teacher | mixture | dataset), lam, lr, task, seed, topk
 (None = the full teacher, or k: the loss sees only the teacher's top-k),
 runlocal.
 
-  # A real run (paths come from the command line, never from this file):
+  # A real run: Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct from the hub
+  # (a local directory or another org/name[@revision] overrides a path):
   python -m jaxdistill.train \
     --config configs/distill.py:kl=reverse,policy=student,lr=1e-5 \
+    --workdir /runs/qwen_rkl_on
+  python -m jaxdistill.train --config configs/distill.py:kl=reverse \
     --config.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
-    --config.teacher.path=/ckpt/Qwen2.5-7B-Instruct --workdir /runs/qwen_rkl_on
+    --config.teacher.path=Qwen/Qwen2.5-7B-Instruct@main --workdir /runs/q2
 
   # The same path, shrunk to tiny random models on synthetic prompts (CPU):
   python -m jaxdistill.train --config configs/distill.py:runlocal --workdir /tmp/jd
+
+Models: `path` is a Hugging Face directory or hub name org/name[@revision]
+(resolved into the Hugging Face cache, its commit recorded in the workdir's
+revisions.json); `preset` or `init` instead builds a randomly initialised
+model of those shapes and `path` is then not read (runlocal does this).
 """
 import ml_collections
 from ml_collections import config_dict
 
 from jaxdistill import config_lib
+
+# The study's Qwen2.5 pair (configs/grid_main.py names the others).
+STUDENT = "Qwen/Qwen2.5-0.5B-Instruct"
+TEACHER = "Qwen/Qwen2.5-7B-Instruct"
 
 # Tiny random models for runlocal: a bigger "teacher" and a smaller student
 # sharing one vocabulary.
@@ -45,15 +57,16 @@ def get_config(arg=None):
   c.export_hf = True
   c.track_sparsity = True
 
-  # Hugging Face checkpoint directories (set on the command line).
+  # Checkpoints: a directory or hub name; preset / init win over path.
   # remat: recompute each layer's activations in the backward pass ('full'),
   # or keep them ('none'); see "Fit on a TPU" in the README.
-  c.student = dict(path=config_dict.placeholder(str), preset=config_dict.placeholder(str), init=None,
-                   dtype="bfloat16", param_dtype="float32", remat="full",
+  c.student = dict(path=STUDENT, preset=config_dict.placeholder(str),
+                   init=None, dtype="bfloat16", param_dtype="float32",
+                   remat="full", overrides={})
+  c.teacher = dict(path=TEACHER, preset=config_dict.placeholder(str),
+                   init=None, dtype="bfloat16", param_dtype="bfloat16",
                    overrides={})
-  c.teacher = dict(path=config_dict.placeholder(str), preset=config_dict.placeholder(str), init=None,
-                   dtype="bfloat16", param_dtype="bfloat16", overrides={})
-  c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
+  c.tokenizer = config_dict.placeholder(str)  # default: the student's
 
   # Countdown is generated from data_seed; task='mcq' reads the user's files
   # (manual_dir, format `source`) prepared as TFDS under data_dir;

@@ -48,10 +48,12 @@ def _names(s):
   return tuple(n for n in str(s or "").split("+") if n)
 
 
-def _mcq(source):
+def _mcq(source, split="test"):
+  # path: a data file; or data_dir: where `python -m jaxdistill.data.prepare
+  # SOURCE --data_dir DIR` wrote it (with manual_dir: your own files).
   return dict(kind="mcq", path=config_dict.placeholder(str), source=source,
               manual_dir=config_dict.placeholder(str),
-              data_dir=config_dict.placeholder(str), split="test",
+              data_dir=config_dict.placeholder(str), split=split,
               num_problems=500, data_seed=0)
 
 
@@ -74,7 +76,7 @@ def get_config(arg=None):
                                     num_problems=500, data_seed=0)
               for n in range(3, 7)}
   c.suites.science = _mcq("sciq")
-  c.suites.medical = _mcq("medmcqa")
+  c.suites.medical = _mcq("medmcqa", "validation")  # its test split is unlabelled
   c.eval_suites = _names(arg.suites or suites)
   c.in_distribution = tuple(n for n in _names(in_dist) if n in c.eval_suites)
   c.harder = tuple(n for n in _names(harder) if n in c.eval_suites)

@@ -10,9 +10,9 @@ each arm's student in <arm>/rlvr/ and evaluates it on the same suites; the
 summary tables the accuracy before RLVR, after it and the change. `rlvr=False`
 drops the stage.
 
+  # Qwen2.5-7B-Instruct -> Qwen2.5-1.5B-Instruct from the hub;
+  # --config.base.student.path=/ckpt/... overrides either
   python -m jaxdistill.sweep --config configs/grid_countdown_harder.py:seeds=3 \
-    --config.base.student.path=/ckpt/Qwen2.5-1.5B-Instruct \
-    --config.base.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
     --workdir /runs/harder          # add --print_commands for a cluster
 
   python -m jaxdistill.sweep --config configs/grid_countdown_harder.py:runlocal --workdir /tmp/hard
@@ -29,6 +29,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.student.path = "Qwen/Qwen2.5-1.5B-Instruct"
   c.axes = (("train_n", "data.n_numbers", (3, 4)),
             ("kl", "loss.kind", ("forward", "reverse")),
             ("policy", "rollout.policy", ("student", "teacher")))

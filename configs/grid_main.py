@@ -3,8 +3,18 @@ r"""The study's main factorial grid: family x KL x rollout policy x lr x task.
 Llama 3 (3.1-8B-Instruct -> 3.2-1B-Instruct) and Qwen2.5 (7B-Instruct ->
 0.5B / 1.5B-Instruct) x forward / reverse KL x student / teacher rollouts x
 lr 1e-5 / 5e-5 x science (SciQ) / medical (MedMCQA) / Countdown-3. Every arm
-shares data, seeds and sampler settings (the runner checks it). Checkpoint and
-data paths come from the command line:
+shares data, seeds and sampler settings (the runner checks it). The
+checkpoints are the study's, by hub name (the Llama repos are gated: accept
+their licence and set HF_TOKEN); SciQ and MedMCQA are prepared from the hub
+into <workdir>/data before the first arm (jaxdistill.data.prepare). One
+command per family:
+
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen05b --workdir /runs/main
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen15b --workdir /runs/main
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=llama --workdir /runs/main
+  # add --print_commands for a cluster
+
+Local checkpoints and data instead (any path flag overrides its default):
 
   python -m jaxdistill.sweep --config configs/grid_main.py:seeds=3 \
     --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
@@ -18,7 +28,7 @@ data paths come from the command line:
     --config.base.data.data_dir=/data/tfds \
     --config.eval.updates.suites.science.path=/data/sciq/test.json \
     --config.eval.updates.suites.medical.path=/data/medmcqa/dev.json \
-    --workdir /runs/main            # add --print_commands for a cluster
+    --workdir /runs/main
 
 Args: families / tasks (names joined by '+'), seeds (how many), runlocal
 (tiny CPU models; axes kl x policy unless `axes` names others, e.g.
@@ -34,11 +44,17 @@ FAMILIES = ("llama", "qwen05b", "qwen15b")
 TASKS = ("science", "medical", "countdown")
 
 
-def _ckpt():
-  return dict(path=config_dict.placeholder(str))
+# family -> (student, teacher): the study's checkpoints on the hub.
+CHECKPOINTS = {
+    "llama": ("meta-llama/Llama-3.2-1B-Instruct",
+              "meta-llama/Llama-3.1-8B-Instruct"),
+    "qwen05b": ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
+    "qwen15b": ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
+}
 
 
 def _mcq(source):
+  # manual_dir None: the data set prepared by name (jaxdistill.data.prepare)
   return dict(data=dict(task="mcq", source=source,
                         manual_dir=config_dict.placeholder(str)))
 
@@ -51,7 +67,8 @@ def get_config(arg=None):
   c.base_spec = "configs/distill.py"
   c.base = config_lib.load_config(c.base_spec)
   c.presets = dict(
-      family={f: dict(student=_ckpt(), teacher=_ckpt()) for f in FAMILIES},
+      family={f: dict(student=dict(path=CHECKPOINTS[f][0]),
+                      teacher=dict(path=CHECKPOINTS[f][1])) for f in FAMILIES},
       task=dict(science=_mcq("sciq"), medical=_mcq("medmcqa"),
                 countdown=dict(data=dict(task="countdown", n_numbers=3))))
   c.axes = (("family", None, tuple(arg.families.split("+"))),
@@ -62,6 +79,7 @@ def get_config(arg=None):
   c.seeds = tuple(range(int(arg.seeds)))
   # In-distribution accuracy and coverage on the trained task, forgetting on
   # the other two families of tasks, sparsity against the student checkpoint.
+  # Suites without a path read the data prepared by name in the runs' data_dir.
   c.eval = dict(spec="configs/eval.py:task={task}", baseline=True,
                 updates=dict(suites=dict(science=dict(path=config_dict.placeholder(str)),
                                          medical=dict(path=config_dict.placeholder(str)))))

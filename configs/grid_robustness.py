@@ -13,9 +13,9 @@ Variants, each against both rollout policies:
   fkl_long, rkl_long        longer reasoning chains: Countdown-4 and 4x the
                             generation budget (train and eval)
 
+  # Llama-3.1-8B-Instruct -> Llama-3.2-1B-Instruct from the hub (gated:
+  # HF_TOKEN); --config.base.student.path=/ckpt/... overrides either
   python -m jaxdistill.sweep --config configs/grid_robustness.py:lr=5e-5 \
-    --config.base.student.path=/ckpt/Llama-3.2-1B-Instruct \
-    --config.base.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
     --workdir /runs/robustness      # add --print_commands for a cluster
 
   python -m jaxdistill.sweep --config configs/grid_robustness.py:runlocal --workdir /tmp/rob
@@ -33,6 +33,8 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.student.path = "meta-llama/Llama-3.2-1B-Instruct"
+  c.base.teacher.path = "meta-llama/Llama-3.1-8B-Instruct"
   n_new = int(c.base.rollout.max_new_tokens)
   long = dict(rollout=dict(max_new_tokens=LONG * n_new),
               data=dict(n_numbers=4))

@@ -2,12 +2,11 @@ r"""The rollout spectrum: lambda in {0, .25, .5, .75, 1} x forward / reverse KL.
 
 Rollouts are a token-level mixture (policy='mixture'): each token comes from
 the student with probability lambda, else from the teacher; lambda = 1 is
-on-policy, 0 teacher-generated. One family and task (Countdown-3 by default);
-paths from the command line:
+on-policy, 0 teacher-generated. One family and task (Countdown-3 by default):
+Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct from the hub (configs/distill.py's;
+--config.base.student.path=/ckpt/... overrides either):
 
   python -m jaxdistill.sweep --config configs/grid_spectrum.py:lr=1e-5,seeds=3 \
-    --config.base.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
-    --config.base.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
     --workdir /runs/spectrum        # add --print_commands for a cluster
 
   python -m jaxdistill.sweep --config configs/grid_spectrum.py:runlocal --workdir /tmp/spec

@@ -5,11 +5,10 @@ Real-scale distillation keeps only the teacher's top-k log-probs (NeMo-RL 64,
 EasyDeL 20, ...); this grid measures what that truncation does to the study's
 dynamics against the exact loss (topk=None). `variant` picks the top-k loss:
 'renorm' (renormalised over the top-k) or 'tail' (plus one tail bucket);
-see jaxdistill/losses/topk.py. Paths from the command line:
+see jaxdistill/losses/topk.py. Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct
+from the hub (configs/distill.py's; --config.base.student.path=... overrides):
 
   python -m jaxdistill.sweep --config configs/grid_topk.py:variant=tail,lr=1e-5 \
-    --config.base.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
-    --config.base.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
     --workdir /runs/topk            # add --print_commands for a cluster
 
   python -m jaxdistill.sweep --config configs/grid_topk.py:runlocal --workdir /tmp/topk

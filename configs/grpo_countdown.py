@@ -4,7 +4,8 @@ Sweepable args (after the colon): n (Countdown-n numbers, 3..6), lr, g (samples
 per prompt), kl (coefficient beta of the KL to the initial policy), avg
 (token | sequence), seed, runlocal.
 
-  # From a distillation workdir (its hf_student/ export) or any HF directory:
+  # From a distillation workdir (its hf_student/ export), any HF directory or
+  # hub name (default: Qwen/Qwen2.5-0.5B-Instruct):
   python -m jaxdistill.rl.train --config configs/grpo_countdown.py:n=3,lr=1e-6 \
     --config.student.path=/runs/qwen_rkl_on --workdir /runs/qwen_rkl_on_grpo
 
@@ -46,10 +47,12 @@ def get_config(arg=None):
   c.export_hf = True
   c.track_sparsity = True
 
-  # A Hugging Face directory or a distillation workdir (command line).
-  c.student = dict(path=config_dict.placeholder(str), preset=config_dict.placeholder(str), init=None,
+  # A Hugging Face directory or hub name, or a distillation workdir (its
+  # hf_student/); preset / init (runlocal) win over path.
+  c.student = dict(path="Qwen/Qwen2.5-0.5B-Instruct",
+                   preset=config_dict.placeholder(str), init=None,
                    dtype="bfloat16", param_dtype="float32", overrides={})
-  c.tokenizer = config_dict.placeholder(str)  # default: the student's dir
+  c.tokenizer = config_dict.placeholder(str)  # default: the student's
 
   c.data = dict(task="countdown", n_numbers=arg.n, num_problems=50_000,
                 data_seed=0, split="train",

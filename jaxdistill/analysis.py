@@ -50,6 +50,7 @@ from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
+from jaxdistill.models import hub
 from jaxdistill.train import setup as train_setup
 
 STATS = ("fkl", "rkl", "fkl_norm", "rkl_norm", "cos", "fkl_under", "fkl_over",
@@ -235,8 +236,9 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
   return rows
 
 
-PLUMBING_NOTE = ("random models (no checkpoint path): a plumbing check of the "
-                 "analysis, its numbers say nothing about distillation")
+PLUMBING_NOTE = ("random models (a preset or init, no checkpoint): a plumbing "
+                 "check of the analysis, its numbers say nothing about "
+                 "distillation")
 
 
 def write_spectrum(rows: Sequence[dict], out_dir: str, *,
@@ -315,7 +317,8 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
   key = jax.random.key(config.seed)
   s_key, t_key = train_setup.init_keys(config.seed)
   sp = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
-  tp = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key)
+  tp = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key,
+                              "teacher")
   rows = lambda_spectrum(
       (scfg, sp), (tcfg, tp), [data[i] for i in range(int(batches))], lams=lams,
       rng=jax.random.fold_in(key, 7), max_new_tokens=int(config.rollout.max_new_tokens),
@@ -326,7 +329,7 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
       topk=config.loss.get("teacher_topk"),
       topk_variant=config.loss.get("topk_variant", "renorm"))
   note = None
-  if not (config.student.get("path") and config.teacher.get("path")):
+  if not (hub.weights_spec(config.student) and hub.weights_spec(config.teacher)):
     note = PLUMBING_NOTE
     logging.warning("%s", note)
   if out_dir:

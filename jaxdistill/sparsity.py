@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxdistill import sharding
 from jaxdistill.models import checkpoint as ckpt_lib
+from jaxdistill.models import hub
 from jaxdistill.models import safetensors_io as st
 
 # ------------------------------------------------------------ update sparsity
@@ -332,10 +333,11 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
 
 def base_dtype(mcfg, cfg) -> str:
   """The dtype the base student is stored in: its checkpoint's (config.student
-  .path), else the params dtype of a from-scratch init. Sparsity is compared
+  .path, a directory or hub name, unless a preset or init is given), else the params dtype of a from-scratch init. Sparsity is compared
   in it by default (docs/method.md)."""
-  if mcfg.get("path"):
-    return checkpoint_dtype(os.path.expanduser(mcfg.path))
+  spec = hub.weights_spec(mcfg)
+  if spec:
+    return checkpoint_dtype(hub.resolve(spec)[0])
   return jnp.dtype(cfg.param_dtype).name
 
 

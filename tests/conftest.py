@@ -36,3 +36,22 @@ def quick_demo(tmp_path_factory):
   with contextlib.redirect_stdout(out):
     summary = demo.main(["--quick", "--workdir", str(workdir)])
   return workdir, summary, out.getvalue()
+
+
+@pytest.fixture(scope="session")
+def seeded_hub(tmp_path_factory):
+  """A Hugging Face hub cache seeded once per session (tests/hub_cache.py):
+  (its directory, the commits of its repos). Tests must not change it: copy
+  it first (shutil.copytree(..., symlinks=True)) to move a ref."""
+  from tests import hub_cache  # pylint: disable=g-import-not-at-top
+  d = tmp_path_factory.mktemp("hf_hub")
+  return str(d), hub_cache.build(str(d))
+
+
+@pytest.fixture
+def hf_cache(seeded_hub, monkeypatch):
+  """huggingface_hub pointed at the seeded cache, offline, in this process
+  and its subprocesses (hub_cache.use); returns the commits of its repos."""
+  from tests import hub_cache  # pylint: disable=g-import-not-at-top
+  hub_cache.use(monkeypatch, seeded_hub[0])
+  return seeded_hub[1]

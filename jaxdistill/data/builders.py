@@ -9,7 +9,10 @@ is random access and TensorFlow-free (grain can consume it directly):
   mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa; reads
                     the user's downloaded files from `manual_dir` (split from
                     each file name, see sources.split_of_file); fields
-                    question, options, answer.
+                    question, options, answer. `python -m
+                    jaxdistill.data.prepare NAME` builds the sciq, medmcqa
+                    and gpqa configs from the hub (HUB_DATASETS), recorded in
+                    <data_dir>/prepared/NAME.json; `mcq_builder` reads either.
 
 `data_dir` is always explicit: nothing is written to ~/tensorflow_datasets by
 accident. Custom sizes or seeds: pass a config object, e.g.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 
 from array_record.python import array_record_data_source
@@ -61,6 +65,15 @@ class CountdownConfig(tfds.core.BuilderConfig):
   seed: int = 0
   max_number: int = 100
   max_target: int = 1000
+
+
+def countdown_config(n_numbers: int, train_size: int, seed: int) -> CountdownConfig:
+  """The Countdown-N builder config of a training run's data (the test split
+  gets a tenth of train_size): one name per (N, size, seed), so runs and
+  `python -m jaxdistill.data.prepare countdown` share what they build."""
+  return CountdownConfig(
+      name=f"n{n_numbers}_train{train_size}_seed{seed}", n_numbers=n_numbers,
+      train_size=train_size, test_size=max(1, train_size // 10), seed=seed)
 
 
 class CountdownTasks(_Builder):
@@ -207,3 +220,79 @@ def _damaged(path: str, directory: str, error: Exception) -> str:
   first = (str(error).strip().splitlines() or [type(error).__name__])[0]
   return (f"{path}: damaged prepared data ({first}); delete {directory} and "
           "it is prepared again")
+
+
+# -- data sets prepared by name (python -m jaxdistill.data.prepare) ------------
+
+@dataclasses.dataclass(frozen=True)
+class HubData:
+  repo: str                 # hub dataset id
+  files: tuple[str, ...]    # patterns of the repo files converted
+  splits: tuple[str, ...]   # splits kept (sources.split_of_file of each file)
+
+
+# The name is also the converter (data.sources.SOURCES) and the mcq_files
+# builder config: data.source='sciq' reads what `prepare sciq` wrote.
+HUB_DATASETS = {
+    "sciq": HubData("allenai/sciq", ("data/*.parquet",),
+                    ("train", "validation", "test")),
+    "medmcqa": HubData("openlifescienceai/medmcqa",
+                       ("data/train-*.parquet", "data/validation-*.parquet"),
+                       ("train", "validation")),
+    "gpqa": HubData("Idavidrein/gpqa", ("gpqa_diamond.csv",), ("test",)),
+}
+RECORDS = "prepared"  # DIR/prepared/NAME.json: where a data set came from
+
+
+def record_path(data_dir: str, name: str) -> str:
+  return os.path.join(os.path.expanduser(data_dir), RECORDS, f"{name}.json")
+
+
+def read_record(data_dir: str, name: str) -> dict | None:
+  """What DIR/prepared/NAME.json says of a prepared data set, or None."""
+  path = record_path(data_dir, name)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise ValueError(f"{path}: not valid JSON ({e}); prepare {name} again "
+                     "with --overwrite") from None
+
+
+def is_prepared(data_dir: str, name: str) -> bool:
+  """DIR holds data set NAME as `python -m jaxdistill.data.prepare` left it:
+  its record and its mcq_files builder directory."""
+  return bool(read_record(data_dir, name)) and os.path.isdir(
+      os.path.join(os.path.expanduser(data_dir), "mcq_files", name))
+
+
+def prepare_command(name: str, data_dir: str) -> str:
+  return f"python -m jaxdistill.data.prepare {name} --data_dir {data_dir}"
+
+
+def mcq_builder(spec, field: str):
+  """The prepared mcq_files builder a data block or an evaluation suite names
+  (`field`: 'data', 'config.suites.science'): over the user's files in
+  `manual_dir`, or, without one, the hub data set prepared under `data_dir`
+  by `python -m jaxdistill.data.prepare` (its name is `source`). One-line
+  errors name the field and the command to run."""
+  data_dir, manual = spec.get("data_dir"), spec.get("manual_dir")
+  source = spec.get("source") or "generic"
+  if not data_dir:
+    raise ValueError(f"{field}.data_dir: required for multiple-choice data "
+                     "(where its TFDS files are prepared)")
+  data_dir = os.path.expanduser(data_dir)
+  if manual:
+    return prepare(McqFiles, data_dir=data_dir, config=source,
+                   manual_dir=os.path.expanduser(manual))
+  if source in HUB_DATASETS and is_prepared(data_dir, source):
+    return prepare(McqFiles, data_dir=data_dir, config=source)
+  if source in HUB_DATASETS:
+    raise ValueError(f"{field}.manual_dir: not set, and {data_dir} holds no "
+                     f"prepared {source!r}: run `{prepare_command(source, data_dir)}` "
+                     "(or set manual_dir to your own files)")
+  raise ValueError(f"{field}.manual_dir: required for source {source!r} (a "
+                   "directory of your files; prepared by name: "
+                   f"{', '.join(HUB_DATASETS)})")

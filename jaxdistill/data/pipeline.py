@@ -297,7 +297,8 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     default 50,000; the test split gets a tenth), data_seed (default 0).
   data.task 'mcq': the `mcq_files` builder with config `source` (default
     'generic') over the user's files in `manual_dir`, prepared under the
-    required `data_dir`.
+    required `data_dir`; without manual_dir, the data set `source` (sciq,
+    medmcqa, gpqa) that `python -m jaxdistill.data.prepare` wrote there.
   data.task 'records': records already in jaxdistill's form, read from
     `records_file` (.jsonl, one object per line, or .json, an array): each
     one Countdown (numbers, target, and solution or response) or multiple
@@ -317,19 +318,12 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     if not data.get("data_dir"):
       problems = countdown_lib.generate_problems(n, sizes[split], seed, split=split)
       return [p.to_record() for p in problems]
-    config = builders.CountdownConfig(
-        name=f"n{n}_train{sizes['train']}_seed{seed}", n_numbers=n,
-        train_size=sizes["train"], test_size=sizes["test"], seed=seed)
-    builder = builders.prepare(builders.CountdownTasks, data_dir=data.data_dir,
-                               config=config)
+    builder = builders.prepare(
+        builders.CountdownTasks, data_dir=data.data_dir,
+        config=builders.countdown_config(n, sizes["train"], seed))
     return builders.load_records(builder, split)
   if task == "mcq":
-    if not data.get("data_dir") or not data.get("manual_dir"):
-      raise ValueError("data.data_dir and data.manual_dir are required for task 'mcq'")
-    builder = builders.prepare(builders.McqFiles, data_dir=data.data_dir,
-                               config=data.get("source") or "generic",
-                               manual_dir=data.manual_dir)
-    return builders.load_records(builder, split)
+    return builders.load_records(builders.mcq_builder(data, "data"), split)
   if task == "records":
     path = data.get("records_file")
     if not path:

@@ -138,7 +138,7 @@ def _read_csv(path):
 
 
 def _read_parquet(path):
-  import pyarrow.parquet as pq  # Only Parquet users need pyarrow.
+  import pyarrow.parquet as pq  # heavy: imported when a Parquet file is read
   table = pq.read_table(path)
   for i, row in enumerate(table.to_pylist()):
     yield f"{path}: row {i}", row

@@ -1,7 +1,7 @@
 """Tokenizers: load a checkpoint's own, or train a tiny byte-level BPE for tests.
 
-`load_tokenizer(path)` only reads a LOCAL directory (local_files_only=True):
-runs never download anything. `train_bpe_tokenizer` builds a small byte-level
+`load_tokenizer(path)` reads a local directory (local_files_only=True), or a
+hub name's files in the Hugging Face cache (models.hub.resolve). `train_bpe_tokenizer` builds a small byte-level
 BPE (any text round-trips, since every byte is in the base alphabet) with the
 special tokens below and a chat template (for runlocal, the sweep's local
 assets, the demo and tests; `countdown_texts` is their usual text), saved so that
@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from jaxdistill import tasks
+from jaxdistill.models import hub
 from jaxdistill.tasks import countdown
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
@@ -59,8 +60,11 @@ def import_transformers():
 
 
 def load_tokenizer(path: str):
-  """A transformers tokenizer from a local checkpoint directory."""
+  """A transformers tokenizer from a checkpoint directory or hub name
+  (models.hub.resolve)."""
   transformers = import_transformers()
+  if hub.is_hub_id(path):
+    path = hub.resolve(path)[0]
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
   files = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -186,14 +190,16 @@ def special_ids(tokenizer) -> Mapping[str, int]:
 # -- the tokenizer of a run's config ----------------------------------------------
 
 def run_tokenizer(config):
-  """The run's tokenizer (a local Hugging Face dir), or None for synthetic data."""
-  path = config.get("tokenizer") or config.student.get("path")
+  """The run's tokenizer: config.tokenizer, else that of the checkpoint the
+  student loads (a directory or hub name); None for synthetic data."""
+  field = "config.tokenizer" if config.get("tokenizer") else "config.student.path"
+  spec = config.get("tokenizer") or hub.weights_spec(config.student)
   if config.data.task == "synthetic" and not config.get("tokenizer"):
     return None
-  if not path:
-    raise ValueError("config.tokenizer: a tokenizer directory is needed for "
-                     f"data.task={config.data.task!r}")
-  return load_tokenizer(os.path.expanduser(path))
+  if not spec:
+    raise ValueError("config.tokenizer: a tokenizer directory or hub name is "
+                     f"needed for data.task={config.data.task!r}")
+  return load_tokenizer(hub.checkpoint_dir(spec, field, need_config=False))
 
 
 def runlocal_tokenizer(config, workdir):

@@ -7,8 +7,10 @@ and update sparsity.
       --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
       --out /runs/qwen_rkl_on/eval.json
 
---checkpoint / --baseline name a Hugging Face directory, or a training workdir
-(then its hf_student/ export is used). The tokenizer (and chat template) is the
+--checkpoint / --baseline name a Hugging Face directory, a hub name
+(org/name[@revision], resolved into the Hugging Face cache; the commit goes
+into the JSON's 'revisions'), or a training workdir (then its hf_student/
+export is used). The tokenizer (and chat template) is the
 directory's own unless config.tokenizer is set. Prints one markdown table per
 suite (plus group means, forgetting and sparsity) to stdout; progress bars and
 logs go to stderr. --out writes the JSON: {'metrics': flat namespaced numbers
@@ -45,27 +47,29 @@ from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.evaluate import core
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
+from jaxdistill.models import hub
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def resolve_checkpoint(path: str, flag: str = "--checkpoint") -> str:
-  """The Hugging Face directory of `path` (itself, or <workdir>/hf_student)."""
+  """The Hugging Face directory of `path`: itself, a hub name's snapshot in
+  the Hugging Face cache, or a training workdir's hf_student/ export."""
   if not path:
-    raise ValueError(f"{flag}: a checkpoint directory is required")
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"{flag}: checkpoint directory not found: {path}")
-  if os.path.isfile(os.path.join(path, "config.json")) and (
-      os.path.isfile(os.path.join(path, "model.safetensors")) or
-      os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
-    return path
-  export = models.checkpoint.workdir_export(path)
-  if export:
-    return resolve_checkpoint(export, flag)
-  raise FileNotFoundError(
-      f"{flag}: {path} is neither a Hugging Face directory (config.json + "
-      "model.safetensors) nor a training workdir with an hf_student/ export")
+    raise ValueError(f"{flag}: a checkpoint directory or hub name is required")
+  path = os.path.abspath(hub.checkpoint_dir(path, flag, workdir_ok=True))
+  if not (os.path.isfile(os.path.join(path, "model.safetensors")) or
+          os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
+    raise FileNotFoundError(
+        f"{flag}: {path} holds no weights (model.safetensors or "
+        "model.safetensors.index.json) and is not a training workdir with an "
+        "hf_student/ export")
+  return path
+
+
+def revision_of(path: str) -> dict | None:
+  """The hub revision a --checkpoint / --baseline names (None: a directory)."""
+  return hub.resolve(path)[1] if path and hub.is_hub_id(path) else None
 
 
 def _has_tokenizer(path: str) -> bool:
@@ -103,7 +107,8 @@ def load_model(path: str, config, mesh, rules=None):
   if not config.get("tokenizer") and not _has_tokenizer(path):
     raise FileNotFoundError(f"{path}: no tokenizer files ({_TOKENIZER_FILES}); "
                             "set config.tokenizer to a tokenizer directory")
-  tokenizer = tok_lib.load_tokenizer(os.path.expanduser(tok_path))
+  tokenizer = tok_lib.load_tokenizer(hub.checkpoint_dir(
+      tok_path, "config.tokenizer", need_config=False))
   cfg, params = models.load_pretrained(path, dtype=config.get("dtype"), mesh=mesh,
                                        rules=rules)
   eos = rollout.eos_ids(cfg, tokenizer=tokenizer,
@@ -152,6 +157,8 @@ def run(config, checkpoint: str, baseline: str | None = None,
   """
   t0 = time.time()
   names = check_config(config)
+  revisions = {"checkpoint": revision_of(checkpoint),
+               "baseline": revision_of(baseline)}
   checkpoint = resolve_checkpoint(checkpoint, "--checkpoint")
   baseline = resolve_checkpoint(baseline, "--baseline") if baseline else None
   if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
@@ -164,6 +171,7 @@ def run(config, checkpoint: str, baseline: str | None = None,
             "harder": tuple(config.get("harder") or ()),
             "ood": tuple(config.get("ood") or ())}
   result = {"checkpoint": checkpoint, "baseline": baseline,
+            "revisions": {k: v for k, v in revisions.items() if v},
             "suites": {n: {"group": next((g for g, m in groups.items() if n in m),
                                          "other"),
                            "kind": config.suites[n].kind} for n in names},
@@ -225,7 +233,8 @@ def define_flags():
       "config", None, "Eval config file (configs/eval.py[:arg]).",
       lock_config=True)
   flags.DEFINE_string("checkpoint", None,
-                      "Hugging Face dir, or a training workdir (uses hf_student/).")
+                      "Hugging Face dir or hub name org/name[@revision], or a "
+                      "training workdir (uses hf_student/).")
   flags.DEFINE_string("baseline", None,
                       "The student before training: forgetting and sparsity.")
   flags.DEFINE_string("out", None, "Write the results JSON here.")

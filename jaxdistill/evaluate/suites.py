@@ -10,7 +10,9 @@ A suite spec is a small dict in `config.suites`:
       a user file (JSONL / JSON / CSV / Parquet) in one of
       jaxdistill.data.sources.SOURCES, converted in memory; or, with
       `manual_dir` + `data_dir` (+ `split`, default 'test') instead of `path`,
-      the prepared `mcq_files` TFDS builder over that directory.
+      the prepared `mcq_files` TFDS builder over that directory; or, with
+      `data_dir` alone, the data set `source` that `python -m
+      jaxdistill.data.prepare` wrote there (builders.mcq_builder).
 
 `num_problems` caps a suite: Countdown generates exactly that many; an MCQ
 file keeps a seeded random subset (in file order) of that size, or all rows
@@ -75,22 +77,24 @@ def _mcq_records(name, spec) -> list[dict]:
     if not os.path.isfile(path):
       raise FileNotFoundError(f"{_field(name, 'path')}: data file not found: {path}")
     records = sources.convert_file(path, source, seed=int(spec.get("data_seed") or 0))
-  elif spec.get("manual_dir"):
-    manual = os.path.expanduser(spec.manual_dir)
-    if not os.path.isdir(manual):
+  elif spec.get("manual_dir") or spec.get("data_dir"):
+    manual = spec.get("manual_dir")
+    if manual and not os.path.isdir(os.path.expanduser(manual)):
       raise FileNotFoundError(f"{_field(name, 'manual_dir')}: directory not found: "
-                              f"{manual}")
-    if not spec.get("data_dir"):
-      raise ValueError(f"{_field(name, 'data_dir')}: required with manual_dir "
-                       "(where the TFDS builder is prepared)")
-    builder = builders.prepare(builders.McqFiles, data_dir=spec.data_dir,
-                               config=source, manual_dir=manual)
-    records = builders.load_records(builder, spec.get("split") or "test")
+                              f"{os.path.expanduser(manual)}")
+    builder = builders.mcq_builder(spec, f"config.suites.{name}")
+    split = spec.get("split") or "test"
+    if split not in builder.info.splits:
+      raise ValueError(f"{_field(name, 'split')}: {split!r} is not a split of "
+                       f"the prepared {source!r} data "
+                       f"({', '.join(sorted(builder.info.splits))})")
+    records = builders.load_records(builder, split)
   else:
     raise ValueError(
         f"{_field(name, 'path')}: not set. Pass the suite's data file, e.g. "
-        f"--config.suites.{name}.path=/data/test.jsonl, or leave '{name}' out "
-        "of the evaluated suites (configs/eval.py:suites=...)")
+        f"--config.suites.{name}.path=/data/test.jsonl, or a data_dir where "
+        f"`python -m jaxdistill.data.prepare {source}` wrote it, or leave "
+        f"'{name}' out of the evaluated suites (configs/eval.py:suites=...)")
   if not records:
     raise ValueError(f"config.suites.{name}: the data holds no labelled questions")
   return records

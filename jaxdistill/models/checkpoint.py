@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdistill import sharding as sharding_lib
+from jaxdistill.models import hub
 from jaxdistill.models import safetensors_io as st
 from jaxdistill.models.config import ModelConfig
 from jaxdistill.models.config import rope_scaling_to_tuple
@@ -184,15 +185,7 @@ def read_config(path) -> ModelConfig:
 
 
 
-# Where a training workdir keeps its Hugging Face export of the student.
-EXPORT_DIR = "hf_student"
-
-
-def workdir_export(path) -> str | None:
-  """<path>/hf_student if `path` is a training workdir that holds a Hugging
-  Face export (its config.json), else None."""
-  export = os.path.join(path, EXPORT_DIR)
-  return export if os.path.isfile(os.path.join(export, "config.json")) else None
+EXPORT_DIR = hub.EXPORT_DIR
 
 def generation_eos_ids(path) -> tuple[int, ...]:
   """The eos_token_id of <path>/generation_config.json, () without one
@@ -367,11 +360,12 @@ def _donated_writer(out_sharding):
 
 def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
                     rules=None, chunk_bytes: int = 16 << 20):
-  """Reads a local HF directory; returns (ModelConfig, params). No network.
+  """Reads a Hugging Face checkpoint; returns (ModelConfig, params).
 
   Args:
     path: directory with config.json and model.safetensors (or sharded files
-      with model.safetensors.index.json).
+      with model.safetensors.index.json), or a hub name `org/name[@revision]`
+      (models.hub.resolve: fetched into, or found in, the Hugging Face cache).
     dtype: compute dtype ('float32' / 'bfloat16'); default: the checkpoint's.
     param_dtype: storage dtype of params; default: `dtype`, else checkpoint's.
     mesh: optional jax Mesh; each leaf is placed on the NamedSharding given by
@@ -380,6 +374,8 @@ def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
       sharding.rules_from_config); default sharding.DEFAULT_RULES.
     chunk_bytes: host block size when splitting the embedding / output head.
   """
+  if hub.is_hub_id(path):
+    path = hub.resolve(path)[0]
   path = pathlib.Path(path)
   if not path.is_dir():
     raise FileNotFoundError(f"checkpoint directory not found: {path}")

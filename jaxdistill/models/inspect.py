@@ -1,11 +1,13 @@
 """Loads a HF checkpoint directory and runs one short prompt through it.
 
   python -m jaxdistill.models.inspect /path/to/Llama-3.2-1B-Instruct
+  python -m jaxdistill.models.inspect meta-llama/Llama-3.2-1B-Instruct   # hub
   python -m jaxdistill.models.inspect            # a tiny random Llama 3, saved
                                                   # with save_pretrained first
 
 Prints the family, parameter count and the logits' shape as JSON. Token ids
-are fixed (no tokenizer needed), so it never touches the network.
+are fixed (no tokenizer needed); a hub name is fetched into (or found in) the
+Hugging Face cache (models.hub) and its commit printed.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 
 from jaxdistill import cli
 from jaxdistill import models
+from jaxdistill.models import hub
 
 
 def tiny_llama_config() -> models.ModelConfig:
@@ -31,12 +34,16 @@ def tiny_llama_config() -> models.ModelConfig:
 
 
 def inspect(path: str, dtype=None) -> dict:
-  cfg, params = models.load_pretrained(path, dtype=dtype)
+  """Family, size and one forward pass of a checkpoint directory or hub name
+  (a training workdir is refused, naming its hf_student/)."""
+  local = hub.checkpoint_dir(path, "models.inspect PATH")
+  cfg, params = models.load_pretrained(local, dtype=dtype)
   prompt = jnp.asarray([[cfg.bos_token_id or 0, 5, 6, 7, 8, 9, 10, 11]],
                        jnp.int32) % cfg.vocab_size
   logits = jax.jit(models.apply, static_argnums=0)(cfg, params, prompt)
   return {
       "path": str(path),
+      "revision": hub.resolve(path)[1],
       "family": cfg.family,
       "num_params": models.num_params(params),
       "dtype": cfg.dtype,
@@ -48,7 +55,8 @@ def inspect(path: str, dtype=None) -> dict:
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("path", nargs="?", help="HF checkpoint directory")
+  ap.add_argument("path", nargs="?",
+                  help="HF checkpoint directory or hub name org/name[@rev]")
   ap.add_argument("--dtype", default=None, help="float32 | bfloat16")
   args = ap.parse_args(argv)
   if args.path:

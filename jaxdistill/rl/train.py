@@ -30,10 +30,10 @@ import ml_collections
 from jaxdistill import cli
 from jaxdistill import compile_only
 from jaxdistill import config_lib
-from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.models import hub
 from jaxdistill.rl import grpo
 from jaxdistill.rl import programs as rl_programs
 from jaxdistill.rl import step as rl_step
@@ -44,10 +44,12 @@ from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
 
-def resolve_init(path: str) -> str:
-  """A distillation workdir -> its hf_student/ export; else `path` itself."""
-  path = os.path.expanduser(path)
-  return models.checkpoint.workdir_export(path) or path
+def resolve_init(spec: str, field: str = "config.student.path") -> str:
+  """A distillation workdir -> its hf_student/ export; a checkpoint directory
+  or hub name as given (a hub name is resolved when loaded)."""
+  if hub.is_hub_id(spec):
+    return spec
+  return hub.checkpoint_dir(spec, field, workdir_ok=True, need_config=False)
 
 
 def _err(field, msg):
@@ -109,11 +111,11 @@ def validate(config) -> None:
 def resolve_paths(config):
   """A copy of `config` whose model paths point at loadable HF directories."""
   config = config.copy_and_resolve_references()
-  for name in ("student",):
-    if config[name].get("path"):
-      config[name].path = resolve_init(config[name].path)
+  if hub.weights_spec(config.student):
+    config.student.path = resolve_init(config.student.path)
   if config.kl.get("reference"):
-    config.kl.reference = resolve_init(config.kl.reference)
+    config.kl.reference = resolve_init(config.kl.reference,
+                                       "config.kl.reference")
   return config
 
 
@@ -140,6 +142,12 @@ def _models(config):
   """(policy cfg, kl.reference's model config block and cfg or None, whether
   a reference is used) of a GRPO config."""
   scfg = train_setup.model_config(config.student, "student")
+  if hub.weights_spec(config.student) is None:
+    logging.warning(
+        "config.student has no path: a randomly initialised policy (runlocal). "
+        "Its rewards and loss will be 0 at nearly every step: this run checks "
+        "the plumbing (sampling, rewards, updates, checkpoints, export), not "
+        "learning.")
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
   rmcfg = rcfg = None
@@ -187,8 +195,10 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
         "learning.")
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
+  revisions = train_setup.revisions(
+      config, ("student", "tokenizer") + (("kl.reference",) if rmcfg else ()))
   if jax.process_index() == 0:
-    train_loop.prepare_workdir(config, workdir, overwrite)
+    train_loop.prepare_workdir(config, workdir, overwrite, revisions)
   if build_tok:
     tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
   # Sampled, scored and compared with the reference over this vocabulary.
@@ -218,7 +228,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
 
   reference = None
   if rmcfg is not None:
-    reference = (rcfg, train_setup.load_params(rcfg, rmcfg, mesh, rules, None))
+    reference = (rcfg, train_setup.load_params(rcfg, rmcfg, mesh, rules, None,
+                                                "kl.reference"))
   elif use_ref:
     reference = (scfg, params0)
   if not config.get("track_sparsity", True):

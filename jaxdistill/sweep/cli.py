@@ -1,7 +1,11 @@
 r"""Run a grid of distillation runs, or print their launch commands.
 
-  # Every arm, one after another, then the table and figures:
-  python -m jaxdistill.sweep --config configs/grid_main.py \
+  # Every arm, one after another, then the table and figures (checkpoints
+  # and data by hub name, configs/grid_main.py's defaults):
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen05b \
+      --workdir /runs/main
+  # Local checkpoints instead:
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=llama \
       --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
       --config.presets.family.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
       --workdir /runs/main
@@ -12,10 +16,13 @@ r"""Run a grid of distillation runs, or print their launch commands.
   python -m jaxdistill.sweep --config configs/grid_main.py:runlocal \
       --workdir /tmp/grid --only kl=reverse
 
-Each run gets <workdir>/<run name>/ (run_config.json, config.json, checkpoints, metrics.jsonl,
-hf_student/, eval.json, results.json); finished runs (results.json present)
-are skipped and interrupted ones resume from their checkpoints. The summary
-(results.csv, results.md, figures) goes to <workdir>/summary/.
+Before the first arm, hub names are pinned to their commits and the data
+sets read by name are prepared into <workdir>/data (sweep/inputs.py); the
+printed commands carry the pinned names. Each run gets <workdir>/<run name>/
+(run_config.json, config.json, checkpoints, metrics.jsonl, hf_student/,
+eval.json, results.json); finished runs (results.json present) are skipped
+and interrupted ones resume from their checkpoints. The summary (results.csv,
+results.md, figures) goes to <workdir>/summary/.
 
 After cluster runs of the printed commands have finished, the same command
 without --print_commands (same --workdir) evaluates and tabulates them:
@@ -46,6 +53,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr
 from jaxdistill.sweep import runner
 
@@ -75,7 +83,8 @@ def main(argv):
   f = flags.FLAGS
   grid = f.config
   if f.print_commands:
-    runs = grid_lib.expand(grid, f.only)
+    runs = inputs.plan(grid, f.workdir, f.only, is_finished=runner.is_finished,
+                       log=runner.log)
     if not runs:
       raise ValueError(f"--only {f.only!r}: no run of the grid matches")
     for run in runs:  # snapshots first: a command may read its run's

@@ -14,6 +14,10 @@ resumes from the run's newest good checkpoint by itself. results.json holds
   compute                       steps, tokens_generated (response tokens),
                                 tokens_processed (prompt + response), model
                                 FLOPs of training and of rollouts (models/flops.py)
+  revisions                     what came from the hub: {'student.path':
+                                {id, revision, commit}, ..., 'data/sciq':
+                                {repo, revision, commit}} (sweep/inputs.py
+                                pins every hub name to its commit first)
 
 With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
 <run>/rlvr/ with its own results.json (run_rlvr_one).
@@ -34,6 +38,7 @@ from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import figures
 from jaxdistill.models import flops as flops_lib
 from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import runlocal
 from jaxdistill.sweep import table
@@ -109,15 +114,25 @@ def compute_record(config, records: list[dict]) -> dict:
 
 def default_evaluate(grid, run: grid_lib.Run, run_dir: str) -> dict | None:
   """jaxdistill.evaluate on the run's export (and the student it started from)."""
-  spec = grid_lib.eval_spec(grid, run)
-  if spec is None:
+  cfg = inputs.eval_config(grid, run)
+  if cfg is None:
     return None
-  cfg = config_lib.load_config(spec)
-  grid_lib.merge(cfg, grid.eval.get("updates") or {}, "grid.eval.updates")
   baseline = run.config.student.get("path") if grid.eval.get("baseline") else None
   res = evaluate_run.run(cfg, run_dir, baseline or None,
                      out=os.path.join(run_dir, "eval.json"))
   return res["metrics"]
+
+
+def run_revisions(grid, run: grid_lib.Run, run_dir: str) -> dict:
+  """The commits of what the run read from the hub: its checkpoints (the
+  run's revisions.json) and its data sets prepared by name."""
+  path = os.path.join(run_dir, train_loop.REVISIONS)
+  out = {}
+  if os.path.isfile(path):
+    with open(path) as f:
+      out.update(json.load(f))
+  out.update(inputs.data_revisions(grid, run))
+  return out
 
 
 def run_one(grid, run: grid_lib.Run, run_dir: str, *,
@@ -135,6 +150,7 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   result = {"name": run.name, "dirname": run.dirname, "factors": run.factors,
             "study": study_factors(run.config), "train": last,
             "eval": ev, "compute": compute_record(run.config, records),
+            "revisions": run_revisions(grid, run, run_dir),
             "elapsed_s": time.time() - t0, "finished": time.time()}
   write_json_atomic(os.path.join(run_dir, RESULTS), result)
   return result
@@ -249,11 +265,17 @@ def _handle_stale(grid, runs, workdir: str, rerun_stale: bool) -> None:
     return
   if not rerun_stale:
     name, _, changes = stale[0]
+    hint = ""
+    if any("@" in c and c.split(":")[0].endswith(("path", "tokenizer"))
+           for c in changes):
+      hint = ("; a hub name that now resolves to another commit can be "
+              "pinned to the old one as org/name@<commit>")
     raise ValueError(
         f"{workdir}: {len(stale)} run(s) were trained under a different "
         f"config than the grid now gives, e.g. {name!r}: "
         f"{'; '.join(changes[:5])}; pass rerun_stale=True (--rerun_stale) to "
-        f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them")
+        f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them"
+        f"{hint}")
   aside = os.path.join(workdir, STALE_DIR)
   os.makedirs(aside, exist_ok=True)
   for name, path, changes in stale:
@@ -301,7 +323,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   os.makedirs(workdir, exist_ok=True)
   if grid.get("local_assets"):
     runlocal.prepare_assets(grid, workdir)
-  runs = grid_lib.expand(grid, only)
+  runs = inputs.plan(grid, workdir, only, is_finished=is_finished, log=log)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
   _handle_stale(grid, runs, workdir, rerun_stale)

@@ -59,18 +59,46 @@ RESUMABLE_FIELDS = ("total_steps", "log_every", "eval_every", "ckpt_every",
                     "keep_ckpts", "progress", "export_hf")
 
 
-def prepare_workdir(config, workdir: str, overwrite: bool):
-  """Writes config.json; refuses to reuse a workdir of a different config."""
+REVISIONS = "revisions.json"
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise ValueError(f"{path}: not valid JSON ({e}); move the workdir "
+                     "aside or pass --overwrite") from None
+
+
+def _pinned(config: dict, revisions: dict) -> dict:
+  """`config` with each hub name of `revisions` written as org/name@<commit>:
+  'Q' and 'Q@<its commit>' name the same weights, another commit does not."""
+  config = json.loads(json.dumps(config))
+  for field, info in revisions.items():
+    *parents, leaf = field.split(".")
+    node = config
+    for p in parents:
+      node = node.get(p) or {}
+    if leaf in node:
+      node[leaf] = f"{info['id']}@{info['commit']}"
+  return config
+
+
+def prepare_workdir(config, workdir: str, overwrite: bool,
+                    revisions: dict | None = None):
+  """Writes config.json, and revisions.json: the commits of the checkpoints
+  taken from the hub (train.setup.revisions), kept apart so that a hub name
+  in the config stays as written. Refuses to reuse a workdir of a different
+  config, or whose hub names now resolve to other commits."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "config.json")
+  rev_path = os.path.join(workdir, REVISIONS)
   new = json.loads(config_lib.to_json(config))
   if os.path.exists(path):
-    try:
-      with open(path) as f:
-        old = json.load(f)
-    except ValueError as e:
-      raise ValueError(f"{path}: not valid JSON ({e}); move the workdir "
-                       "aside or pass --overwrite") from None
+    old = _read_json(path)
+    if os.path.exists(rev_path):
+      old, new = _pinned(old, _read_json(rev_path)), _pinned(new, revisions or {})
     changed = [d for d in config_lib.diff(old, new)
                if d.split(":")[0] not in RESUMABLE_FIELDS]
     if changed and not overwrite:
@@ -88,6 +116,11 @@ def prepare_workdir(config, workdir: str, overwrite: bool):
       logging.warning("moved the previous run of %s into %s", workdir, aside)
   with open(path, "w") as f:
     f.write(config_lib.to_json(config))
+  if revisions:
+    with open(rev_path, "w") as f:
+      json.dump(revisions, f, indent=2, sort_keys=True)
+  elif os.path.exists(rev_path):
+    os.remove(rev_path)
 
 
 def config_mesh(config, devices=None):
@@ -277,14 +310,17 @@ def _train(config, workdir, overwrite, mesh, rules):
   else:
     batches = train_batches.make_batches(config, tokenizer, vocab)
   report_dropped(batches)
+  revisions = train_setup.revisions(
+      config, ("student", "tokenizer") if sft or cached else
+      ("student", "teacher", "tokenizer"))
   if jax.process_index() == 0:
-    prepare_workdir(config, workdir, overwrite)
+    prepare_workdir(config, workdir, overwrite, revisions)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
 
   seed_key = jax.random.key(config.seed)
   s_key, t_key = train_setup.init_keys(config.seed)
   tparams = None if sft or cached else train_setup.load_params(
-      tcfg, config.teacher, mesh, rules, t_key)
+      tcfg, config.teacher, mesh, rules, t_key, "teacher")
   params0 = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
 
   optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)

@@ -1,5 +1,5 @@
 """The models a run's config names, before any training: their ModelConfigs
-(from a Hugging Face directory, a preset or an init block), their params
+(from a Hugging Face directory or hub name, a preset or an init block), their params
 placed on the mesh, and the vocabulary both models' logits share.
 
 Shared by every command that loads config.student / config.teacher: train,
@@ -9,29 +9,37 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.models import hub
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 
 
+def checkpoint_path(mcfg, name: str) -> str | None:
+  """The local directory config.<name> loads its weights from: its `path`
+  (a directory, or a hub name resolved into the Hugging Face cache), or None
+  for a randomly initialised model (`preset` or `init` given: `path` is then
+  not read, models.hub.weights_spec). A training workdir is refused, naming
+  its hf_student/ export."""
+  spec = hub.weights_spec(mcfg)
+  if spec is None:
+    return None
+  return hub.checkpoint_dir(spec, f"config.{name}.path")
+
+
 def model_config(mcfg, name: str) -> models.ModelConfig:
-  """The ModelConfig of config.student / config.teacher, without any weights."""
+  """The ModelConfig of config.student / config.teacher, without any weights.
+
+  `preset` or `init` given: a randomly initialised model of those shapes
+  (`path` is not read); else the checkpoint `path` names (a directory or a
+  hub name org/name[@revision])."""
   overrides = dict(mcfg.get("overrides") or {})
-  if mcfg.get("path"):
-    path = os.path.expanduser(mcfg.path)
-    if not os.path.isdir(path):
-      raise ValueError(
-          f"config.{name}.path: checkpoint directory {path!r} does not exist")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-      export = models.checkpoint.workdir_export(path)
-      hint = f"; it is a training workdir: use {export}" if export else ""
-      raise ValueError(f"config.{name}.path: {path} is not a Hugging Face "
-                       f"checkpoint directory (no config.json){hint}")
+  path = checkpoint_path(mcfg, name)
+  if path:
     try:
       cfg = models.checkpoint.read_config(path)
     except (ValueError, KeyError, TypeError) as e:
@@ -45,8 +53,9 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
     cfg = dataclasses.replace(cfg, **dict(mcfg.get("init") or {}))
   else:
     raise ValueError(f"config.{name}.path: set it to a Hugging Face checkpoint "
-                     f"directory (or set config.{name}.preset/.init for a "
-                     "randomly initialised model)")
+                     "directory or hub name org/name[@revision] (or set "
+                     f"config.{name}.preset/.init for a randomly initialised "
+                     "model)")
   # remat: the rematerialisation policy of the layers (models.REMAT_POLICIES);
   # it changes memory and time, not results.
   fields = dict(dtype=mcfg.dtype, param_dtype=mcfg.param_dtype)
@@ -58,17 +67,39 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
   return dataclasses.replace(cfg, **fields, **overrides)
 
 
-def load_params(cfg, mcfg, mesh, rules, rng):
+def load_params(cfg, mcfg, mesh, rules, rng, name: str = "student"):
   """Params placed on the mesh: streamed from the checkpoint, or random init."""
-  if mcfg.get("path"):
+  path = checkpoint_path(mcfg, name)
+  if path:
     loaded_cfg, params = models.load_pretrained(
-        os.path.expanduser(mcfg.path), dtype=cfg.param_dtype, mesh=mesh,
-        rules=rules)
+        path, dtype=cfg.param_dtype, mesh=mesh, rules=rules)
     del loaded_cfg
     return params
   shapes = jax.eval_shape(functools.partial(models.init, cfg), rng)
   shard = sharding.tree_shardings(models.logical_axes(cfg), mesh, rules, shapes)
   return jax.jit(functools.partial(models.init, cfg), out_shardings=shard)(rng)
+
+
+def revisions(config, names) -> dict:
+  """{field: {'id', 'revision', 'commit'}} of the checkpoints among `names`
+  ('student', 'teacher', 'tokenizer', 'kl.reference': fields of `config`)
+  that the run takes from the hub: what a workdir records beside its
+  config.json (train.loop.prepare_workdir), so that a result names exactly
+  which weights made it."""
+  out = {}
+  for name in names:
+    if name == "tokenizer":
+      field, spec = "tokenizer", config.get("tokenizer")
+    elif name == "kl.reference":
+      field, spec = name, config.get("kl", {}).get("reference")
+    else:
+      field, spec = f"{name}.path", hub.weights_spec(config.get(name))
+    if spec and hub.is_hub_id(spec):
+      try:
+        out[field] = hub.resolve(spec)[1]
+      except hub.HubError as e:
+        raise ValueError(f"config.{field}: {e}") from None
+  return out
 
 
 def shared_vocab(config, scfg, tcfg, tokenizer, teacher: str = "teacher") -> int:

@@ -183,7 +183,8 @@ def build(config, out_dir: str, *, devices=None) -> str:
   scfg, tcfg, tokenizer, vocab, batches = train_setup.pair_and_batches(config)
   seed_key = jax.random.key(config.seed)
   _, t_key = train_setup.init_keys(config.seed)
-  tparams = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key)
+  tparams = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key,
+                                    "teacher")
   make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
                                             tokenizer, vocab_size=vocab)
   k = int(config.loss.teacher_topk)

@@ -93,6 +93,7 @@ def test_cli_resumes_where_an_uninterrupted_run_goes(tmp_path):
   # A new GRPO run given that workdir starts from its hf_student/ export
   # (weights and tokenizer), not from random weights.
   init = rl_train.resolve_paths(_config(**{"student.path": str(work),
+                                       "student.init": None,
                                        "tokenizer_build": None}))
   assert init.student.path == str(work / "hf_student")
   scfg = train_setup.model_config(init.student, "student")
@@ -126,6 +127,8 @@ def test_resolve_init_prefers_the_hf_student_export(tmp_path):
 def test_bad_configs_fail_before_compute_naming_the_field(tmp_path, field,
                                                           value, match):
   c = _config(**{field: value})
+  if field == "student.path":
+    c.student.init = None  # an init (runlocal's) wins over the path
   if field == "kl.coef":
     c.kl.direction = "reverse"  # k3 follows the forward KL
   with pytest.raises(ValueError, match=match.replace(".", r"\.")):

@@ -214,7 +214,8 @@ def test_linear_fit_r2_matches_numpy():
 
 
 def test_missing_checkpoint_paths_fail_before_any_run(tmp_path):
-  g = config_lib.load_config("configs/grid_main.py")  # no paths on the command line
+  # The default hub names, offline and not in the (test machine's) cache.
+  g = config_lib.load_config("configs/grid_main.py")
   with pytest.raises(ValueError, match="config.student.path"):
     runner.run_sweep(g, str(tmp_path), only="family=llama")
   assert not any(p.is_dir() for p in tmp_path.iterdir())

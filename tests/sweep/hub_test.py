@@ -1,0 +1,96 @@
+"""The real study's grid by hub names (configs/grid_main.py's defaults),
+offline against a seeded Hugging Face cache (tests/hub_cache.py): arms pinned
+to the commits their names resolve to, data sets prepared once before the
+first arm, arms at different revisions refused. Nothing is trained here
+(the closing demonstration of issue 32 runs the command end to end).
+
+References: the commits are the seeded cache's refs; the prepared records
+are checked against the data the seeded cache holds."""
+import os
+import shutil
+
+import pytest
+
+from jaxdistill import config_lib
+from jaxdistill.data import builders
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import inputs
+from jaxdistill.sweep import runner
+from jaxdistill.train import loop as train_loop
+from jaxdistill.train import setup as train_setup
+from tests import hub_cache
+
+QWEN05, QWEN7 = "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
+
+
+def _grid(arg="families=qwen05b,tasks=science"):
+  return config_lib.load_config(f"configs/grid_main.py:{arg}")
+
+
+def test_arms_are_pinned_and_their_data_prepared_once(hf_cache, tmp_path):
+  g, log = _grid(), []
+  runs = inputs.plan(g, str(tmp_path), log=log.append)
+  assert len(runs) == 8
+  data_dir = str(tmp_path / "data")
+  for r in runs:
+    assert r.config.student.path == f"{QWEN05}@{hf_cache['models'][QWEN05]}"
+    assert r.config.teacher.path == f"{QWEN7}@{hf_cache['models'][QWEN7]}"
+    assert r.config.data.data_dir == data_dir
+    ev = inputs.eval_config(g, r)
+    assert ev.suites.science.data_dir == ev.suites.medical.data_dir == data_dir
+  # Science arms train on SciQ; their forgetting suite is MedMCQA: both
+  # prepared, once, at the seeded commits.
+  assert [m.split(":")[0] for m in log if "prepared in" in m] == ["sciq", "medmcqa"]
+  for name, repo in (("sciq", "allenai/sciq"),
+                     ("medmcqa", "openlifescienceai/medmcqa")):
+    assert builders.read_record(data_dir, name)["commit"] == hf_cache[
+        "datasets"][repo]
+  assert inputs.data_revisions(g, runs[0]) == {
+      f"data/{n}": {"repo": r, "revision": "main",
+                    "commit": hf_cache["datasets"][r]}
+      for n, r in (("sciq", "allenai/sciq"),
+                   ("medmcqa", "openlifescienceai/medmcqa"))}
+  # The launch commands name the commits; a second plan prepares nothing.
+  cmd = grid_lib.command(g, runs[0], str(tmp_path))
+  assert f"--config.student.path={QWEN05}@{hf_cache['models'][QWEN05]}" in cmd
+  log.clear()
+  inputs.plan(_grid(), str(tmp_path), log=log.append)
+  assert not log
+  # The arms' checks pass on the pinned names (config.json from the cache).
+  train_setup.model_config(runs[0].config.student, "student")
+
+
+def test_arms_naming_one_repo_at_different_commits_are_refused(hf_cache, tmp_path):
+  g = _grid("families=qwen05b+qwen15b,tasks=countdown")
+  g.presets.family.qwen15b.student.path = f"{QWEN05}@v1"
+  with pytest.raises(ValueError) as e:
+    inputs.plan(g, str(tmp_path), log=lambda m: None)
+  assert str(e.value) == (
+      "grid: arms 'family=qwen05b,task=countdown,kl=forward,policy=student,"
+      "lr=1e-05,seed=0' and 'family=qwen15b,task=countdown,kl=forward,"
+      f"policy=student,lr=1e-05,seed=0' name {QWEN05} at different commits "
+      f"({hf_cache['models'][QWEN05]} and {hf_cache['revised']}): one summary "
+      "needs one revision of each checkpoint; give the same org/name@revision")
+
+
+def test_an_arm_trained_from_a_commit_the_name_no_longer_gives_is_refused(
+    seeded_hub, tmp_path, monkeypatch):
+  cache = str(tmp_path / "hf")
+  shutil.copytree(seeded_hub[0], cache, symlinks=True)
+  hub_cache.use(monkeypatch, cache)
+  work = str(tmp_path / "sweep")
+  only = "kl=reverse,policy=student,lr=1e-05"
+  run = inputs.plan(_grid("families=qwen05b,tasks=countdown"), work, only,
+                    log=lambda m: None)[0]
+  # The arm as training leaves it: its config.json names the old commit.
+  train_loop.prepare_workdir(run.config, os.path.join(work, run.dirname), False)
+  old, new = seeded_hub[1]["models"][QWEN05], seeded_hub[1]["revised"]
+  with open(os.path.join(cache, "models--Qwen--Qwen2.5-0.5B-Instruct", "refs",
+                         "main"), "w") as f:
+    f.write(new)  # the hub's main moved on
+  with pytest.raises(ValueError) as e:
+    runner.run_sweep(_grid("families=qwen05b,tasks=countdown"), work, only=only)
+  msg = str(e.value)
+  assert f"student.path: '{QWEN05}@{old}' -> '{QWEN05}@{new}'" in msg
+  assert "--rerun_stale" in msg and "pinned to the old one" in msg
+  assert sorted(os.listdir(work)) == sorted(["data", run.dirname])  # nothing ran
