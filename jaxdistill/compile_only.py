@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -260,33 +261,74 @@ def _oom_temp_bytes(msg: str) -> float | None:
   return None if m is None else float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def compile_program(p: Program, t: Target) -> dict:
-  """Compiles one program for `t`; returns its report row (see module doc)."""
+# Memory analyses are kept here by program: compiling a real program for a
+# TPU takes minutes on a small host, and a sweep's arms share most programs.
+CACHE_DIR = os.path.join("~", ".cache", "jaxdistill", "compile_only")
+
+
+def program_key(lowered, t: Target) -> str:
+  """What a program's memory depends on: its StableHLO with every constant's
+  value masked (a learning rate, a loop bound: buffers do not change),
+  the devices it is laid out on, and the compiler's version."""
+  text = re.sub(r"dense<[^>]*>", "dense<_>", lowered.as_text())
+  try:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    libtpu = metadata.version("libtpu")
+  except Exception:  # pylint: disable=broad-except
+    libtpu = "none"
+  ids = ",".join(str(getattr(d, "id", d)) for d in t.devices)
+  blob = "\n".join([jax.__version__, libtpu, t.topology, ids, text])
+  return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _memory(lowered, name, args) -> dict:
+  """XLA's memory analysis of the compiled program, or, when the compiler
+  runs out of memory, the temporaries it reports and the arguments counted
+  from their shardings."""
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # pylint: disable=broad-except
+    temp = _oom_temp_bytes(str(e))
+    if temp is None:
+      raise RuntimeError(f"{name}: the TPU compiler failed: {_first_line(e)}") from e
+    return {"argument_bytes": tree_bytes_per_device(args), "output_bytes": None,
+            "temp_bytes": int(temp), "alias_bytes": None,
+            "compile_error": "out of memory"}
+  ma = compiled.memory_analysis()
+  return {"argument_bytes": int(ma.argument_size_in_bytes),
+          "output_bytes": int(ma.output_size_in_bytes),
+          "temp_bytes": int(ma.temp_size_in_bytes),
+          "alias_bytes": int(ma.alias_size_in_bytes)}
+
+
+def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> dict:
+  """Compiles one program for `t`; returns its report row (module doc).
+  With `cache_dir`, a program compiled before (program_key) is not compiled
+  again: its memory analysis is read back."""
   t0 = time.perf_counter()
   traced = p.trace()
   flops = jaxpr_flops(traced.jaxpr, p.while_trips) / len(t.devices)
-  row = {"name": p.name}
-  try:
-    compiled = traced.lower().compile()
-  except Exception as e:  # pylint: disable=broad-except
-    msg = str(e)
-    temp = _oom_temp_bytes(msg)
-    if temp is None:
-      raise RuntimeError(f"{p.name}: the TPU compiler failed: {_first_line(e)}") from e
-    # Out of memory at compile time: XLA reports the temporaries it needed;
-    # the arguments are counted from their shardings (outputs unknown).
-    args = tree_bytes_per_device((p.args, p.kwargs))
-    row.update(argument_bytes=args, output_bytes=None, temp_bytes=int(temp),
-               alias_bytes=None, compile_error="out of memory")
-    total = args + temp + p.resident_bytes
+  lowered = traced.lower()
+  mem, path = None, None
+  if cache_dir:
+    path = os.path.join(os.path.expanduser(cache_dir),
+                        program_key(lowered, t) + ".json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        mem = dict(json.load(f), cached=True)
+  if mem is None:
+    mem = _memory(lowered, p.name, (p.args, p.kwargs))
+    if path:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path + ".tmp", "w") as f:
+        json.dump(mem, f)
+      os.replace(path + ".tmp", path)
+  row = {"name": p.name, **mem}
+  if mem.get("compile_error"):
+    total = mem["argument_bytes"] + mem["temp_bytes"] + p.resident_bytes
   else:
-    ma = compiled.memory_analysis()
-    row.update(argument_bytes=int(ma.argument_size_in_bytes),
-               output_bytes=int(ma.output_size_in_bytes),
-               temp_bytes=int(ma.temp_size_in_bytes),
-               alias_bytes=int(ma.alias_size_in_bytes))
-    total = (row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
-             + row["temp_bytes"] + p.resident_bytes)
+    total = (mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"]
+             + mem["temp_bytes"] + p.resident_bytes)
   hbm = t.hbm_bytes
   compute_s = flops / t.peak_flops
   memory_s = p.bytes_accessed / t.hbm_bandwidth
@@ -304,14 +346,19 @@ def compile_program(p: Program, t: Target) -> dict:
 
 
 def compile_programs(programs: Sequence[Program], t: Target, *,
-                     log=None) -> dict:
+                     log=None, cache_dir: str | None = CACHE_DIR) -> dict:
   """Compiles every program for `t` -> the report: {topology, chips,
-  devices, hbm_bytes_per_chip, programs: [row, ...]} (rows per device)."""
+  devices, hbm_bytes_per_chip, programs: [row, ...]} (rows per device).
+  Programs compiled before are read back from `cache_dir` (None: always
+  compile)."""
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   rows = []
   for i, p in enumerate(programs):
     log(f"compiling {p.name} for {t.name} ({i + 1}/{len(programs)}) ...")
-    rows.append(compile_program(p, t))
+    rows.append(compile_program(p, t, cache_dir=cache_dir))
+    log(f"  {p.name}: {rows[-1]['total_bytes'] / GiB:.2f} GiB per device"
+        + (" (compiled before)" if rows[-1].get("cached") else
+           f", {rows[-1]['compile_s']:.0f} s"))
   return {"topology": t.name, "topology_desc": t.topology, "chips": t.chips,
           "devices": len(t.devices), "hbm_bytes_per_chip": t.chip.hbm_bytes,
           "hbm_bytes_per_device": t.hbm_bytes,
