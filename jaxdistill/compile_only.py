@@ -51,6 +51,8 @@ import time
 from typing import Any
 
 import jax
+from jax._src import xla_bridge
+from jax.experimental import topologies
 import numpy as np
 
 # A program fits when it leaves at least this fraction of a chip's HBM free.
@@ -141,8 +143,13 @@ def parse_slice(name: str) -> tuple[Chip, str, int]:
 def target(name: str) -> Target:
   """The compile-only devices of a slice (needs libtpu; no TPU)."""
   chip, topology, chips = parse_slice(name)
+  # Compiling needs no TPU: this process neither takes the TPU of the host it
+  # runs on (a TPU VM may be training) nor waits for libtpu's one-process
+  # lock, so that several compile-only runs (and a run) can go at once.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  if not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_platforms", "cpu")
   try:
-    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
     devices = topologies.get_topology_desc(topology, platform="tpu").devices
   except Exception as e:  # pylint: disable=broad-except
     raise RuntimeError(

@@ -30,6 +30,7 @@ With --baseline (the student before training):
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -39,12 +40,15 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
+from jaxdistill import cli
+from jaxdistill import compile_only
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
 from jaxdistill import sparsity
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.evaluate import core
+from jaxdistill.evaluate import programs
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import hub
@@ -220,9 +224,28 @@ def run(config, checkpoint: str, baseline: str | None = None,
   return result
 
 
+def compile_for(config, checkpoint: str, slice_name: str) -> dict:
+  """--compile_only: the evaluation's programs compiled for a TPU slice on
+  this host, from the checkpoint's config.json (or a preset name) without
+  weights -> compile_only's report."""
+  check_config(config)
+  target = compile_only.target(slice_name)
+  mesh = programs.mesh_of(config, target.devices)
+  rules = sharding.rules_from_config(config)
+  cfg, vocab = programs.model_config(checkpoint, config.get("dtype"))
+  with sharding.compiling_for("tpu"):
+    return compile_only.compile_programs(
+        programs.eval_programs(config, cfg, vocab, mesh, rules), target)
+
+
 def main(argv):
   del argv
   f = flags.FLAGS
+  if f.compile_only:
+    rep = compile_for(f.config, f.checkpoint, f.compile_only)
+    compile_only.emit(rep, f.json)
+    compile_only.check(rep, advice=functools.partial(programs.advice, f.config))
+    return
   result = run(f.config, f.checkpoint, f.baseline, f.out)
   print(report.format_report(result))
   sys.stdout.flush()
@@ -238,4 +261,5 @@ def define_flags():
   flags.DEFINE_string("baseline", None,
                       "The student before training: forgetting and sparsity.")
   flags.DEFINE_string("out", None, "Write the results JSON here.")
+  cli.define_compile_only_flags()
   flags.mark_flags_as_required(["config", "checkpoint"])

@@ -44,8 +44,9 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   run_b = size(state) + size(ref) + (size(policy) if keep0 else 0)
 
   out = [train_programs.rollout_program(
-      "rollout", config, cfg, None, policy, None, mesh, rules, vocab,
-      rows=rows, policy="student", resident=run_b - size(policy))]
+      "rollout", cfg, None, policy, None, mesh, rules, vocab, rows=rows,
+      policy="student", prompt_len=p, max_new_tokens=n,
+      temperature=ro.temperature, resident=run_b - size(policy))]
   bs = functools.partial(train_programs.batch_struct, mesh=mesh, rules=rules)
   tokens = bs((rows, seq), jnp.int32)
   if use_ref:

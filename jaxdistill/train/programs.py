@@ -50,35 +50,29 @@ def batch_struct(shape, dtype, mesh, rules):
       shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape), rules))
 
 
-def rollout_program(name, config, scfg, tcfg, student, teacher, mesh, rules,
-                    vocab, *, rows, policy, lam=None, resident=0,
-                    prompt_len=None, max_new_tokens=None, temperature=None):
-  """compile_only.Program of rollout.generate for `rows` prompts."""
-  ro = config.rollout
-  p = int(prompt_len or config.data.max_prompt_len)
-  n = int(max_new_tokens or ro.max_new_tokens)
+def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
+                    *, rows, policy, prompt_len, max_new_tokens, temperature,
+                    top_k=None, top_p=None, lam=None, resident=0):
+  """compile_only.Program of rollout.generate: `rows` prompts of
+  `prompt_len` tokens, `max_new_tokens` more; `student`/`teacher` abstract
+  params (None when the policy does not sample from it)."""
+  p, n = int(prompt_len), int(max_new_tokens)
   prompts = batch_struct((rows, p), jnp.int32, mesh, rules)
-  used = {"student": ((scfg, student),), "teacher": ((tcfg, teacher),),
-          "mixture": ((scfg, student), (tcfg, teacher))}[policy]
+  used = {"student": (scfg,), "teacher": (tcfg,), "mixture": (scfg, tcfg)}[policy]
   fn, args, kwargs = rollout_lib.program(
       (scfg, student) if student is not None else None,
       (tcfg, teacher) if teacher is not None else None, prompts, prompts,
-      policy=policy, lam=lam, max_new_tokens=n,
-      temperature=float(ro.temperature if temperature is None else temperature),
-      top_k=ro.get("top_k"), top_p=ro.get("top_p"), mesh=mesh, rules=rules,
-      vocab_size=vocab, eos_token_ids=(0,))
-  n_dev = mesh.devices.size
-  cache_len = p + n - 1
+      policy=policy, lam=lam, max_new_tokens=n, temperature=float(temperature),
+      top_k=top_k, top_p=top_p, mesh=mesh, rules=rules, vocab_size=vocab,
+      eos_token_ids=(0,))
   # Per decode step (and the prefill): every weight of each sampling model,
   # gathered whole on each chip, and the chip's rows of its KV cache.
-  per_step = sum(flops.weight_bytes(c) + flops.kv_cache_bytes(c, rows / n_dev,
-                                                             cache_len)
-                 for c, _ in used)
+  per_step = sum(flops.weight_bytes(c) + flops.kv_cache_bytes(
+      c, rows / mesh.devices.size, p + n - 1) for c in used)
   return compile_only.Program(
       name, fn, args, kwargs,
       model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
-      bytes_accessed=n * per_step, resident_bytes=resident,
-      while_trips=n - 1)
+      bytes_accessed=n * per_step, resident_bytes=resident, while_trips=n - 1)
 
 
 def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int) -> float:
@@ -126,8 +120,11 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
     s_in = student if ro.policy != "teacher" else None
     t_in = teacher if ro.policy != "student" else None
     out.append(rollout_program(
-        "rollout", config, scfg, tcfg, s_in, t_in, mesh, rules, vocab,
-        rows=b, policy=ro.policy, lam=rollout_lib.mixture_lam(ro),
+        "rollout", scfg, tcfg, s_in, t_in, mesh, rules, vocab, rows=b,
+        policy=ro.policy, prompt_len=d.max_prompt_len,
+        max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+        top_k=ro.get("top_k"), top_p=ro.get("top_p"),
+        lam=rollout_lib.mixture_lam(ro),
         resident=run_b - size(s_in) - size(t_in)))
 
   batch = {k: batch_struct((b, seq), jnp.int32, mesh, rules)

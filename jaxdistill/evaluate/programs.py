@@ -1,0 +1,78 @@
+"""The programs an evaluation compiles, from its config and the checkpoint's
+config.json alone (no weights): for `python -m jaxdistill.evaluate
+--compile_only=SLICE` (compile_only.py compiles and reports).
+
+  greedy    one decode of sampler.batch_size prompts at temperature 0;
+  sampled   sampler.num_samples samples of each of batch_size // num_samples
+            prompts at sampler.temperature.
+Prompts are as wide as sampler.max_prompt_len rounded up to the prompt
+bucket, answers sampler.max_new_tokens long: the largest the run compiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from jaxdistill import models
+from jaxdistill import sharding
+from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.models import hub
+from jaxdistill.train import programs as train_programs
+
+# What a compile-only evaluation reads of a checkpoint: its config, and its
+# tokenizer's size when there is one.
+_CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json")
+
+
+def model_config(spec: str, dtype: str | None):
+  """(ModelConfig, vocabulary sampled) of --checkpoint for compile-only: a
+  preset name (models.PRESETS), or a directory / hub name / training
+  workdir whose config.json (and tokenizer, if any) is read; no weights."""
+  if spec in models.PRESETS and not os.path.exists(spec):
+    cfg, vocab = models.get_preset(spec), None
+  else:
+    if hub.is_hub_id(spec) and not os.path.exists(spec):
+      path, _ = hub.resolve(spec, allow_patterns=_CONFIG_FILES)
+    else:
+      path = hub.checkpoint_dir(spec, "--checkpoint", workdir_ok=True)
+    cfg = models.checkpoint.read_config(path)
+    vocab = None
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+      vocab = len(tok_lib.load_tokenizer(path))
+  if dtype:
+    cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
+  return cfg, vocab or cfg.vocab_size
+
+
+def eval_programs(config, cfg, vocab, mesh, rules):
+  """[greedy, sampled] compile_only.Programs of an evaluation."""
+  s = config.sampler
+  bucket = s.get("prompt_bucket") or 1
+  p = -(-int(s.max_prompt_len) // bucket) * bucket
+  params = train_programs.abstract_params(cfg, mesh, rules)
+  modes = []
+  if s.greedy:
+    modes.append(("greedy", int(s.batch_size), 0.0))
+  n = int(s.num_samples)
+  if n:
+    modes.append(("sampled", max(1, int(s.batch_size) // n) * n,
+                  float(s.temperature)))
+  return [train_programs.rollout_program(
+      name, cfg, None, params, None, mesh, rules, vocab, rows=rows,
+      policy="student", prompt_len=p, max_new_tokens=s.max_new_tokens,
+      temperature=temp, top_k=s.get("top_k"), top_p=s.get("top_p"))
+          for name, rows, temp in modes]
+
+
+def mesh_of(config, devices):
+  """The evaluation's mesh over `devices` (config.mesh None: one device)."""
+  if config.get("mesh"):
+    return sharding.make_mesh(dict(config.mesh), devices=devices)
+  return sharding.make_mesh({"data": 1}, devices=list(devices)[:1])
+
+
+def advice(config, row) -> str:
+  del config, row
+  return ("try a smaller sampler.batch_size, sampler.max_prompt_len or "
+          "sampler.max_new_tokens, or a slice with more chips")
