@@ -127,6 +127,22 @@ def test_cli_error_is_one_line_from_another_directory(module, tmp_path):
   assert "Traceback" not in r.stderr
 
 
+def test_config_argument_the_config_never_reads_is_one_line(tmp_path):
+  """The --config flag path (config_flags calls get_config itself)."""
+  (tmp_path / "mine.py").write_text(
+      "from jaxdistill import config_lib\n"
+      "def get_config(arg=None):\n"
+      "  arg = config_lib.parse_arg(arg, used=1, unused=2)\n"
+      "  return config_lib.load_config('configs/distill.py:runlocal')\n")
+  r = _run(["jaxdistill.train", "--config", "mine.py:unused=3", "--workdir",
+            "w"], cwd=tmp_path)
+  assert r.returncode == 1
+  assert _lines(r.stderr) == [
+      "error: config arg unused=3: mine.py does not use it  (--verbose shows "
+      "the traceback)"], r.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_verbose_shows_the_traceback(tmp_path):
   args, _ = BAD["jaxdistill.train"]
   r = _run(["jaxdistill.train", *args, "--verbose"], cwd=tmp_path)

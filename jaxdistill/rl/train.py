@@ -149,6 +149,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
         path=config.kl.reference, dtype=scfg.dtype,
         param_dtype=scfg.param_dtype))
     rcfg = train_setup.model_config(rmcfg, "kl.reference")
+  config_lib.check_fits(config, {"policy": scfg} if rcfg is None else
+                        {"policy": scfg, "kl.reference": rcfg})
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   if jax.process_index() == 0:

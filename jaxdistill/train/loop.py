@@ -26,9 +26,7 @@ import logging
 import math
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 
 from absl import flags
@@ -47,6 +45,7 @@ from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import log as train_log
+from jaxdistill.train import preempt
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 from jaxdistill.train import teacher_cache
@@ -241,6 +240,8 @@ def _train(config, workdir, overwrite, mesh, rules):
   tcfg = scfg if sft or cached else train_setup.model_config(config.teacher, "teacher")
   tokenizer = tok_lib.run_tokenizer(config)
   vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
+  config_lib.check_fits(config, {"student": scfg} if sft or cached else
+                        {"student": scfg, "teacher": tcfg}, vocab)
   if cached:
     batches = teacher_cache.TeacherCache(config.loss.teacher_cache)
     batches.check(config, tokenizer, vocab)
@@ -288,73 +289,9 @@ def _train(config, workdir, overwrite, mesh, rules):
                    ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer)
 
 
-class Preempted(RuntimeError):
-  """The run stopped on SIGTERM/SIGINT after writing a checkpoint."""
-
-  def __init__(self, msg: str, signum: int):
-    super().__init__(msg)
-    self.exit_code = 128 + int(signum)
-
-
-class StopOnSignal:
-  """SIGTERM/SIGINT -> stop after the step in flight, with a checkpoint.
-
-  Handlers are installed only in the main thread and restored by `restore()`
-  (train() runs many times in one process in tests and the demo). On several
-  hosts the decision comes from JAX's preemption sync point, so every host
-  stops after the same step; a second SIGINT interrupts at once.
-  """
-
-  def __init__(self):
-    self.signum = None
-    self.stopped_at = None
-    self._prev = {}
-    self._multi = jax.process_count() > 1
-    if threading.current_thread() is not threading.main_thread():
-      return
-    sigs = (signal.SIGINT,) if self._multi else (signal.SIGTERM, signal.SIGINT)
-    for sig in sigs:
-      self._prev[sig] = signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.signum is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.signum = signum
-    print(f"received {signal.Signals(signum).name}: finishing the step in "
-          "flight, then writing a checkpoint (Ctrl-C again to stop at once)",
-          file=sys.stderr, flush=True)
-
-  def requested(self, done: int) -> bool:
-    """True (once) when the run must stop after step `done`."""
-    stop = self.signum is not None
-    if self._multi:
-      try:
-        if multihost_utils.reached_preemption_sync_point(done):
-          stop, self.signum = True, self.signum or signal.SIGTERM
-      except RuntimeError:  # no preemption service: the local signal only
-        pass
-    if stop:
-      self.stopped_at = done
-    return stop
-
-  def steps(self, start: int, total: int):
-    for step in range(start, total):
-      if self.stopped_at is not None:
-        return
-      yield step
-
-  def raise_if_stopped(self, ckpt):
-    if self.stopped_at is not None:
-      raise Preempted(
-          f"stopped by {signal.Signals(self.signum).name} after step "
-          f"{self.stopped_at}; checkpoint {self.stopped_at} written to "
-          f"{ckpt.directory}; run the same command to resume", self.signum)
-
-  def restore(self):
-    for sig, prev in self._prev.items():
-      signal.signal(sig, prev)
-    self._prev = {}
+# Kept here for callers that name them as loop.Preempted / loop.StopOnSignal.
+Preempted = preempt.Preempted
+StopOnSignal = preempt.StopOnSignal
 
 
 class locked_workdir:  # pylint: disable=invalid-name
