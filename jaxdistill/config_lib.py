@@ -152,9 +152,19 @@ def parse_arg(arg: str | None, **defaults) -> Args:
       parsed = ast.literal_eval(value)
     except (ValueError, SyntaxError):
       parsed = value
-    if isinstance(defaults[key], float) and isinstance(parsed, int):
-      parsed = float(parsed)
-    out[key] = parsed
+    default = defaults[key]
+    if isinstance(default, str):
+      parsed = value  # 'lrs=1e-3' is the text 1e-3
+    elif isinstance(default, float) and not isinstance(parsed, bool):
+      try:
+        parsed = float(parsed)  # also 'inf', 'nan': refused by name later
+      except (TypeError, ValueError):
+        pass
+    try:
+      out[key] = parsed
+    except TypeError:
+      raise ValueError(f"config arg {key}={value}: expected a "
+                       f"{type(default).__name__}") from None
   args = Args({k: out[k] for k in defaults}, given)
   if _CHECKING:
     _CHECKING[-1].append(args)

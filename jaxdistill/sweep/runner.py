@@ -336,6 +336,9 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
   _check_configs(grid, runs, workdir)
+  # A runlocal grid's student is its init until prepare_assets saves it: the
+  # same ModelConfig either way.
+  _check_runnable(grid, runs, workdir)
   ckpt_lib.check_writable_dir(workdir)
   # One sweep per workdir: a second one would race on the assets and arms.
   with ckpt_lib.WorkdirLock(workdir), preempt.stop_at_once(
@@ -353,7 +356,6 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
     runlocal.prepare_assets(grid, workdir)
     runs = grid_lib.expand(grid, only)  # the assets' paths are in the base
   _handle_stale(grid, runs, workdir, rerun_stale)
-  _check_runnable(grid, runs, workdir)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, "sweep.json")

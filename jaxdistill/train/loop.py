@@ -44,6 +44,7 @@ from jaxdistill import sparsity
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
 from jaxdistill.train import preempt
 from jaxdistill.train import setup as train_setup
@@ -375,14 +376,15 @@ def initialize_distributed(f) -> None:
   """--distributed: jax.distributed.initialize(), before any JAX computation.
   On a TPU VM (or SLURM, Open MPI, Kubernetes) JAX finds the coordinator and
   this process's id itself; elsewhere pass --coordinator_address,
-  --num_processes and --process_id."""
+  --num_processes and --process_id. The wait for the cluster is bounded by
+  --coordinator_timeout (train/distributed.py)."""
   given = {k: getattr(f, k) for k in ("coordinator_address", "num_processes",
                                       "process_id")
            if getattr(f, k) is not None}
   if given and not f.distributed:
     raise ValueError(f"--{next(iter(given))} needs --distributed")
   if f.distributed:
-    jax.distributed.initialize(**given)
+    distributed.initialize(given, f.coordinator_timeout)
 
 
 def define_flags():
@@ -404,4 +406,8 @@ def define_flags():
   flags.DEFINE_integer("process_id", None,
                        "--distributed: this process's index (default: found "
                        "by JAX).")
+  flags.DEFINE_float("coordinator_timeout", distributed.DEFAULT_TIMEOUT_S,
+                     "--distributed: seconds to wait for the coordinator and "
+                     "every process, with progress lines, then a one-line "
+                     "error.")
   flags.mark_flags_as_required(["config", "workdir"])
