@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 import jax
@@ -39,6 +40,46 @@ from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
+
+
+# When the first ZERO_VARIANCE_BATCHES iterations (or all of a shorter run)
+# had equal rewards within every group, the run says so once.
+ZERO_VARIANCE_BATCHES = 5
+
+
+class ZeroVarianceWatch:
+  """Warns once (stderr and the log) when a run's first iterations all had
+  zero reward variance in every group: every advantage is then 0, so the
+  rewards give GRPO no gradient at all, which reward 0 at every step would
+  otherwise hide."""
+
+  def __init__(self, total_steps: int):
+    self.n = min(ZERO_VARIANCE_BATCHES, int(total_steps))
+    self.rewards = []
+    self.done = False
+
+  def update(self, step: int, metrics: dict) -> None:
+    if self.done or step >= self.n:
+      return
+    if metrics["rl/zero_var_groups"] < 1.0:
+      self.done = True
+      return
+    self.rewards.append(metrics["rl/reward_mean"])
+    if step == self.n - 1:
+      self.done = True
+      mean = sum(self.rewards) / len(self.rewards)
+      why = ("no sample reached its target: the targets may be out of reach "
+             "of this policy (check the task and data, rollout.max_new_tokens "
+             "and the answer format the verifier expects)" if mean == 0 else
+             "every sample was rewarded alike: the task may be too easy, or "
+             "the reward does not tell samples apart")
+      msg = (f"rl: the first {self.n} iterations had zero reward variance "
+             f"within every group (mean reward {mean:.3g}): every advantage "
+             "is 0, so the rewards give GRPO no gradient (only the KL penalty "
+             f"and weight decay move the policy); {why}")
+      logging.warning(msg)
+      if jax.process_index() == 0:
+        print(msg, file=sys.stderr, flush=True)
 
 
 def resolve_init(path: str) -> str:
@@ -197,10 +238,13 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos,
       vocab_size=vocab)
 
+  watch = ZeroVarianceWatch(config.total_steps)
+
   def step_fn(step, state):
     t0 = time.perf_counter()
     r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
     batch, metrics = collect(batches[step], state["params"], r_roll)
+    watch.update(step, metrics)
     t1 = time.perf_counter()
     state, upd = update(state, batch, r_upd)
     metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})
