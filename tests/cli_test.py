@@ -7,6 +7,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill.sweep import cli as sweep_cli
 from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -141,6 +143,21 @@ def test_config_argument_the_config_never_reads_is_one_line(tmp_path):
       "error: config arg unused=3: mine.py does not use it  (--verbose shows "
       "the traceback)"], r.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_a_run_stopped_by_a_signal_exits_128_plus_it(capsys):
+  """train, rl.train, the sweep and teacher_cache raise Preempted after saving
+  their state (the sweep used to exit 1)."""
+  msg = "stopped by SIGTERM after step 3; checkpoint 3 written to /w"
+
+  def main(argv):
+    del argv
+    raise train_loop.Preempted(msg, signal.SIGTERM)
+  for argv in (["x"], ["x", "--verbose"]):
+    with pytest.raises(SystemExit) as e:
+      cli.run(main, argv=argv)
+    assert e.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == msg + "\n"
 
 
 def test_verbose_shows_the_traceback(tmp_path):
