@@ -4,7 +4,9 @@ sweep, analysis, demo, models.inspect):
 - `--config configs/x.py[:arg]` is found from any working directory: a relative
   path missing there is taken from the project's configs (config_lib.find_config);
 - libraries log warnings and errors only (Orbax, absl, JAX, TFDS, grain ...
-  write INFO lines by the hundred); jaxdistill's own INFO lines stay;
+  write INFO lines by the hundred); jaxdistill's own INFO lines stay; Orbax's
+  errors with a traceback (each failure of a background save, which
+  jaxdistill reports in one line when Orbax raises it) only with --verbose;
 - transformers' "PyTorch was not found" notice is not printed: jaxdistill
   uses transformers for tokenizers and configs only;
 - an error is printed as one line, `error: <message>`, exit status 1; with
@@ -34,6 +36,7 @@ from jaxdistill import config_lib
 VERBOSE_ARGS = ("--verbose", "--verbose=true", "--verbose=True", "--debug")
 _QUIET_TRANSFORMERS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ORBAX = os.sep + "orbax" + os.sep
 
 
 def is_verbose(argv: Sequence[str]) -> bool:
@@ -42,6 +45,12 @@ def is_verbose(argv: Sequence[str]) -> bool:
 
 
 def _own_or_important(record: logging.LogRecord) -> bool:
+  if (record.exc_info and _ORBAX in record.pathname and
+      record.levelno < logging.CRITICAL):
+    # Orbax logs each failure of its background threads with a traceback,
+    # then raises it in the main thread, where jaxdistill reports it in one
+    # line (a failed checkpoint: train.checkpoint.CheckpointWriteError).
+    return False
   return (record.levelno >= logging.WARNING or
           os.path.abspath(record.pathname).startswith(_OWN_DIR))
 
@@ -172,10 +181,28 @@ def _fail(e: BaseException, verbose: bool):
   sys.exit(1)
 
 
+def quiet_closed_loop_noise() -> None:
+  """After a failed Orbax save, tensorstore's callbacks into the event loop
+  Orbax has closed print 'RuntimeError: Event loop is closed' tracebacks
+  (as unraisable exceptions), by the dozen: dropped; any other unraisable
+  exception is printed as before."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if (unraisable.exc_type is RuntimeError and
+        str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    previous(unraisable)
+  sys.unraisablehook = hook
+
+
 def _prepare(argv):
   os.environ.setdefault(_QUIET_TRANSFORMERS, "1")
   argv = list(sys.argv if argv is None else argv)
-  return argv, is_verbose(argv)
+  verbose = is_verbose(argv)
+  if not verbose:
+    quiet_closed_loop_noise()
+  return argv, verbose
 
 
 def run(main: Callable[[list[str]], object], argv=None) -> None:

@@ -10,10 +10,12 @@ import shlex
 import signal
 import subprocess
 import sys
+import types
 
 from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+import orbax.checkpoint as ocp
 import pytest
 
 from jaxdistill import cli
@@ -84,12 +86,19 @@ def test_library_info_logs_are_dropped_own_and_warnings_kept():
     cli.quiet_library_logs()
     own = os.path.join(ROOT, "jaxdistill", "train.py")
     lib = os.path.join(os.path.dirname(logging.__file__), "orbax_like.py")
-    for name, level, path, msg in (
-        ("absl", logging.INFO, lib, "library info"),
-        ("jax._src.xla_bridge", logging.INFO, lib, "backend info"),
-        ("absl", logging.WARNING, lib, "library warning"),
-        ("root", logging.INFO, own, "own info")):
-      handler.handle(logging.LogRecord(name, level, path, 1, msg, None, None))
+    orbax = os.path.join(os.path.dirname(ocp.__file__), "future.py")
+    try:
+      raise ValueError("RESOURCE_EXHAUSTED: Failed to write 50968 bytes")
+    except ValueError:
+      exc = sys.exc_info()
+    for name, level, path, msg, info in (
+        ("absl", logging.INFO, lib, "library info", None),
+        ("jax._src.xla_bridge", logging.INFO, lib, "backend info", None),
+        ("absl", logging.WARNING, lib, "library warning", None),
+        ("absl", logging.ERROR, orbax, "background save failed", exc),
+        ("absl", logging.ERROR, orbax, "orbax error, no traceback", None),
+        ("root", logging.INFO, own, "own info", None)):
+      handler.handle(logging.LogRecord(name, level, path, 1, msg, None, info))
   finally:
     root.removeHandler(handler)
     root.setLevel(old_level)
@@ -97,6 +106,22 @@ def test_library_info_logs_are_dropped_own_and_warnings_kept():
   out = stream.getvalue()
   assert "library info" not in out and "backend info" not in out
   assert "library warning" in out and "own info" in out
+  # Orbax's tracebacks of a failed background save (330-530 lines on a full
+  # disk): the error reaches the user as one line when Orbax raises it.
+  assert "background save failed" not in out and "Traceback" not in out
+  assert "orbax error, no traceback" in out
+
+
+def test_closed_event_loop_noise_is_dropped(monkeypatch, capsys):
+  """Printed by the dozen after a failed Orbax save (a full disk)."""
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  cli.quiet_closed_loop_noise()
+  for error in (RuntimeError("Event loop is closed"), RuntimeError("other")):
+    sys.unraisablehook(types.SimpleNamespace(
+        exc_type=type(error), exc_value=error, exc_traceback=None,
+        err_msg=None, object=None))
+  assert [str(u.exc_value) for u in seen] == ["other"]
 
 
 BAD = {  # entry point -> arguments with one bad setting, and the message

@@ -182,6 +182,7 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   stop = StopOnSignal()
   try:
     for step in stop.steps(start, config.total_steps):
+      ckpt.check()  # a failed save stops the run at once
       t0 = time.perf_counter()
       state, metrics = step_fn(step, state)
       if not math.isfinite(metrics["train/loss"]):
