@@ -39,6 +39,7 @@ import ctypes
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -176,13 +177,16 @@ def describe(config, tokenizer, vocab: int) -> dict:
                    eos_token_ids=ro.get("eos_token_ids"))
   teacher = {k: v for k, v in config.teacher.to_dict().items()}
   path = config.teacher.get("path")
+  path = os.path.expanduser(path) if path else None
   out = {
       "data": {"data": data, "seed": int(config.seed), "rollout": rollout,
                "files": data_fingerprint(config)},
       "tokenizer": tokenizer_fingerprint(tokenizer),
       "teacher": teacher,
-      "teacher_weights": (weights_fingerprint(os.path.expanduser(path))
-                          if path else None),
+      # None when there is no directory (a random init, or a teacher no
+      # longer on this machine: TeacherCache.check then says it cannot tell).
+      "teacher_weights": (weights_fingerprint(path)
+                          if path and os.path.isdir(path) else None),
       "k": int(config.loss.teacher_topk),
       "temperature": float(config.loss.temperature),
       "vocab": int(vocab),
@@ -269,9 +273,17 @@ class TeacherCache:
               "jaxdistill.train.teacher_cache")
 
   def check(self, config, tokenizer, vocab: int) -> None:
-    """Refuses a cache that does not match the run, naming what differs."""
-    diffs = _differences(self.meta[MADE_FROM],
-                         describe(config, tokenizer, vocab))
+    """Refuses a cache that does not match the run, naming what differs.
+    A teacher directory no longer on this machine cannot be compared: a
+    warning says so (the run loads no teacher weights)."""
+    run = describe(config, tokenizer, vocab)
+    path = config.teacher.get("path")
+    if path and run["teacher_weights"] is None:
+      logging.warning("config.teacher.path: %s is not here: cannot check that "
+                      "the teacher cache %s was made from its weights", path,
+                      self.directory)
+      run["teacher_weights"] = self.meta[MADE_FROM].get("teacher_weights")
+    diffs = _differences(self.meta[MADE_FROM], run)
     if diffs:
       _refuse(f"{self.directory} was made for another run; it differs in "
               + ", ".join(diffs))

@@ -3,6 +3,7 @@ k, loads no teacher weights, and a mismatching cache is refused by name; an
 edited, truncated or corrupted cache is refused naming the file; a rebuild
 never loses the old cache (an error or SIGTERM during it keeps it)."""
 import json
+import logging
 import os
 import shutil
 import signal
@@ -168,6 +169,18 @@ def test_other_teacher_weights_at_the_same_path_are_refused(built):
   finally:
     for name, data in saved.items():
       (root / "teacher" / name).write_bytes(data)
+
+
+@pytest.mark.slow
+def test_a_teacher_no_longer_here_is_not_compared_and_says_so(built, caplog):
+  root, c = built
+  os.rename(root / "teacher", root / "away")
+  try:
+    caplog.set_level(logging.WARNING)
+    teacher_cache.TeacherCache(str(root / "cache")).check(c, None, 320)
+    assert "cannot check that the teacher cache" in caplog.text
+  finally:
+    os.rename(root / "away", root / "teacher")
 
 
 @pytest.mark.slow
