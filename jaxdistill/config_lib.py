@@ -153,7 +153,7 @@ def parse_arg(arg: str | None, **defaults) -> Args:
     except (ValueError, SyntaxError):
       parsed = value
     default = defaults[key]
-    if isinstance(default, str):
+    if isinstance(default, str) and not isinstance(parsed, str):
       parsed = value  # 'lrs=1e-3' is the text 1e-3
     elif isinstance(default, float) and not isinstance(parsed, bool):
       try:

@@ -306,7 +306,7 @@ def make_runlocal(grid, arg=None, *,
   given = ({k: getattr(arg, k) for k in ("lr", "task")
             if k in arg and arg.given(k)} if arg is not None else {})
   spec = "configs/distill.py:runlocal" + "".join(
-      f",{k}={v!r}" for k, v in given.items())
+      f",{k}={fmt_value(v)}" for k, v in given.items())
   base = config_lib.load_config(spec)
   base.progress = False
   base.student.init.vocab_size = base.teacher.init.vocab_size = 320

@@ -385,7 +385,7 @@ def build(config, out_dir: str, *, overwrite: bool = False,
     raise ValueError("config.loss.teacher_cache: must be None when building")
   config_lib.validate(config)
   config_lib.validate_run(config)
-  out_dir = os.path.abspath(os.path.expanduser(out_dir))
+  out_dir = os.path.realpath(os.path.expanduser(out_dir))
   replacing = _check_out(out_dir, overwrite)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)
@@ -443,8 +443,12 @@ def build(config, out_dir: str, *, overwrite: bool = False,
       json.dump({"format": FORMAT, MADE_FROM: made_from, "num_steps": total},
                 f, indent=2, sort_keys=True, default=str)
     _swap_in(tmp, out_dir)
+    if stop.signum is not None:  # arrived while the last records were saved
+      raise preempt.Preempted(
+          f"stopped by {signal.Signals(stop.signum).name} once the teacher "
+          f"cache was complete: it is in {out_dir}", stop.signum)
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # gone once swapped in
     raise
   finally:
     stop.restore()
