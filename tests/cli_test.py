@@ -154,6 +154,7 @@ def test_cli_error_is_one_line_from_another_directory(module, tmp_path):
   assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # a subprocess importing jaxdistill.train (several seconds)
 def test_config_argument_the_config_never_reads_is_one_line(tmp_path):
   """The --config flag path (config_flags calls get_config itself)."""
   (tmp_path / "mine.py").write_text(
