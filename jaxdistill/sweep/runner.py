@@ -166,13 +166,23 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   return result
 
 
-def _check_configs(grid, runs, workdir):
-  """Config errors of any unfinished run (its training, its evaluation, its
-  RLVR stage), before anything is written."""
+def _to_train(runs, workdir, rerun_stale):
+  """The runs that will train: unfinished ones, and with rerun_stale the
+  finished ones trained under another config."""
+  out = []
+  for run in runs:
+    run_dir = os.path.join(workdir, run.dirname)
+    if not is_finished(run_dir) or (
+        rerun_stale and stale_changes(run, run_dir, workdir)):
+      out.append(run)
+  return out
+
+
+def _check_configs(grid, runs):
+  """Config errors of the runs to train (their training and evaluation),
+  before anything is written."""
   evals = set()
   for run in runs:
-    if is_finished(os.path.join(workdir, run.dirname)):
-      continue
     try:
       config_lib.validate(run.config)
       config_lib.validate_run(run.config)
@@ -187,16 +197,12 @@ def _check_configs(grid, runs, workdir):
         evaluate_run.check_config(cfg)
       except ValueError as e:
         raise ValueError(f"grid.eval.spec {spec!r}: {e}") from None
-  if rlvr_lib.declared(grid):
-    rlvr_lib.check(grid, runs, workdir)
 
 
-def _check_runnable(grid, runs, workdir):
-  """What the models' config.json decide for any unfinished run (positions,
+def _check_runnable(runs):
+  """What the models' config.json decide for the runs to train (positions,
   the teacher's top-k), before the first one starts."""
   for run in runs:
-    if is_finished(os.path.join(workdir, run.dirname)):
-      continue
     c = run.config
     try:
       models = {"student": train_setup.model_config(c.student, "student")}
@@ -335,10 +341,13 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   runs = grid_lib.expand(grid, only)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
-  _check_configs(grid, runs, workdir)
+  todo = _to_train(runs, workdir, rerun_stale)
+  _check_configs(grid, todo)
+  if rlvr_lib.declared(grid):
+    rlvr_lib.check(grid, runs, workdir)
   # A runlocal grid's student is its init until prepare_assets saves it: the
   # same ModelConfig either way.
-  _check_runnable(grid, runs, workdir)
+  _check_runnable(todo)
   ckpt_lib.check_writable_dir(workdir)
   # One sweep per workdir: a second one would race on the assets and arms.
   with ckpt_lib.WorkdirLock(workdir), preempt.stop_at_once(
