@@ -77,8 +77,10 @@ def get_config(arg=None):
                   id_test=24, harder_test=16, addition_test=16)
     c.teacher.update(steps=60)
     c.student.update(steps=40)
-    c.grid.update(kl=("forward", "reverse"), policy=(("student", 1.0),),
-                  lrs=(5e-4,), steps=3, batch_size=8)
+    c.grid.update(kl=("forward", "reverse"), lrs=(5e-4,), steps=3,
+                  batch_size=8)
+    if not arg.spectrum:
+      c.grid.policy = (("student", 1.0),)
     c.eval.update(num_samples=2, ks=(1, 2), batch_size=32)
     c.rlvr.update(iterations=2, group_size=2, prompts=4)
   if arg.arm_steps:

@@ -3,7 +3,8 @@ r"""Distil a teacher into a student: one cell of the study's grid.
 Sweepable args (after the colon): kl (forward | reverse | jsd | sampled),
 policy (student | teacher | mixture | dataset), lam, lr, task, seed, topk
 (None = the full teacher, or k: the loss sees only the teacher's top-k),
-runlocal.
+runlocal (tiny random models; its defaults task=synthetic, lr=1e-3 apply to
+the args not given).
 
   # A real run: Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct from the hub
   # (a local directory or another org/name[@revision] overrides a path):
@@ -108,11 +109,12 @@ def get_config(arg=None):
     c.eval_every = c.ckpt_every = 3
     c.student.update(init=TINY_STUDENT, dtype="float32", remat="none")
     c.teacher.update(init=TINY_TEACHER, dtype="float32", param_dtype="float32")
-    c.data.update(task="synthetic", batch_size=4, max_prompt_len=8)
+    c.data.update(task=arg.given_or("task", "synthetic"), batch_size=4,
+                  max_prompt_len=8)
     # Written with the export (hf_student/), for jaxdistill.evaluate; the
     # synthetic prompts are random token ids and do not use it.
     c.tokenizer_build = dict(vocab_size=300)
     c.rollout.update(max_new_tokens=8)
     c.loss.update(chunk_size=16)
-    c.optim.update(lr=max(arg.lr, 1e-3), warmup_steps=1)
+    c.optim.update(lr=arg.given_or("lr", 1e-3), warmup_steps=1)
   return c

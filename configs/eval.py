@@ -3,7 +3,9 @@ r"""Evaluate a distilled student: accuracy, coverage, forgetting, sparsity.
 Sweepable args (after the colon): task (what the model was trained on:
 countdown | science | medical; it decides which suites are in-distribution,
 harder and OOD), suites / ood (suite names joined by '+', overriding the task's
-defaults; 'ood=' for none), samples (n for pass@k), seed, runlocal.
+defaults; 'ood=' for none), samples (n for pass@k), seed, runlocal (tiny
+suites; its defaults, Countdown-3 in distribution, Countdown-5 as OOD and
+samples=4, apply to the args not given).
 
   # After a Countdown run; science/medical are the OOD suites for forgetting
   # (data paths come from the command line, never from this file):
@@ -100,14 +102,15 @@ def get_config(arg=None):
   if arg.runlocal:
     c.dtype = "float32"
     c.mesh = None
-    c.eval_suites = _names(arg.suites or "countdown3+countdown5")
-    c.in_distribution = tuple(n for n in ("countdown3",) if n in c.eval_suites)
-    c.harder = ()
-    c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
+    if not arg.given("task"):
+      c.eval_suites = _names(arg.suites or "countdown3+countdown5")
+      c.in_distribution = tuple(n for n in ("countdown3",) if n in c.eval_suites)
+      c.harder = ()
+      c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
     for n in range(3, 7):
       c.suites[f"countdown{n}"].num_problems = 4
     c.suites.science.num_problems = c.suites.medical.num_problems = 4
-    samples = 4 if arg.samples == 16 else arg.samples
+    samples = arg.given_or("samples", 4)
     c.sampler.update(num_samples=samples, ks=tuple(k for k in (1, 2, 4)
                                                    if k <= samples),
                      max_new_tokens=8, max_prompt_len=256, batch_size=8)

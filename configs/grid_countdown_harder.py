@@ -39,9 +39,11 @@ def get_config(arg=None):
   rlvr = dict(base_spec="configs/grpo_countdown.py:n={train_n},"
               f"lr={arg.rl_lr!r}", updates={}, select=None)
   if arg.runlocal:
-    grid_lib.make_runlocal(c, eval_spec="configs/eval.py:runlocal,samples=2,"
-                           "suites=countdown3+countdown5+countdown6")
-    rlvr.update(base_spec="configs/grpo_countdown.py:runlocal,n={train_n}",
-                updates=dict(progress=False, total_steps=2, ckpt_every=1))
+    grid_lib.make_runlocal(c, arg, eval_spec="configs/eval.py:runlocal,"
+                           "samples=2,suites=countdown3+countdown5+countdown6")
+    rl_lr = f",lr={arg.rl_lr!r}" if arg.given("rl_lr") else ""
+    rlvr.update(base_spec="configs/grpo_countdown.py:runlocal,n={train_n}"
+                + rl_lr, updates=dict(progress=False, total_steps=2,
+                                      ckpt_every=1))
   c.rlvr = rlvr if arg.rlvr else None
   return c

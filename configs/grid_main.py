@@ -30,8 +30,9 @@ Local checkpoints and data instead (any path flag overrides its default):
     --config.eval.updates.suites.medical.path=/data/medmcqa/dev.json \
     --workdir /runs/main
 
-Args: families / tasks (names joined by '+'), seeds (how many), runlocal
-(tiny CPU models; axes kl x policy unless `axes` names others, e.g.
+Args: families / tasks (names joined by '+'), seeds (how many), axes (the
+axes kept, joined by '+'; default all five), runlocal (tiny CPU models, no
+family or task axis; axes kl x policy unless `axes` names others, e.g.
 `runlocal,axes=policy+lr`).
 """
 import ml_collections
@@ -61,7 +62,7 @@ def _mcq(source):
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, families="+".join(FAMILIES),
-                             tasks="+".join(TASKS), seeds=1, axes="kl+policy",
+                             tasks="+".join(TASKS), seeds=1, axes="",
                              runlocal=False)
   c = ml_collections.ConfigDict()
   c.base_spec = "configs/distill.py"
@@ -84,7 +85,17 @@ def get_config(arg=None):
                 updates=dict(suites=dict(science=dict(path=config_dict.placeholder(str)),
                                          medical=dict(path=config_dict.placeholder(str)))))
   if arg.runlocal:
-    keep = arg.axes.split("+")
+    for key in ("families", "tasks"):
+      arg.refuse(key, "runlocal has no family or task axis (tiny random "
+                 "models on synthetic prompts)")
+  keep = (arg.axes or ("kl+policy" if arg.runlocal else "")).split("+")
+  if keep != [""]:
+    names = [a[0] for a in c.axes]
+    if set(keep) - set(names):
+      raise ValueError(f"config arg axes={arg.axes}: no axis "
+                       f"{sorted(set(keep) - set(names))[0]!r}; the axes are "
+                       f"{'+'.join(names)}")
     c.axes = tuple(a for a in c.axes if a[0] in keep)
-    grid_lib.make_runlocal(c)
+  if arg.runlocal:
+    grid_lib.make_runlocal(c, arg)
   return c

@@ -56,7 +56,7 @@ def get_config(arg=None):
   c.eval = dict(spec="configs/eval.py:task=countdown", baseline=True,
                 updates=dict(sampler=dict(max_new_tokens=LONG * 1024)))
   if arg.runlocal:
-    grid_lib.make_runlocal(c)
+    grid_lib.make_runlocal(c, arg)
     c.presets.variant.fkl_long.rollout.max_new_tokens = LONG * 8
     c.presets.variant.rkl_long.rollout.max_new_tokens = LONG * 8
   return c

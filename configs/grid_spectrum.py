@@ -31,6 +31,6 @@ def get_config(arg=None):
   if arg.runlocal:
     c.axes = (("kl", "loss.kind", ("forward", "reverse")),
               ("lam", "rollout.lam", (0.0, 0.5, 1.0)))
-    grid_lib.make_runlocal(c)
+    grid_lib.make_runlocal(c, arg)
     c.base.rollout.policy = "mixture"
   return c

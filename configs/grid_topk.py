@@ -33,6 +33,6 @@ def get_config(arg=None):
   c.eval = dict(spec=f"configs/eval.py:task={arg.task}", baseline=True,
                 updates={})
   if arg.runlocal:
-    grid_lib.make_runlocal(c)
+    grid_lib.make_runlocal(c, arg)
     c.base.loss.topk_variant = arg.variant
   return c

@@ -2,7 +2,8 @@ r"""GRPO with the Countdown verifier (RLVR), from any student checkpoint.
 
 Sweepable args (after the colon): n (Countdown-n numbers, 3..6), lr, g (samples
 per prompt), kl (coefficient beta of the KL to the initial policy), avg
-(token | sequence), seed, runlocal.
+(token | sequence), seed, runlocal (a tiny random policy; its defaults g=4,
+lr=1e-3 apply to the args not given).
 
   # From a distillation workdir (its hf_student/ export), any HF directory or
   # hub name (default: Qwen/Qwen2.5-0.5B-Instruct):
@@ -81,7 +82,7 @@ def get_config(arg=None):
     c.student.update(init=TINY, dtype="float32")
     c.tokenizer_build = dict(vocab_size=300)  # trained into <workdir>/tokenizer
     c.data.update(num_problems=64, batch_size=2, max_prompt_len=256)
-    c.rollout.update(group_size=min(arg.g, 4), max_new_tokens=8)
+    c.rollout.update(group_size=arg.given_or("g", 4), max_new_tokens=8)
     c.grpo.update(num_minibatches=2)
-    c.optim.update(lr=max(arg.lr, 1e-3), warmup_steps=1, grad_accum=1)
+    c.optim.update(lr=arg.given_or("lr", 1e-3), warmup_steps=1, grad_accum=1)
   return c

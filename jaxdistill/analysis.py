@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from jaxdistill import cli
+from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
@@ -190,6 +191,14 @@ def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
   return {k: float(v) for k, v in jax.device_get(summarize(stats, mask)).items()}
 
 
+def _check_lams(lams) -> None:
+  if not lams:
+    raise ValueError("lams: need at least one lambda")
+  bad = [l for l in lams if not 0.0 <= float(l) <= 1.0]
+  if bad:
+    raise ValueError(f"lams: must lie in [0, 1], got {bad}")
+
+
 def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
                     lams: Sequence[float], rng, max_new_tokens: int,
                     temperature: float = 1.0, loss_temperature: float = 1.0,
@@ -203,11 +212,7 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
   student fraction, the number of tokens and lambda; with `topk` also
   TOPK_STATS (the top-k loss's gradient against the exact one).
   """
-  if not lams:
-    raise ValueError("lams: need at least one lambda")
-  bad = [l for l in lams if not 0.0 <= float(l) <= 1.0]
-  if bad:
-    raise ValueError(f"lams: must lie in [0, 1], got {bad}")
+  _check_lams(lams)
   keys = STATS + (TOPK_STATS if topk is not None else ())
   rows = []
   for lam in lams:
@@ -311,9 +316,15 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
   """The spectrum for a training config's student, teacher and prompts."""
   if int(batches) < 1:
     raise ValueError(f"--batches: must be >= 1, got {batches}")
+  _check_lams(lams)
+  if out_dir:
+    cli.check_out_dir(out_dir, "--out")
+  config_lib.validate(config)
+  config_lib.validate_run(config)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)
   scfg, tcfg, tok, vocab, data = train_setup.pair_and_batches(config)
+  config_lib.check_fits(config, {"student": scfg, "teacher": tcfg}, vocab)
   key = jax.random.key(config.seed)
   s_key, t_key = train_setup.init_keys(config.seed)
   sp = train_setup.load_params(scfg, config.student, mesh, rules, s_key)

@@ -4,11 +4,15 @@ sweep, analysis, demo, models.inspect):
 - `--config configs/x.py[:arg]` is found from any working directory: a relative
   path missing there is taken from the project's configs (config_lib.find_config);
 - libraries log warnings and errors only (Orbax, absl, JAX, TFDS, grain ...
-  write INFO lines by the hundred); jaxdistill's own INFO lines stay;
+  write INFO lines by the hundred); jaxdistill's own INFO lines stay; Orbax's
+  errors with a traceback (each failure of a background save, which
+  jaxdistill reports in one line when Orbax raises it) only with --verbose;
 - transformers' "PyTorch was not found" notice is not printed: jaxdistill
   uses transformers for tokenizers and configs only;
 - an error is printed as one line, `error: <message>`, exit status 1; with
-  `--verbose` (or JAXDISTILL_DEBUG=1) the full traceback and library INFO logs.
+  `--verbose` (or JAXDISTILL_DEBUG=1) the full traceback and library INFO logs;
+- a run stopped by SIGTERM / SIGINT after saving its state prints one line
+  saying what is kept and exits with 128 + the signal (train.preempt).
 
   if __name__ == "__main__":
     cli.run_absl(main, define_flags)     # absl flags + ml_collections --config
@@ -32,6 +36,7 @@ from jaxdistill import config_lib
 VERBOSE_ARGS = ("--verbose", "--verbose=true", "--verbose=True", "--debug")
 _QUIET_TRANSFORMERS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ORBAX = os.sep + "orbax" + os.sep
 
 
 def is_verbose(argv: Sequence[str]) -> bool:
@@ -40,6 +45,12 @@ def is_verbose(argv: Sequence[str]) -> bool:
 
 
 def _own_or_important(record: logging.LogRecord) -> bool:
+  if (record.exc_info and _ORBAX in record.pathname and
+      record.levelno < logging.CRITICAL):
+    # Orbax logs each failure of its background threads with a traceback,
+    # then raises it in the main thread, where jaxdistill reports it in one
+    # line (a failed checkpoint: train.checkpoint.CheckpointWriteError).
+    return False
   return (record.levelno >= logging.WARNING or
           os.path.abspath(record.pathname).startswith(_OWN_DIR))
 
@@ -91,10 +102,47 @@ def one_line(e: BaseException) -> str:
   return msg
 
 
+def _writable_parent(path: str, flag: str) -> None:
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(f"{flag}: {parent} (in {path}) is not a directory")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag}: {parent} is not writable")
+
+
+def check_out_file(path: str, flag: str = "--out") -> None:
+  """Refuses, before any compute, an output file path that names a
+  directory or lies where nothing can be written."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    raise ValueError(f"{flag}: {path} is a directory; give a file path (e.g. "
+                     f"{os.path.join(path, 'eval.json')})")
+  if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    raise ValueError(f"{flag}: the directory of {path} does not exist")
+  _writable_parent(path, flag)
+
+
+def check_out_dir(path: str, flag: str = "--out") -> None:
+  """Refuses, before any compute, an output directory path that names a
+  file or cannot be created."""
+  path = os.path.expanduser(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{flag}: {path} is a file; give a directory")
+  _writable_parent(os.path.join(path, "x"), flag)
+
+
+def _config_specs(argv: Sequence[str]) -> list[str]:
+  """The `--config SPEC` / `--config=SPEC` values of argv."""
+  specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+  return specs + [a[len("--config="):] for a in argv
+                  if a.startswith("--config=")]
+
+
 def _unknown_override(argv: Sequence[str]) -> ValueError | None:
   """Names the first `--config.a.b=v` flag whose field the config lacks."""
-  specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
-  specs += [a[len("--config="):] for a in argv if a.startswith("--config=")]
+  specs = _config_specs(argv)
   if len(specs) != 1:
     return None
   try:
@@ -118,6 +166,11 @@ def _unknown_override(argv: Sequence[str]) -> ValueError | None:
 
 
 def _fail(e: BaseException, verbose: bool):
+  if isinstance(getattr(e, "exit_code", None), int):
+    # Stopped by a signal with its state saved (train.preempt.Preempted): the
+    # message says what is kept; the status is 128 + the signal.
+    print(one_line(e), file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
   if verbose:
     raise e
   if isinstance(e, KeyboardInterrupt):
@@ -128,10 +181,28 @@ def _fail(e: BaseException, verbose: bool):
   sys.exit(1)
 
 
+def quiet_closed_loop_noise() -> None:
+  """After a failed Orbax save, tensorstore's callbacks into the event loop
+  Orbax has closed print 'RuntimeError: Event loop is closed' tracebacks
+  (as unraisable exceptions), by the dozen: dropped; any other unraisable
+  exception is printed as before."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if (unraisable.exc_type is RuntimeError and
+        str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    previous(unraisable)
+  sys.unraisablehook = hook
+
+
 def _prepare(argv):
   os.environ.setdefault(_QUIET_TRANSFORMERS, "1")
   argv = list(sys.argv if argv is None else argv)
-  return argv, is_verbose(argv)
+  verbose = is_verbose(argv)
+  if not verbose:
+    quiet_closed_loop_noise()
+  return argv, verbose
 
 
 def run(main: Callable[[list[str]], object], argv=None) -> None:
@@ -150,13 +221,18 @@ def run(main: Callable[[list[str]], object], argv=None) -> None:
 
 def parse_flags(argv: Sequence[str]):
   """absl's flag parsing, plus `--config.x.y=None`, which sets an optional
-  field to None (ml_collections would parse 'None' as the field's type)."""
+  field to None (ml_collections would parse 'None' as the field's type), and
+  the refusal of a `--config file.py:arg` argument the config does not use."""
   pat = re.compile(r"--config\.([A-Za-z_][\w.]*)=(None|none)$")
   nones = [m.group(1) for m in map(pat.match, argv[1:]) if m]
   rest = [a for a in argv if not pat.match(a)]
   saved, sys.argv = sys.argv, rest  # config_flags reads sys.argv
   try:
-    out = flags.FLAGS(rest)
+    # config_flags calls get_config here: its arguments must all be used.
+    specs = _config_specs(rest)
+    where = specs[0].partition(":")[0] if len(specs) == 1 else "--config"
+    with config_lib.checking_args(where):
+      out = flags.FLAGS(rest)
   finally:
     sys.argv = saved
   for path in nones:

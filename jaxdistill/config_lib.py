@@ -7,8 +7,10 @@ settings, e.g. `configs/distill.py:kl=reverse,policy=student,lr=5e-5,runlocal`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import json
+import math
 import os
 import re
 
@@ -48,25 +50,92 @@ def find_config(path: str) -> str:
 def load_config(spec: str):
   """`path/to/config.py[:arg]` -> get_config(arg), like --config does; a
   relative path missing from the working directory is taken from the
-  project's own (find_config)."""
+  project's own (find_config). An argument the config does not read is a
+  ValueError naming it (Args)."""
   path, _, arg = spec.partition(":")
   full = find_config(path)
   name = "_jd_config_" + re.sub(r"\W", "_", os.path.abspath(full))
   mod_spec = importlib.util.spec_from_file_location(name, full)
   module = importlib.util.module_from_spec(mod_spec)
   mod_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  with checking_args(path):
+    return module.get_config(arg or None)
 
-def parse_arg(arg: str | None, **defaults):
-  """Parses 'a=1,b=x,flag' into a ConfigDict over `defaults`.
+
+class Args:
+  """A config's arguments (`configs/x.py:a=1,flag`), read as attributes.
+
+  It records which arguments were given and which the config read: inside
+  `checking_args` (load_config, and the --config flag through
+  cli.parse_flags) an argument given but never read is an error naming it.
+  An argument given is always applied: a variant such as `runlocal` changes
+  only the defaults of the arguments not given (`given_or`).
+  """
+
+  def __init__(self, values: dict, given: dict):
+    self._values, self._given, self._read = dict(values), dict(given), set()
+
+  def __getattr__(self, key):
+    if key.startswith("_"):
+      raise AttributeError(key)
+    if key not in self._values:
+      raise AttributeError(f"config arg: no argument {key!r}")
+    self._read.add(key)
+    return self._values[key]
+
+  def __contains__(self, key) -> bool:
+    return key in self._values
+
+  def given(self, key: str) -> bool:
+    """Whether `key` was given after the colon."""
+    getattr(self, key)
+    return key in self._given
+
+  def given_or(self, key: str, default):
+    """The value given for `key`, else `default` (a variant's default)."""
+    return getattr(self, key) if self.given(key) else default
+
+  def refuse(self, key: str, why: str) -> None:
+    """Raises, naming `key`, if it was given: `why` says it cannot apply."""
+    if self.given(key):
+      raise ValueError(f"config arg {key}={self._given[key]}: {why}")
+
+  def unused(self) -> list[str]:
+    """'key=value' of every argument given but never read."""
+    return [f"{k}={v}" for k, v in self._given.items() if k not in self._read]
+
+
+# A stack: the Args parsed while each config on it is being built.
+_CHECKING: list[list[Args]] = []
+
+
+@contextlib.contextmanager
+def checking_args(where: str):
+  """Refuses, after the body, any argument a config built inside was given
+  but never read (ValueError naming it and `where`)."""
+  parsed = []
+  _CHECKING.append(parsed)
+  try:
+    yield
+  finally:
+    _CHECKING.remove(parsed)
+  for args in parsed:
+    unused = args.unused()
+    if unused:
+      raise ValueError(f"config arg {unused[0]}: {where} does not use it"
+                       + (f" (nor {', '.join(unused[1:])})" if unused[1:]
+                          else ""))
+
+
+def parse_arg(arg: str | None, **defaults) -> Args:
+  """Parses 'a=1,b=x,flag' into Args over `defaults`.
 
   A bare key sets a boolean to True. Values are parsed as Python literals when
   possible, else kept as strings. Unknown keys raise ValueError.
   """
   out = ml_collections.ConfigDict(defaults)
-  if not arg:
-    return out
-  for item in arg.split(","):
+  given = {}
+  for item in (arg or "").split(","):
     item = item.strip()
     if not item:
       continue
@@ -75,6 +144,7 @@ def parse_arg(arg: str | None, **defaults):
     if key not in defaults:
       raise ValueError(
           f"config arg: unknown key {key!r}; known keys: {sorted(defaults)}")
+    given[key] = value if sep else "True"
     if not sep:
       out[key] = True
       continue
@@ -82,10 +152,23 @@ def parse_arg(arg: str | None, **defaults):
       parsed = ast.literal_eval(value)
     except (ValueError, SyntaxError):
       parsed = value
-    if isinstance(defaults[key], float) and isinstance(parsed, int):
-      parsed = float(parsed)
-    out[key] = parsed
-  return out
+    default = defaults[key]
+    if isinstance(default, str) and not isinstance(parsed, str):
+      parsed = value  # 'lrs=1e-3' is the text 1e-3
+    elif isinstance(default, float) and not isinstance(parsed, bool):
+      try:
+        parsed = float(parsed)  # also 'inf', 'nan': refused by name later
+      except (TypeError, ValueError):
+        pass
+    try:
+      out[key] = parsed
+    except TypeError:
+      raise ValueError(f"config arg {key}={value}: expected a "
+                       f"{type(default).__name__}") from None
+  args = Args({k: out[k] for k in defaults}, given)
+  if _CHECKING:
+    _CHECKING[-1].append(args)
+  return args
 
 
 def _err(field: str, msg: str):
@@ -131,6 +214,10 @@ def _check_topk(loss, ro) -> None:
     _err("loss.topk_variant", f"unknown {loss.topk_variant!r}; choose from "
          f"{choices.TOPK_VARIANTS}")
   if cache is not None:
+    if not str(cache).strip():
+      _err("loss.teacher_cache", "empty: set a cache directory (python -m "
+           "jaxdistill.train.teacher_cache --out DIR), or None for the live "
+           "teacher")
     if k is None:
       _err("loss.teacher_cache", "a cache holds the teacher's top-k: set "
            "loss.teacher_topk to its k (or set teacher_cache=None)")
@@ -225,11 +312,45 @@ def _number(config, field: str):
     _err(field, f"must be a number, got {node!r}")
 
 
+def check_finite(config, prefix: str = "config") -> None:
+  """Refuses a NaN or infinite number anywhere in `config` (lr=inf would
+  otherwise surface as a NaN loss), naming its field."""
+  if isinstance(config, (dict, ml_collections.ConfigDict)):
+    for k in config.keys():
+      check_finite(config[k], f"{prefix}.{k}")
+  elif isinstance(config, (list, tuple)):
+    for i, v in enumerate(config):
+      check_finite(v, f"{prefix}[{i}]")
+  elif isinstance(config, float) and not math.isfinite(config):
+    raise ValueError(f"{prefix}: must be a finite number, got {config}")
+
+
+def check_fits(config, model_configs: dict, vocab: int | None = None) -> None:
+  """What the models' config.json decides, checked before any weights load:
+  loss.teacher_topk within the real vocabulary `vocab`, and the sequence
+  width data.max_prompt_len + rollout.max_new_tokens within every model's
+  max_position_embeddings. `model_configs`: {name: ModelConfig}."""
+  k = config.get("loss", {}).get("teacher_topk")
+  if k is not None and vocab is not None and int(k) > int(vocab):
+    _err("loss.teacher_topk", f"{k} exceeds the real vocabulary ({vocab})")
+  prompt = int(config.data.max_prompt_len)
+  new = int(config.rollout.max_new_tokens)
+  for name, cfg in model_configs.items():
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and prompt + new > int(limit):
+      _err("rollout.max_new_tokens",
+           f"data.max_prompt_len {prompt} + rollout.max_new_tokens {new} = "
+           f"{prompt + new} positions exceed the {name}'s "
+           f"max_position_embeddings {limit}")
+
+
 def validate_run(config, mesh=None, rules=None) -> None:
   """Values that would otherwise be accepted silently or fail only after the
   first step: intervals, checkpoint retention, optimizer constants, the data
   task, and (given the mesh and the run's rules, sharding.rules_from_config)
-  the batch's split over the data axes."""
+  the batch's split over the data axes. Every number must be finite.
+  """
+  check_finite(config)
   for field in ("ckpt_every", "eval_every", "log_every", "keep_ckpts"):
     if field in config:
       v = config[field]

@@ -7,18 +7,22 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import types
 
 from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+import orbax.checkpoint as ocp
 import pytest
 
 from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill.sweep import cli as sweep_cli
 from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -82,12 +86,19 @@ def test_library_info_logs_are_dropped_own_and_warnings_kept():
     cli.quiet_library_logs()
     own = os.path.join(ROOT, "jaxdistill", "train.py")
     lib = os.path.join(os.path.dirname(logging.__file__), "orbax_like.py")
-    for name, level, path, msg in (
-        ("absl", logging.INFO, lib, "library info"),
-        ("jax._src.xla_bridge", logging.INFO, lib, "backend info"),
-        ("absl", logging.WARNING, lib, "library warning"),
-        ("root", logging.INFO, own, "own info")):
-      handler.handle(logging.LogRecord(name, level, path, 1, msg, None, None))
+    orbax = os.path.join(os.path.dirname(ocp.__file__), "future.py")
+    try:
+      raise ValueError("RESOURCE_EXHAUSTED: Failed to write 50968 bytes")
+    except ValueError:
+      exc = sys.exc_info()
+    for name, level, path, msg, info in (
+        ("absl", logging.INFO, lib, "library info", None),
+        ("jax._src.xla_bridge", logging.INFO, lib, "backend info", None),
+        ("absl", logging.WARNING, lib, "library warning", None),
+        ("absl", logging.ERROR, orbax, "background save failed", exc),
+        ("absl", logging.ERROR, orbax, "orbax error, no traceback", None),
+        ("root", logging.INFO, own, "own info", None)):
+      handler.handle(logging.LogRecord(name, level, path, 1, msg, None, info))
   finally:
     root.removeHandler(handler)
     root.setLevel(old_level)
@@ -95,6 +106,22 @@ def test_library_info_logs_are_dropped_own_and_warnings_kept():
   out = stream.getvalue()
   assert "library info" not in out and "backend info" not in out
   assert "library warning" in out and "own info" in out
+  # Orbax's tracebacks of a failed background save (330-530 lines on a full
+  # disk): the error reaches the user as one line when Orbax raises it.
+  assert "background save failed" not in out and "Traceback" not in out
+  assert "orbax error, no traceback" in out
+
+
+def test_closed_event_loop_noise_is_dropped(monkeypatch, capsys):
+  """Printed by the dozen after a failed Orbax save (a full disk)."""
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  cli.quiet_closed_loop_noise()
+  for error in (RuntimeError("Event loop is closed"), RuntimeError("other")):
+    sys.unraisablehook(types.SimpleNamespace(
+        exc_type=type(error), exc_value=error, exc_traceback=None,
+        err_msg=None, object=None))
+  assert [str(u.exc_value) for u in seen] == ["other"]
 
 
 BAD = {  # entry point -> arguments with one bad setting, and the message
@@ -125,6 +152,38 @@ def test_cli_error_is_one_line_from_another_directory(module, tmp_path):
   assert len(lines) == 1, r.stderr
   assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
   assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow  # a subprocess importing jaxdistill.train (several seconds)
+def test_config_argument_the_config_never_reads_is_one_line(tmp_path):
+  """The --config flag path (config_flags calls get_config itself)."""
+  (tmp_path / "mine.py").write_text(
+      "from jaxdistill import config_lib\n"
+      "def get_config(arg=None):\n"
+      "  arg = config_lib.parse_arg(arg, used=1, unused=2)\n"
+      "  return config_lib.load_config('configs/distill.py:runlocal')\n")
+  r = _run(["jaxdistill.train", "--config", "mine.py:unused=3", "--workdir",
+            "w"], cwd=tmp_path)
+  assert r.returncode == 1
+  assert _lines(r.stderr) == [
+      "error: config arg unused=3: mine.py does not use it  (--verbose shows "
+      "the traceback)"], r.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_a_run_stopped_by_a_signal_exits_128_plus_it(capsys):
+  """train, rl.train, the sweep and teacher_cache raise Preempted after saving
+  their state (the sweep used to exit 1)."""
+  msg = "stopped by SIGTERM after step 3; checkpoint 3 written to /w"
+
+  def main(argv):
+    del argv
+    raise train_loop.Preempted(msg, signal.SIGTERM)
+  for argv in (["x"], ["x", "--verbose"]):
+    with pytest.raises(SystemExit) as e:
+      cli.run(main, argv=argv)
+    assert e.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == msg + "\n"
 
 
 def test_verbose_shows_the_traceback(tmp_path):

@@ -9,6 +9,7 @@ and one step), and others (settings of another entry point, such as
 configs/demo.py: they must build; their own tests run them).
 """
 import pathlib
+import sys
 
 import jax
 import pytest
@@ -106,3 +107,87 @@ def test_runlocal_trains_one_step(name, tmp_path):
   else:
     m = train_loop.train(c, str(tmp_path), devices=ONE_DEVICE)
   assert m and all(v == v for v in m.values())  # a step ran, nothing is NaN
+
+
+# A value other than the default for every argument of every config; a
+# (config, key) entry wins over the key's own. A new argument needs an entry.
+ARG_VALUES = {
+    "kl": "reverse", "policy": "teacher", "lam": 0.25, "lr": 7e-4,
+    "task": "mcq", "seed": 3, "seeds": 2, "topk": 16, "n": 4, "g": 6,
+    "avg": "token", "suites": "countdown4", "ood": "countdown6", "samples": 8,
+    "families": "llama", "tasks": "science", "axes": "policy", "rlvr": False,
+    "rl_lr": 3e-6, "variant": "tail", "spectrum": True, "arm_steps": 7,
+    "lrs": "2e-4+2e-3"}
+CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
+                     ("grpo_after_distill.py", "kl"): 0.05,
+                     ("eval.py", "task"): "medical",
+                     ("grid_spectrum.py", "task"): "medical",
+                     ("grid_topk.py", "task"): "medical",
+                     ("demo.py", "rlvr"): True}
+MODES = ("runlocal", "quick")  # variants, not settings
+
+
+def _arg_keys(name, monkeypatch):
+  """The keys of the config's own parse_arg ([] if it has none; nested
+  configs' ones are theirs)."""
+  seen = []
+  real = config_lib.parse_arg
+
+  def parse_arg(arg, **defaults):
+    if sys._getframe(1).f_code.co_filename.endswith(f"configs/{name}"):  # pylint: disable=protected-access
+      seen.append(list(defaults))
+    return real(arg, **defaults)
+  monkeypatch.setattr(config_lib, "parse_arg", parse_arg)
+  config_lib.load_config(f"configs/{name}")
+  monkeypatch.undo()
+  return seen[0] if seen else []
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_argument_is_applied_or_refused(name, monkeypatch):
+  """configs/x.py:key=value, in every variant: the config changes, or a
+  ValueError names the key. (runlocal used to replace lr by max(lr, 1e-3),
+  the harder grid's lr and rl_lr under runlocal were dropped, ...)"""
+  keys = _arg_keys(name, monkeypatch)
+  modes = [""] + [m for m in MODES if m in keys]
+  for mode in modes:
+    prefix = f"configs/{name}:{mode}"
+    ref = config_lib.to_json(config_lib.load_config(prefix))
+    for key in keys:
+      if key in MODES:
+        continue
+      value = CONFIG_ARG_VALUES.get((name, key), ARG_VALUES.get(key, KeyError))
+      assert value is not KeyError, f"add a value for {name}'s {key!r} above"
+      spec = f"{prefix}{',' if mode else ''}{key}={value}"
+      try:
+        got = config_lib.to_json(config_lib.load_config(spec))
+      except ValueError as e:
+        assert f"config arg {key}=" in str(e), (spec, str(e))
+        continue
+      assert got != ref, f"{spec}: the config ignores {key}={value}"
+
+
+def test_an_argument_the_config_never_reads_is_refused(tmp_path):
+  path = tmp_path / "mine.py"
+  path.write_text(
+      "from jaxdistill import config_lib\n"
+      "def get_config(arg=None):\n"
+      "  arg = config_lib.parse_arg(arg, used=1, unused=2, runlocal=False)\n"
+      "  return {'used': arg.used if not arg.runlocal else 0}\n")
+  assert config_lib.load_config(f"{path}:used=5") == {"used": 5}
+  with pytest.raises(ValueError, match=r"config arg unused=3: .*mine\.py does "
+                     "not use it"):
+    config_lib.load_config(f"{path}:unused=3")
+  # Read only outside runlocal: given with runlocal, it is refused too.
+  with pytest.raises(ValueError, match="config arg used=5: "):
+    config_lib.load_config(f"{path}:runlocal,used=5")
+
+
+@pytest.mark.parametrize("spec,field", [
+    ("configs/distill.py:runlocal,lr=-1", r"config\.optim\.lr: must be > 0"),
+    ("configs/grpo_countdown.py:runlocal,lr=-1", r"config\.optim\.lr: must be > 0"),
+])
+def test_a_bad_value_given_under_runlocal_is_refused(spec, field):
+  c = config_lib.load_config(spec)
+  with pytest.raises(ValueError, match=field):
+    (rl_train.validate if "grpo" in spec else config_lib.validate)(c)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import signal
 import socket
 import struct
@@ -236,10 +237,16 @@ def test_failing_tensorboard_warns_and_training_goes_on(tmp_path, monkeypatch,
   assert _ckpt_steps(tmp_path) == [3]
 
 
-def test_full_disk_stops_with_one_line_and_keeps_earlier_checkpoints(
-    tmp_path, monkeypatch):
+@pytest.mark.parametrize("fault_from,kept", [
+    (4, [2]), pytest.param(2, [], marks=pytest.mark.slow)])
+def test_full_disk_stops_at_the_failed_save_naming_it_and_what_is_kept(
+    tmp_path, monkeypatch, fault_from, kept):
   """ENOSPC from TensorBoard's event writes (always) and from Orbax's writes
-  (from the checkpoint of step 4 on, in its background thread)."""
+  of every checkpoint from step `fault_from` on, in its background thread
+  (the real failure path). Checkpoints every 2 steps of 8: the message names
+  the failed save's step (it used to name the next save's) and the
+  checkpoints on disk (it used to say "Earlier checkpoints are kept" when
+  there were none)."""
   from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
 
   def enospc(*a, **k):
@@ -248,21 +255,35 @@ def test_full_disk_stops_with_one_line_and_keeps_earlier_checkpoints(
   real = jh.JsonCheckpointHandler._save_fn  # pylint: disable=protected-access
 
   async def save_fn(self, x, directory):
-    if x.get("step", 0) >= 4:
+    if x.get("step", 0) >= fault_from:
       enospc()
     return await real(self, x, directory)
   monkeypatch.setattr(jh.JsonCheckpointHandler, "_save_fn", save_fn)
-  with pytest.raises(OSError) as e:
-    train_loop.train(_config(total_steps=6, ckpt_every=2), str(tmp_path),
-                devices=ONE_DEVICE)
-  msg = str(e.value)
-  assert "\n" not in msg
-  assert str(tmp_path / "checkpoints") in msg and "No space left" in msg
-  assert e.value.errno == errno.ENOSPC
+  with pytest.raises(ckpt_lib.CheckpointWriteError) as e:
+    train_loop.train(_config(total_steps=8, ckpt_every=2), str(tmp_path),
+                     devices=ONE_DEVICE)
   monkeypatch.undo()
-  assert 2 in _ckpt_steps(tmp_path)
-  assert all(np.isfinite(x).all() for x in
-             jax.tree.leaves(_params(tmp_path, 2)))
+  assert e.value.errno == errno.ENOSPC
+  assert _ckpt_steps(tmp_path) == kept
+  need = r"[\d.]+ KiB"
+  if kept:  # what a save writes: the state's arrays, as Orbax reads them back
+    mngr = ocp.CheckpointManager(os.path.join(tmp_path, "checkpoints"),
+                                 item_names=("state", "meta"))
+    state = mngr.restore(2, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore()))["state"]
+    mngr.close()
+    nbytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
+    assert nbytes < 1 << 20
+    need = re.escape(f"{nbytes / 1024:.1f} KiB")
+  what = ("kept: checkpoint 2; the same command resumes from step 2" if kept
+          else "no checkpoint is kept: the same command starts from step 0")
+  assert re.fullmatch(
+      rf"checkpoint of step {fault_from} could not be written to "
+      rf"{re.escape(str(tmp_path / 'checkpoints'))}: No space left on device "
+      rf"\(a checkpoint needs about {need}, [\d.]+ \w+ free\); stopped; "
+      rf"{what}", str(e.value)), str(e.value)
+  logged = [r["step"] for r in train_log.read_metrics(str(tmp_path))]
+  assert max(logged) < 8  # stopped, at the next save at the latest
   assert not (tmp_path / ".lock").exists()
 
 

@@ -42,6 +42,7 @@ from ml_collections import config_flags
 
 from jaxdistill import cli
 from jaxdistill import compile_only
+from jaxdistill import config_lib
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
@@ -82,6 +83,7 @@ def _has_tokenizer(path: str) -> bool:
 
 def check_config(config) -> tuple[str, ...]:
   """Validates everything that needs no weights; returns the suite names."""
+  config_lib.check_finite(config)
   names = suites_lib.check_names(config)
   s = config.sampler
   core.check_settings(greedy=bool(s.greedy), num_samples=int(s.num_samples),
@@ -103,6 +105,21 @@ def check_config(config) -> tuple[str, ...]:
   if not float(config.sparsity.atol) >= 0:
     raise ValueError(f"config.sparsity.atol: must be >= 0, got {config.sparsity.atol}")
   return names
+
+
+def check_positions(config, cfg, flag: str) -> None:
+  """The widest prompt (sampler.max_prompt_len rounded up to its bucket) plus
+  sampler.max_new_tokens must fit the model's max_position_embeddings."""
+  s = config.sampler
+  prompt = rollout.bucket_length(int(s.max_prompt_len), s.get("prompt_bucket"))
+  limit = int(cfg.max_position_embeddings)
+  if prompt + int(s.max_new_tokens) > limit:
+    raise ValueError(
+        f"config.sampler.max_new_tokens: prompts up to {prompt} tokens "
+        f"(sampler.max_prompt_len {s.max_prompt_len}, bucket "
+        f"{s.get('prompt_bucket')}) + {s.max_new_tokens} new tokens exceed the "
+        f"{flag} model's max_position_embeddings {limit}; lower "
+        "sampler.max_prompt_len or sampler.max_new_tokens")
 
 
 def load_model(path: str, config, mesh, rules=None):
@@ -165,8 +182,11 @@ def run(config, checkpoint: str, baseline: str | None = None,
                "baseline": revision_of(baseline)}
   checkpoint = resolve_checkpoint(checkpoint, "--checkpoint")
   baseline = resolve_checkpoint(baseline, "--baseline") if baseline else None
-  if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-    raise FileNotFoundError(f"--out: directory of {out} does not exist")
+  if out:
+    cli.check_out_file(out, "--out")
+  for flag, path in (("--checkpoint", checkpoint), ("--baseline", baseline)):
+    if path:
+      check_positions(config, models.checkpoint.read_config(path), flag)
   suites = suites_lib.load_suites(config, names)
   mesh = sharding.make_mesh(dict(config.mesh)) if config.get("mesh") else None
   rules = sharding.rules_from_config(config)

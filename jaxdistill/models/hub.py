@@ -153,8 +153,8 @@ def _hub_errors(repo_id, rev, repo_type):
     raise HubError(_explain(e, repo_id, rev, repo_type)) from None
 
 
-def resolve(spec, *, repo_type: str = "model",
-            allow_patterns=MODEL_FILES) -> tuple[str, dict | None]:
+def resolve(spec, *, repo_type: str = "model", allow_patterns=MODEL_FILES,
+            local_only: bool = False) -> tuple[str, dict | None]:
   """(local directory, revision info) of a directory or a hub name.
 
   A directory (after `~` expansion) is returned as it is, with info None.
@@ -162,7 +162,8 @@ def resolve(spec, *, repo_type: str = "model",
   only the files matching `allow_patterns`; info is {'id', 'revision',
   'commit'}: the 40-hex commit of the snapshot returned. Raises HubError
   (one line) when the name cannot be resolved, FileNotFoundError when
-  `spec` is neither a directory nor a hub name.
+  `spec` is neither a directory nor a hub name. `local_only`: never
+  download (HubError when the cache lacks it).
   """
   path = os.path.expanduser(str(spec or ""))
   if path and os.path.isdir(path):
@@ -176,6 +177,7 @@ def resolve(spec, *, repo_type: str = "model",
   offline = hf_constants.HF_HUB_OFFLINE
   key = (repo_id, rev, repo_type, tuple(allow_patterns or ()),
          hf_constants.HF_HUB_CACHE)
+  offline = offline or local_only
   if not offline and key in _RESOLVED:
     return _RESOLVED[key]
   # Several hosts resolve at once, each from its own cache: one progress bar.
@@ -184,7 +186,8 @@ def resolve(spec, *, repo_type: str = "model",
   with _hub_errors(repo_id, rev, repo_type), quiet:
     local = huggingface_hub.snapshot_download(
         repo_id, repo_type=repo_type, revision=rev,
-        allow_patterns=list(allow_patterns) if allow_patterns else None)
+        allow_patterns=list(allow_patterns) if allow_patterns else None,
+        local_files_only=local_only)
   commit = os.path.basename(os.path.normpath(local))
   if not _COMMIT.match(commit):
     raise HubError(f"{repo_id}@{rev}: the cache returned {local}, not a "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 
 import jax
@@ -42,6 +43,46 @@ from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
+
+
+# When the first ZERO_VARIANCE_BATCHES iterations (or all of a shorter run)
+# had equal rewards within every group, the run says so once.
+ZERO_VARIANCE_BATCHES = 5
+
+
+class ZeroVarianceWatch:
+  """Warns once (stderr and the log) when a run's first iterations all had
+  zero reward variance in every group: every advantage is then 0, so the
+  rewards give GRPO no gradient at all, which reward 0 at every step would
+  otherwise hide."""
+
+  def __init__(self, total_steps: int):
+    self.n = min(ZERO_VARIANCE_BATCHES, int(total_steps))
+    self.rewards = []
+    self.done = False
+
+  def update(self, step: int, metrics: dict) -> None:
+    if self.done or step >= self.n:
+      return
+    if metrics["rl/zero_var_groups"] < 1.0:
+      self.done = True
+      return
+    self.rewards.append(metrics["rl/reward_mean"])
+    if step == self.n - 1:
+      self.done = True
+      mean = sum(self.rewards) / len(self.rewards)
+      why = ("no sample reached its target: the targets may be out of reach "
+             "of this policy (check the task and data, rollout.max_new_tokens "
+             "and the answer format the verifier expects)" if mean == 0 else
+             "every sample was rewarded alike: the task may be too easy, or "
+             "the reward does not tell samples apart")
+      msg = (f"rl: the first {self.n} iterations had zero reward variance "
+             f"within every group (mean reward {mean:.3g}): every advantage "
+             "is 0, so the rewards give GRPO no gradient (only the KL penalty "
+             f"and weight decay move the policy); {why}")
+      logging.warning(msg)
+      if jax.process_index() == 0:
+        print(msg, file=sys.stderr, flush=True)
 
 
 def resolve_init(spec: str, field: str = "config.student.path") -> str:
@@ -142,12 +183,6 @@ def _models(config):
   """(policy cfg, kl.reference's model config block and cfg or None, whether
   a reference is used) of a GRPO config."""
   scfg = train_setup.model_config(config.student, "student")
-  if hub.weights_spec(config.student) is None:
-    logging.warning(
-        "config.student has no path: a randomly initialised policy (runlocal). "
-        "Its rewards and loss will be 0 at nearly every step: this run checks "
-        "the plumbing (sampling, rewards, updates, checkpoints, export), not "
-        "learning.")
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
   rmcfg = rcfg = None
@@ -187,12 +222,14 @@ def compile_for(config, slice_name: str) -> dict:
 
 def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   scfg, rmcfg, rcfg, use_ref = _models(config)
-  if not config.student.get("path"):
+  if hub.weights_spec(config.student) is None:
     logging.warning(
         "config.student has no path: a randomly initialised policy (runlocal). "
         "Its rewards and loss will be 0 at nearly every step: this run checks "
         "the plumbing (sampling, rewards, updates, checkpoints, export), not "
         "learning.")
+  config_lib.check_fits(config, {"policy": scfg} if rcfg is None else
+                        {"policy": scfg, "kl.reference": rcfg})
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   revisions = train_setup.revisions(
@@ -244,10 +281,13 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos,
       vocab_size=vocab)
 
+  watch = ZeroVarianceWatch(config.total_steps)
+
   def step_fn(step, state):
     t0 = time.perf_counter()
     r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
     batch, metrics = collect(batches[step], state["params"], r_roll)
+    watch.update(step, metrics)
     t1 = time.perf_counter()
     state, upd = update(state, batch, r_upd)
     metrics.update({k: float(v) for k, v in jax.device_get(upd).items()})

@@ -288,7 +288,8 @@ def _diff_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
   return out
 
 
-def make_runlocal(grid, *, eval_spec: str = "configs/eval.py:runlocal,samples=2",
+def make_runlocal(grid, arg=None, *,
+                  eval_spec: str = "configs/eval.py:runlocal,samples=2",
                   lrs: tuple = (1e-3, 5e-3)) -> None:
   """Shrinks a grid config to tiny models on CPU (its `runlocal` variant).
 
@@ -298,14 +299,24 @@ def make_runlocal(grid, *, eval_spec: str = "configs/eval.py:runlocal,samples=2"
   evaluation is configs/eval.py:runlocal (Countdown-3 in distribution,
   Countdown-5 as the harder / OOD suite). One seed. Learning rates of tiny
   random models are larger than the study's: `lrs` replaces an 'lr' axis.
+  The grid config's arguments `arg` (config_lib.Args) that were given stay
+  applied: `lr` and `task` go to the base (and `task` to the evaluation),
+  `seeds` keeps its number of seeds.
   """
-  base = config_lib.load_config("configs/distill.py:runlocal")
+  given = ({k: getattr(arg, k) for k in ("lr", "task")
+            if k in arg and arg.given(k)} if arg is not None else {})
+  spec = "configs/distill.py:runlocal" + "".join(
+      f",{k}={fmt_value(v)}" for k, v in given.items())
+  base = config_lib.load_config(spec)
   base.progress = False
   base.student.init.vocab_size = base.teacher.init.vocab_size = 320
   base.total_steps, base.ckpt_every, base.eval_every = 2, 2, 2
   grid.base = base
-  grid.base_spec = "configs/distill.py:runlocal"
+  grid.base_spec = spec
   grid.local_assets = True
-  grid.seeds = (0,)
+  if not (arg is not None and "seeds" in arg and arg.given("seeds")):
+    grid.seeds = (0,)
+  if "task" in given:
+    eval_spec += f",task={given['task']}"
   grid.eval = dict(spec=eval_spec, updates=dict(progress=False), baseline=True)
   grid.axes = tuple((n, f, lrs if n == "lr" else v) for n, f, v in grid.axes)

@@ -97,15 +97,17 @@ def pin_checkpoints(runs: Sequence[grid_lib.Run]) -> None:
 
 def plan(grid, workdir: str, only: str | None = None, *,
          is_finished: Callable[[str], bool] = lambda d: False,
-         log=print) -> list[grid_lib.Run]:
+         log=print, prepare: bool = True) -> list[grid_lib.Run]:
   """The grid's runs, ready to train: data_dir defaulted (when data is read
-  by name), hub names pinned, and the data sets unfinished runs need
-  prepared (once each)."""
+  by name), hub names pinned, and (`prepare`) the data sets unfinished runs
+  need prepared (once each). Without `prepare` nothing is written."""
   runs = grid_lib.expand(grid, only)
   if any(d is None for r in runs for _, d in _needs(grid, r)):
     grid.base.data.data_dir = os.path.join(os.path.abspath(workdir), DATA_DIR)
     runs = grid_lib.expand(grid, only)
   pin_checkpoints(runs)
+  if not prepare:
+    return runs
   done = set()
   for run in runs:
     if is_finished(os.path.join(workdir, run.dirname)):

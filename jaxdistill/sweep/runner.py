@@ -42,8 +42,10 @@ from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import runlocal
 from jaxdistill.sweep import table
+from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
+from jaxdistill.train import preempt
 from jaxdistill.train import setup as train_setup
 
 RESULTS = "results.json"
@@ -180,21 +182,53 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   return result
 
 
-def _check_runnable(grid, runs, workdir):
-  """Config errors of any unfinished run surface before the first one starts."""
+def _to_train(runs, workdir, rerun_stale):
+  """The runs that will train: unfinished ones, and with rerun_stale the
+  finished ones trained under another config."""
+  out = []
   for run in runs:
-    if is_finished(os.path.join(workdir, run.dirname)):
-      continue
+    run_dir = os.path.join(workdir, run.dirname)
+    if not is_finished(run_dir) or (
+        rerun_stale and stale_changes(run, run_dir, workdir)):
+      out.append(run)
+  return out
+
+
+def _check_configs(grid, runs):
+  """Config errors of the runs to train (their training and evaluation),
+  before anything is written."""
+  evals = set()
+  for run in runs:
     try:
       config_lib.validate(run.config)
       config_lib.validate_run(run.config)
-      train_setup.model_config(run.config.student, "student")
-      if run.config.loss.kind != losses.CE:
-        train_setup.model_config(run.config.teacher, "teacher")
     except ValueError as e:
       raise ValueError(f"run {run.name!r}: {e}") from None
-  if rlvr_lib.declared(grid):
-    rlvr_lib.check(grid, runs, workdir)
+    spec = grid_lib.eval_spec(grid, run)
+    if spec is not None and spec not in evals:
+      evals.add(spec)
+      cfg = config_lib.load_config(spec)
+      grid_lib.merge(cfg, grid.eval.get("updates") or {}, "grid.eval.updates")
+      try:
+        evaluate_run.check_config(cfg)
+      except ValueError as e:
+        raise ValueError(f"grid.eval.spec {spec!r}: {e}") from None
+
+
+def _check_runnable(runs):
+  """What the models' config.json decide for the runs to train (positions,
+  the teacher's top-k), before the first one starts."""
+  for run in runs:
+    c = run.config
+    try:
+      models = {"student": train_setup.model_config(c.student, "student")}
+      if c.loss.kind != losses.CE and not c.loss.get("teacher_cache"):
+        models["teacher"] = train_setup.model_config(c.teacher, "teacher")
+      vocab = c.loss.get("vocab_size") or min(m.vocab_size
+                                               for m in models.values())
+      config_lib.check_fits(c, models, vocab)
+    except ValueError as e:
+      raise ValueError(f"run {run.name!r}: {e}") from None
 
 
 # Settings that do not change a finished run's result: a finished arm whose
@@ -319,15 +353,43 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   `rerun_stale`, which moves it into <workdir>/stale/ and runs it again.
   Fields in DISPLAY_FIELDS, and paths inside `workdir` that differ only by
   where the sweep directory lives, are not differences.
+
+  Every unfinished run's config (training, evaluation, RLVR stage) is checked
+  before anything is written; then the sweep holds <workdir>/.lock (one
+  sweep per workdir). SIGTERM / SIGINT stop it with train.preempt.Preempted
+  (exit status 128 + signal): during an arm's training after its
+  checkpoint, elsewhere at once; finished runs are kept.
   """
-  os.makedirs(workdir, exist_ok=True)
-  if grid.get("local_assets"):
-    runlocal.prepare_assets(grid, workdir)
-  runs = inputs.plan(grid, workdir, only, is_finished=is_finished, log=log)
+  # Hub names pinned to their commits (nothing written yet), so that every
+  # check below sees what the runs will train with.
+  runs = inputs.plan(grid, workdir, only, prepare=False)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
+  todo = _to_train(runs, workdir, rerun_stale)
+  _check_configs(grid, todo)
+  if rlvr_lib.declared(grid):
+    rlvr_lib.check(grid, runs, workdir)
+  # A runlocal grid's student is its init until prepare_assets saves it: the
+  # same ModelConfig either way.
+  _check_runnable(todo)
+  ckpt_lib.check_writable_dir(workdir)
+  # One sweep per workdir: a second one would race on the assets and arms.
+  with ckpt_lib.WorkdirLock(workdir), preempt.stop_at_once(
+      f"finished runs, and the checkpoints of the one in progress, are kept "
+      f"in {workdir}"):
+    return _run_locked(grid, runs, workdir, only=only, evaluate_fn=evaluate_fn,
+                       devices=devices, summarize=summarize,
+                       rerun_stale=rerun_stale,
+                       rlvr_evaluate_fn=rlvr_evaluate_fn)
+
+
+def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
+                rerun_stale, rlvr_evaluate_fn):
+  if grid.get("local_assets"):
+    runlocal.prepare_assets(grid, workdir)
+  # Again: the assets' paths are in the base; now the data is prepared too.
+  runs = inputs.plan(grid, workdir, only, is_finished=is_finished, log=log)
   _handle_stale(grid, runs, workdir, rerun_stale)
-  _check_runnable(grid, runs, workdir)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, "sweep.json")

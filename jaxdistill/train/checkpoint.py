@@ -5,7 +5,10 @@ RNG key, and a small JSON record (step, data position, config fingerprint).
 Saves are atomic (Orbax writes to a temporary directory and renames it), so a
 run killed mid-save leaves the previous checkpoint intact. A checkpoint that
 fails to restore (truncated, corrupted) is reported and the one before it is
-tried.
+tried. A save that fails (a full disk, ...) is found at the next step at the
+latest (`check`) and stops the run with one line: the step, the directory,
+the bytes a checkpoint needs and the free space for a full disk, and the
+checkpoints actually kept.
 """
 from __future__ import annotations
 
@@ -32,23 +35,49 @@ class Checkpointer:
     check_writable_dir(self.directory)
     self._mngr = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        # A failed save leaves <step>.orbax-checkpoint-tmp: the next run
+        # removes it.
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             cleanup_tmp_directories=True),
         item_names=("state", "meta"))
+    self._pending = None  # the step of the save in flight
+    self._nbytes = None   # the state's array bytes (what a save writes)
+    self._failed = False  # a failure was raised: close() stays quiet
 
   def steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, state, meta: dict, *, wait: bool = False):
     """Starts an (async) save; raises CheckpointWriteError, one line naming
-    the directory, if this save or the previous one failed to write."""
+    the step and the directory, if the previous save or this one failed."""
+    self.wait()
+    self._nbytes = sum(int(getattr(x, "nbytes", 0))
+                       for x in jax.tree.leaves(state))
+    self._pending = step
     try:
       self._mngr.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
           force=True)
-      if wait:
-        self._mngr.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointWriteError(self.directory, step, e) from None
+      self._raise(e)
+    if wait:
+      self.wait()
+
+  def check(self):
+    """Raises CheckpointWriteError if the save in flight has already failed
+    (without waiting for one still writing): called every step, so a run
+    stops at its first failed save."""
+    if self._pending is None:
+      return
+    try:
+      self._mngr.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      self._raise(e)
+
+  def _raise(self, error: BaseException):
+    step, self._pending, self._failed = self._pending, None, True
+    raise CheckpointWriteError(self.directory, step, error,
+                               nbytes=self._nbytes) from None
 
   def restore_latest(self, abstract_state):
     """-> (state, meta, step) from the newest checkpoint that restores, else None.
@@ -89,18 +118,23 @@ class Checkpointer:
     self._mngr.reload()
 
   def wait(self):
+    """Waits for the save in flight; CheckpointWriteError if it failed."""
     try:
       self._mngr.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointWriteError(self.directory, None, e) from None
+      self._raise(e)
+    self._pending = None
 
   def close(self):
     """Waits for the last save and releases Orbax's threads. Never raises
-    (it runs in `finally` blocks): a failed last save is logged."""
+    (it runs in `finally` blocks): a failed last save not yet reported is
+    logged."""
+    reported = self._failed
     try:
-      self._mngr.wait_until_finished()
+      self.wait()
     except Exception as e:  # pylint: disable=broad-except
-      logging.error("%s", CheckpointWriteError(self.directory, None, e))
+      if not reported:
+        logging.error("%s", e)
     try:
       self._mngr.close()
     except Exception as e:  # pylint: disable=broad-except
@@ -138,10 +172,29 @@ def _root_cause(e: BaseException) -> BaseException:
   return e
 
 
-class CheckpointWriteError(OSError):
-  """A checkpoint could not be written; the message is one line."""
+def _size(n: float) -> str:
+  for unit in ("bytes", "KiB", "MiB", "GiB"):
+    if n < 1024 or unit == "GiB":
+      return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+    n /= 1024
+  return ""
 
-  def __init__(self, directory: str, step, error: BaseException):
+
+def kept_steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in `directory`, on disk."""
+  try:
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+  except OSError:
+    return []
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written; the message is one line: the step,
+  the directory, why, for a full disk what a checkpoint needs (`nbytes`,
+  the state's arrays) and what is free, and the checkpoints kept."""
+
+  def __init__(self, directory: str, step, error: BaseException, *,
+               nbytes: int | None = None):
     cause = _root_cause(error)
     code = getattr(cause, "errno", None)
     if code is None:  # errno is sometimes only in the message (tensorstore)
@@ -151,10 +204,22 @@ class CheckpointWriteError(OSError):
           break
     why = (os.strerror(code) if code else
            f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}")
+    if code in (errno.ENOSPC, errno.EDQUOT) and nbytes:
+      try:
+        st = os.statvfs(directory)
+        free = f", {_size(st.f_bavail * st.f_frsize)} free"
+      except OSError:
+        free = ""
+      why += f" (a checkpoint needs about {_size(nbytes)}{free})"
     what = f"checkpoint of step {step}" if step is not None else "checkpoint"
+    kept = kept_steps(directory)
+    kept = (f"kept: checkpoint{'s' if len(kept) > 1 else ''} "
+            f"{', '.join(map(str, kept))}; the same command resumes from "
+            f"step {kept[-1]}" if kept else
+            "no checkpoint is kept: the same command starts from step 0")
     super().__init__(code or errno.EIO,
-                     f"{what} could not be written to {directory}: {why}. "
-                     "Earlier checkpoints are kept.")
+                     f"{what} could not be written to {directory}: {why}; "
+                     f"stopped; {kept}")
 
   def __str__(self):
     return self.args[1]

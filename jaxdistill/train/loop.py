@@ -26,9 +26,7 @@ import logging
 import math
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 
 from absl import flags
@@ -48,8 +46,10 @@ from jaxdistill import sparsity
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
 from jaxdistill.train import programs
+from jaxdistill.train import preempt
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 from jaxdistill.train import teacher_cache
@@ -196,6 +196,7 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   stop = StopOnSignal()
   try:
     for step in stop.steps(start, config.total_steps):
+      ckpt.check()  # a failed save stops the run at once
       t0 = time.perf_counter()
       state, metrics = step_fn(step, state)
       if not math.isfinite(metrics["train/loss"]):
@@ -302,6 +303,8 @@ def _train(config, workdir, overwrite, mesh, rules):
   sft = config.loss.kind == losses.CE
   tokenizer = tok_lib.run_tokenizer(config)
   vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
+  config_lib.check_fits(config, {"student": scfg} if sft or cached else
+                        {"student": scfg, "teacher": tcfg}, vocab)
   check_fit(run_programs(config, scfg, tcfg, vocab, mesh, rules, cached),
             mesh, functools.partial(programs.advice, config))
   if cached:
@@ -355,73 +358,9 @@ def _train(config, workdir, overwrite, mesh, rules):
                    ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer)
 
 
-class Preempted(RuntimeError):
-  """The run stopped on SIGTERM/SIGINT after writing a checkpoint."""
-
-  def __init__(self, msg: str, signum: int):
-    super().__init__(msg)
-    self.exit_code = 128 + int(signum)
-
-
-class StopOnSignal:
-  """SIGTERM/SIGINT -> stop after the step in flight, with a checkpoint.
-
-  Handlers are installed only in the main thread and restored by `restore()`
-  (train() runs many times in one process in tests and the demo). On several
-  hosts the decision comes from JAX's preemption sync point, so every host
-  stops after the same step; a second SIGINT interrupts at once.
-  """
-
-  def __init__(self):
-    self.signum = None
-    self.stopped_at = None
-    self._prev = {}
-    self._multi = jax.process_count() > 1
-    if threading.current_thread() is not threading.main_thread():
-      return
-    sigs = (signal.SIGINT,) if self._multi else (signal.SIGTERM, signal.SIGINT)
-    for sig in sigs:
-      self._prev[sig] = signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.signum is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.signum = signum
-    print(f"received {signal.Signals(signum).name}: finishing the step in "
-          "flight, then writing a checkpoint (Ctrl-C again to stop at once)",
-          file=sys.stderr, flush=True)
-
-  def requested(self, done: int) -> bool:
-    """True (once) when the run must stop after step `done`."""
-    stop = self.signum is not None
-    if self._multi:
-      try:
-        if multihost_utils.reached_preemption_sync_point(done):
-          stop, self.signum = True, self.signum or signal.SIGTERM
-      except RuntimeError:  # no preemption service: the local signal only
-        pass
-    if stop:
-      self.stopped_at = done
-    return stop
-
-  def steps(self, start: int, total: int):
-    for step in range(start, total):
-      if self.stopped_at is not None:
-        return
-      yield step
-
-  def raise_if_stopped(self, ckpt):
-    if self.stopped_at is not None:
-      raise Preempted(
-          f"stopped by {signal.Signals(self.signum).name} after step "
-          f"{self.stopped_at}; checkpoint {self.stopped_at} written to "
-          f"{ckpt.directory}; run the same command to resume", self.signum)
-
-  def restore(self):
-    for sig, prev in self._prev.items():
-      signal.signal(sig, prev)
-    self._prev = {}
+# Kept here for callers that name them as loop.Preempted / loop.StopOnSignal.
+Preempted = preempt.Preempted
+StopOnSignal = preempt.StopOnSignal
 
 
 class locked_workdir:  # pylint: disable=invalid-name
@@ -513,14 +452,15 @@ def initialize_distributed(f) -> None:
   """--distributed: jax.distributed.initialize(), before any JAX computation.
   On a TPU VM (or SLURM, Open MPI, Kubernetes) JAX finds the coordinator and
   this process's id itself; elsewhere pass --coordinator_address,
-  --num_processes and --process_id."""
+  --num_processes and --process_id. The wait for the cluster is bounded by
+  --coordinator_timeout (train/distributed.py)."""
   given = {k: getattr(f, k) for k in ("coordinator_address", "num_processes",
                                       "process_id")
            if getattr(f, k) is not None}
   if given and not f.distributed:
     raise ValueError(f"--{next(iter(given))} needs --distributed")
   if f.distributed:
-    jax.distributed.initialize(**given)
+    distributed.initialize(given, f.coordinator_timeout)
 
 
 def define_flags():
@@ -543,4 +483,8 @@ def define_flags():
                        "--distributed: this process's index (default: found "
                        "by JAX).")
   cli.define_compile_only_flags()
+  flags.DEFINE_float("coordinator_timeout", distributed.DEFAULT_TIMEOUT_S,
+                     "--distributed: seconds to wait for the coordinator and "
+                     "every process, with progress lines, then a one-line "
+                     "error.")
   flags.mark_flags_as_required(["config", "workdir"])

@@ -16,19 +16,33 @@ teacher rollout), and equals the live-teacher run at the same k:
 
 DIR holds `topk.array_record` (one record per step: an .npz of `tokens`,
 `attention_mask`, `loss_mask` [B, L], `teacher_topk_ids`,
-`teacher_topk_logprobs` [B, L, K], `teacher_topk_tail` [B, L], and the
-rollout metrics) and `meta.json`: what the cache was made from (the data and
-rollout settings, the seed, the tokenizer's fingerprint, the teacher, k, the
-loss temperature, the real vocabulary, the number of steps). A run whose
-settings differ in any of these is refused, naming what differs. meta.json is
-written last: a cache without it is incomplete and is refused.
+`teacher_topk_logprobs` [B, L, K], `teacher_topk_tail` [B, L], the rollout
+metrics and `made_from`) and `meta.json`: what the cache was made from
+(`describe`: the data and rollout settings with a digest of the data files,
+the seed, the tokenizer's fingerprint with its chat template, the teacher's
+config and a fingerprint of its weight files (`weights_fingerprint`: what
+it detects), k, the loss temperature, the real vocabulary) and the number of
+steps. A run whose settings differ in any of these is refused, naming what
+differs. Every record holds made_from too: a meta.json edited after the
+build, a truncated or corrupted records file are refused, naming the file.
+
+The build checks everything it can first, writes into the sibling
+DIR.building-<pid>, and swaps it in when complete: an existing cache (only
+replaced with --overwrite) stays intact through an error, SIGTERM or SIGINT
+(which stop after the step in flight, discard the partial cache and exit
+with 128 + the signal, saying so). A build killed with SIGKILL leaves its
+DIR.building-<pid>, which can be deleted.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import json
+import logging
 import os
+import shutil
+import signal
 
 from absl import flags
 from array_record.python import array_record_module
@@ -42,27 +56,119 @@ from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.models import hub
 from jaxdistill.train import batches as train_batches
+from jaxdistill.train import preempt
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
 META = "meta.json"
 RECORDS = "topk.array_record"
 ARRAYS = ("tokens", "attention_mask", "loss_mask") + step_lib.CACHE_KEYS
+# meta.json's layout: 'made_from' with the fingerprints below. Every record
+# also holds made_from (as JSON), so an edited meta.json is found.
+FORMAT = 2
+MADE_FROM = "made_from"
+# A weight file's content is sampled (SAMPLES blocks of BLOCK bytes, evenly
+# spaced) rather than read whole: 2 MiB per file, however large.
+SAMPLES, BLOCK = 32, 1 << 16
+FIELDS = ("data", "tokenizer", "teacher", "teacher_weights", "k",
+          "temperature", "vocab")
 
 
 def tokenizer_fingerprint(tokenizer) -> str | None:
-  """sha256 of the tokenizer's vocabulary (token -> id) and special tokens."""
+  """sha256 of the tokenizer's vocabulary (token -> id), special tokens and
+  chat template (which formats the prompts)."""
   if tokenizer is None:
     return None
   vocab = sorted(tokenizer.get_vocab().items())
   special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []))
-  blob = json.dumps([vocab, special, len(tokenizer)]).encode()
+  template = getattr(tokenizer, "chat_template", None)
+  blob = json.dumps([vocab, special, len(tokenizer), str(template)]).encode()
   return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def _sha(f, start: int, length: int) -> str:
+  """sha256 of `length` bytes of an open file from `start`, streamed."""
+  h = hashlib.sha256()
+  f.seek(start)
+  while length > 0:
+    chunk = f.read(min(length, 1 << 20))
+    if not chunk:
+      break
+    h.update(chunk)
+    length -= len(chunk)
+  return h.hexdigest()[:16]
+
+
+def file_digest(path: str) -> str:
+  """sha256 of a whole file, streamed."""
+  with open(path, "rb") as f:
+    return _sha(f, 0, os.path.getsize(path))
+
+
+def safetensors_fingerprint(path: str) -> dict:
+  """{size, header, content} of a safetensors file: its size, the sha256 of
+  its JSON header (every tensor's name, dtype, shape and offsets) and of its
+  tensor data: whole up to SAMPLES x BLOCK bytes, else SAMPLES blocks evenly
+  spaced from the first byte to the last."""
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    n = int.from_bytes(f.read(8).ljust(8, b"\0"), "little")
+    start = min(8 + n, size)
+    header = _sha(f, 8, start - 8)
+    data = size - start
+    if data <= SAMPLES * BLOCK:
+      content = _sha(f, start, data)
+    else:
+      h = hashlib.sha256()
+      for i in range(SAMPLES):
+        f.seek(start + i * (data - BLOCK) // (SAMPLES - 1))
+        h.update(f.read(BLOCK))
+      content = h.hexdigest()[:16]
+  return {"size": size, "header": header, "content": content}
+
+
+def weights_fingerprint(directory: str) -> dict:
+  """What loading a Hugging Face directory reads: config.json and the
+  safetensors index (sha256 each), every *.safetensors file
+  (safetensors_fingerprint). Detects another architecture or config, other
+  files, any change of a tensor's dtype, shape or offset, and other weights
+  of the same shapes (retrained or fine-tuned weights change nearly every
+  sampled byte); an edit confined to bytes between the samples of a file
+  larger than 2 MiB is not detected."""
+  out = {}
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if name.endswith(".safetensors"):
+      out[name] = safetensors_fingerprint(path)
+    elif name in ("config.json", "model.safetensors.index.json"):
+      out[name] = file_digest(path)
+  return out
+
+
+def data_fingerprint(config) -> dict:
+  """sha256 of the data files a run reads: data.records_file, and the files
+  in data.manual_dir (the user's MCQ files)."""
+  data, out = config.data, {}
+  if data.get("task") == "records" and data.get("records_file"):
+    path = os.path.expanduser(data.records_file)
+    if os.path.isfile(path):
+      out["records_file"] = file_digest(path)
+  if data.get("task") == "mcq" and data.get("manual_dir"):
+    root = os.path.expanduser(data.manual_dir)
+    if os.path.isdir(root):
+      out["manual_dir"] = {n: file_digest(os.path.join(root, n))
+                           for n in sorted(os.listdir(root))
+                           if os.path.isfile(os.path.join(root, n))}
+  return out
+
+
 def describe(config, tokenizer, vocab: int) -> dict:
-  """What a cache is made from, grouped by what a mismatch is named as."""
+  """What a cache is made from, grouped by what a mismatch is named as: the
+  data and rollout settings with the data files' digests, the seed, the
+  tokenizer (and chat template), the teacher's config and weights, k, the
+  loss temperature and the real vocabulary."""
   ro = config.rollout
   data = config.data.to_dict()
   rollout = dict(policy=ro.policy)
@@ -71,10 +177,22 @@ def describe(config, tokenizer, vocab: int) -> dict:
                    top_k=ro.get("top_k"), top_p=ro.get("top_p"),
                    eos_token_ids=ro.get("eos_token_ids"))
   teacher = {k: v for k, v in config.teacher.to_dict().items()}
+  # The directory the teacher's weights are read from: a hub name as found
+  # in this machine's cache (never downloaded for this).
+  spec = hub.weights_spec(config.teacher)
+  try:
+    path = hub.resolve(spec, local_only=True)[0] if spec else None
+  except (hub.HubError, FileNotFoundError):
+    path = None
   out = {
-      "data": {"data": data, "seed": int(config.seed), "rollout": rollout},
+      "data": {"data": data, "seed": int(config.seed), "rollout": rollout,
+               "files": data_fingerprint(config)},
       "tokenizer": tokenizer_fingerprint(tokenizer),
       "teacher": teacher,
+      # None when there is no directory (a random init, or a teacher no
+      # longer on this machine: TeacherCache.check then says it cannot tell).
+      "teacher_weights": (weights_fingerprint(path)
+                          if path and os.path.isdir(path) else None),
       "k": int(config.loss.teacher_topk),
       "temperature": float(config.loss.temperature),
       "vocab": int(vocab),
@@ -83,9 +201,10 @@ def describe(config, tokenizer, vocab: int) -> dict:
   return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 
-def _differences(old: dict, new: dict) -> list[str]:
+def _differences(old: dict, new: dict, a_name="cache", b_name="run"
+                 ) -> list[str]:
   out = []
-  for name in ("data", "tokenizer", "teacher", "k", "temperature", "vocab"):
+  for name in FIELDS:
     a, b = old.get(name), new.get(name)
     if a == b:
       continue
@@ -93,47 +212,94 @@ def _differences(old: dict, new: dict) -> list[str]:
       detail = "; ".join(config_lib.diff(a, b)[:5])
       out.append(f"{name} ({detail})")
     else:
-      out.append(f"{name} (cache {a!r}, run {b!r})")
+      out.append(f"{name} ({a_name} {a!r}, {b_name} {b!r})")
   return out
 
 
+def _refuse(msg: str):
+  raise ValueError(f"config.loss.teacher_cache: {msg}")
+
+
 class TeacherCache:
-  """Random access to a cache's steps: `cache[step]` is a host batch (dict)."""
+  """Random access to a cache's steps: `cache[step]` is a host batch (dict).
+
+  Opening it checks meta.json against the records (an edited meta.json, a
+  truncated or unreadable records file are refused, naming the file)."""
 
   def __init__(self, directory: str):
     self.directory = os.path.expanduser(directory)
-    meta = os.path.join(self.directory, META)
-    if not os.path.isfile(meta):
-      raise ValueError(f"config.loss.teacher_cache: {self.directory} is not a "
-                       f"complete teacher cache (no {META}); build it with "
-                       "python -m jaxdistill.train.teacher_cache")
-    with open(meta) as f:
-      self.meta = json.load(f)
-    self._reader = array_record_module.ArrayRecordReader(
-        os.path.join(self.directory, RECORDS))
-    self.num_steps = int(self._reader.num_records())
+    self.meta_path = os.path.join(self.directory, META)
+    self.records_path = os.path.join(self.directory, RECORDS)
+    rebuild = "; rebuild it with python -m jaxdistill.train.teacher_cache"
+    if not os.path.isdir(self.directory):
+      _refuse(f"{self.directory} does not exist")
+    if not os.path.isfile(self.meta_path):
+      _refuse(f"{self.directory} is not a complete teacher cache (no {META})"
+              f"{rebuild}")
+    try:
+      with open(self.meta_path) as f:
+        self.meta = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+      _refuse(f"{self.meta_path}: not valid JSON ({e}){rebuild}")
+    if not (isinstance(self.meta, dict) and self.meta.get("format") == FORMAT
+            and isinstance(self.meta.get(MADE_FROM), dict)):
+      _refuse(f"{self.meta_path}: not the meta.json of a cache of this "
+              f"version (format {FORMAT}, with its fingerprints){rebuild}")
+    if not os.path.isfile(self.records_path):
+      _refuse(f"{self.records_path}: missing{rebuild}")
+    try:
+      self._reader = array_record_module.ArrayRecordReader(self.records_path)
+      self.num_steps = int(self._reader.num_records())
+    except Exception as e:  # pylint: disable=broad-except
+      _refuse(f"{self.records_path}: unreadable ({_first_line(e)}){rebuild}")
+    if self.num_steps != self.meta.get("num_steps"):
+      _refuse(f"{self.records_path} holds {self.num_steps} records, "
+              f"{self.meta_path} says {self.meta.get('num_steps')} (truncated "
+              f"or edited){rebuild}")
+    for step in {0, self.num_steps - 1} if self.num_steps else ():
+      built = json.loads(str(self[step].get(MADE_FROM, "null")))
+      if built != self.meta[MADE_FROM]:
+        diffs = (_differences(built, self.meta[MADE_FROM], "records", "meta")
+                 if isinstance(built, dict) else ["every field"])
+        _refuse(f"{self.meta_path} was edited after the build: it differs "
+                f"from what the records were built from in "
+                f"{', '.join(diffs)}{rebuild}")
 
   def __len__(self):
     return self.num_steps
 
   def __getitem__(self, step: int) -> dict:
-    (raw,) = self._reader.read([int(step)])
-    with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
+    try:
+      (raw,) = self._reader.read([int(step)])
+      with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+    except Exception as e:  # pylint: disable=broad-except
+      _refuse(f"{self.records_path}: record {step} is unreadable "
+              f"({_first_line(e)}); rebuild it with python -m "
+              "jaxdistill.train.teacher_cache")
 
   def check(self, config, tokenizer, vocab: int) -> None:
-    """Refuses a cache that does not match the run, naming what differs."""
-    diffs = _differences(self.meta["made_from"],
-                         describe(config, tokenizer, vocab))
+    """Refuses a cache that does not match the run, naming what differs.
+    A teacher directory no longer on this machine cannot be compared: a
+    warning says so (the run loads no teacher weights)."""
+    run = describe(config, tokenizer, vocab)
+    path = config.teacher.get("path")
+    if path and run["teacher_weights"] is None:
+      logging.warning("config.teacher.path: %s is not here: cannot check that "
+                      "the teacher cache %s was made from its weights", path,
+                      self.directory)
+      run["teacher_weights"] = self.meta[MADE_FROM].get("teacher_weights")
+    diffs = _differences(self.meta[MADE_FROM], run)
     if diffs:
-      raise ValueError(
-          f"config.loss.teacher_cache: {self.directory} was made for another "
-          "run; it differs in " + ", ".join(diffs))
+      _refuse(f"{self.directory} was made for another run; it differs in "
+              + ", ".join(diffs))
     if int(config.total_steps) > self.num_steps:
-      raise ValueError(
-          f"config.loss.teacher_cache: {self.directory} holds "
-          f"{self.num_steps} steps, the run needs total_steps="
-          f"{config.total_steps}")
+      _refuse(f"{self.directory} holds {self.num_steps} steps, the run needs "
+              f"total_steps={config.total_steps}")
+
+
+def _first_line(e: BaseException) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 class CachedSequences:
@@ -168,68 +334,138 @@ def topk_from_hidden(hidden, head, *, k, temperature, vocab, chunk=128):
       out)
 
 
-def build(config, out_dir: str, *, devices=None) -> str:
-  """One teacher pass over a run's steps; writes out_dir (module docstring)."""
+def _check_out(out_dir: str, overwrite: bool) -> bool:
+  """Whether out_dir holds a cache to replace; refuses what must not be."""
+  cli.check_out_dir(out_dir, "--out")
+  if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+    return False
+  own = {META, RECORDS}
+  other = sorted(set(os.listdir(out_dir)) - own)
+  if other:
+    raise ValueError(f"--out: {out_dir} holds {other[0]!r}, which is not "
+                     "part of a teacher cache; choose a new or empty directory")
+  if not overwrite:
+    raise ValueError(f"--out: {out_dir} holds a teacher cache; pass "
+                     "--overwrite to replace it (the old one is kept until "
+                     "the new one is complete)")
+  return True
+
+
+def _swap_in(new: str, out_dir: str) -> None:
+  """Puts the complete cache `new` at out_dir, replacing what is there in
+  one step (renameat2 RENAME_EXCHANGE where the OS has it; else two renames,
+  between which the old cache waits at <out_dir>.old-<pid>)."""
+  if not os.path.isdir(out_dir):
+    os.replace(new, out_dir)
+    return
+  libc = ctypes.CDLL(None, use_errno=True)
+  exchange = getattr(libc, "renameat2", None)
+  at_fdcwd, rename_exchange = -100, 2
+  if exchange is not None and exchange(at_fdcwd, os.fsencode(new), at_fdcwd,
+                                       os.fsencode(out_dir),
+                                       rename_exchange) == 0:
+    shutil.rmtree(new)  # now the old cache
+    return
+  old = f"{out_dir}.old-{os.getpid()}"
+  os.replace(out_dir, old)
+  os.replace(new, out_dir)
+  shutil.rmtree(old)
+
+
+def build(config, out_dir: str, *, overwrite: bool = False,
+          devices=None) -> str:
+  """One teacher pass over a run's steps; writes out_dir (module docstring).
+
+  Every check comes first; the cache is built in <out_dir>.building-<pid>
+  and moved into place when complete, so an existing cache (replaced only
+  with `overwrite`) is intact until then. An error, SIGTERM or SIGINT
+  during the build removes the partial one (SIGTERM / SIGINT after the step
+  in flight, then train.preempt.Preempted saying what is kept).
+  """
   if config.loss.get("teacher_topk") is None:
     raise ValueError("config.loss.teacher_topk: set the k to cache")
   if config.rollout.policy not in ("teacher", "dataset"):
     raise ValueError("config.rollout.policy: only 'teacher' and 'dataset' "
                      f"rollouts can be cached, got {config.rollout.policy!r}")
-  if config.loss.get("teacher_cache"):
+  if config.loss.get("teacher_cache") is not None:
     raise ValueError("config.loss.teacher_cache: must be None when building")
   config_lib.validate(config)
+  config_lib.validate_run(config)
+  out_dir = os.path.realpath(os.path.expanduser(out_dir))
+  replacing = _check_out(out_dir, overwrite)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)
   scfg, tcfg, tokenizer, vocab, batches = train_setup.pair_and_batches(config)
-  seed_key = jax.random.key(config.seed)
-  _, t_key = train_setup.init_keys(config.seed)
-  tparams = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key,
-                                    "teacher")
-  make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
-                                            tokenizer, vocab_size=vocab)
-  k = int(config.loss.teacher_topk)
-  losses.topk.check_k(k, vocab, "config.loss.teacher_topk")
-
-  @jax.jit
-  def teacher_topk(tp, tokens, attn):
-    h = models.apply(tcfg, tp, tokens, attn, return_hidden=True)
-    return topk_from_hidden(h, models.output_head(tcfg, tp), k=k,
-                            temperature=float(config.loss.temperature),
-                            vocab=vocab,
-                            chunk=int(config.loss.get("chunk_size") or 128))
-
-  os.makedirs(out_dir, exist_ok=True)
-  for stale in (META, RECORDS):
-    if os.path.exists(os.path.join(out_dir, stale)):
-      os.remove(os.path.join(out_dir, stale))
-  tmp = os.path.join(out_dir, RECORDS + ".tmp")
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
+  config_lib.check_fits(config, {"student": scfg, "teacher": tcfg}, vocab)
+  made_from = describe(config, tokenizer, vocab)
+  kept = (f"the old cache in {out_dir} is kept unchanged" if replacing else
+          f"nothing was written to {out_dir}")
+  total = int(config.total_steps)
+  stop = preempt.StopOnSignal()
+  tmp = f"{out_dir}.building-{os.getpid()}"
   try:
-    for step in range(int(config.total_steps)):
-      rng = jax.random.fold_in(seed_key, step)
-      batch, ro_metrics = make_sequences(batches[step], None, tparams, rng)
-      t = teacher_topk(tparams, batch["tokens"], batch["attention_mask"])
-      arrays = dict(zip(step_lib.CACHE_KEYS, t))
-      arrays.update((n, batch[n]) for n in ("tokens", "attention_mask",
-                                            "loss_mask"))
-      arrays = {n: np.asarray(jax.device_get(x)) for n, x in arrays.items()}
-      arrays.update((f"m/{n}", np.float64(v)) for n, v in ro_metrics.items())
-      buf = io.BytesIO()
-      np.savez(buf, **arrays)
-      writer.write(buf.getvalue())
+    _, t_key = train_setup.init_keys(config.seed)
+    tparams = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key,
+                                      "teacher")
+    make_sequences = train_batches.SequenceMaker(
+        config, scfg, tcfg, mesh, rules, tokenizer, vocab_size=vocab)
+    k = int(config.loss.teacher_topk)
+
+    @jax.jit
+    def teacher_topk(tp, tokens, attn):
+      h = models.apply(tcfg, tp, tokens, attn, return_hidden=True)
+      return topk_from_hidden(h, models.output_head(tcfg, tp), k=k,
+                              temperature=float(config.loss.temperature),
+                              vocab=vocab,
+                              chunk=int(config.loss.get("chunk_size") or 128))
+
+    seed_key = jax.random.key(config.seed)
+    os.makedirs(tmp)
+    writer = array_record_module.ArrayRecordWriter(
+        os.path.join(tmp, RECORDS), "group_size:1")
+    try:
+      for step in range(total):
+        if stop.requested(step):
+          break
+        rng = jax.random.fold_in(seed_key, step)
+        batch, ro_metrics = make_sequences(batches[step], None, tparams, rng)
+        t = teacher_topk(tparams, batch["tokens"], batch["attention_mask"])
+        arrays = dict(zip(step_lib.CACHE_KEYS, t))
+        arrays.update((n, batch[n]) for n in ("tokens", "attention_mask",
+                                              "loss_mask"))
+        arrays = {n: np.asarray(jax.device_get(x)) for n, x in arrays.items()}
+        arrays.update((f"m/{n}", np.float64(v)) for n, v in ro_metrics.items())
+        arrays[MADE_FROM] = np.array(json.dumps(made_from, sort_keys=True))
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        writer.write(buf.getvalue())
+    finally:
+      writer.close()
+    if stop.stopped_at is not None:
+      raise preempt.Preempted(
+          f"stopped by {signal.Signals(stop.signum).name} after {stop.stopped_at}"
+          f" of {total} steps of the teacher cache: the partial cache was "
+          f"discarded and {kept}; run the same command to build it", stop.signum)
+    with open(os.path.join(tmp, META), "w") as f:
+      json.dump({"format": FORMAT, MADE_FROM: made_from, "num_steps": total},
+                f, indent=2, sort_keys=True, default=str)
+    _swap_in(tmp, out_dir)
+    if stop.signum is not None:  # arrived while the last records were saved
+      raise preempt.Preempted(
+          f"stopped by {signal.Signals(stop.signum).name} once the teacher "
+          f"cache was complete: it is in {out_dir}", stop.signum)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)  # gone once swapped in
+    raise
   finally:
-    writer.close()
-  os.replace(tmp, os.path.join(out_dir, RECORDS))
-  with open(os.path.join(out_dir, META), "w") as f:
-    json.dump({"made_from": describe(config, tokenizer, vocab),
-               "num_steps": int(config.total_steps)}, f, indent=2,
-              sort_keys=True, default=str)
+    stop.restore()
   return out_dir
 
 
 def main(argv):
   del argv
-  out = build(flags.FLAGS.config, flags.FLAGS.out)
+  f = flags.FLAGS
+  out = build(f.config, f.out, overwrite=f.overwrite)
   print(f"teacher cache written to {out}")
 
 
@@ -238,6 +474,8 @@ def define_flags():
       "config", None, "Training config (configs/*.py[:arg]) of the run to "
       "cache for.", lock_config=True)
   flags.DEFINE_string("out", None, "Cache directory to write.")
+  flags.DEFINE_bool("overwrite", False, "Replace the cache in --out (kept "
+                    "until the new one is complete).")
   flags.mark_flags_as_required(["config", "out"])
 
 

@@ -242,3 +242,24 @@ def test_a_training_workdir_resolves_to_its_export(tiny_ckpt, tmp_path):
   shutil.copytree(tiny_ckpt, work / "hf_student")
   assert evaluate_run.resolve_checkpoint(str(work)) == str(work / "hf_student")
   assert evaluate_run.resolve_checkpoint(str(tiny_ckpt)) == str(tiny_ckpt)
+
+
+def test_found_before_any_evaluation(tiny_ckpt, tmp_path, monkeypatch):
+  """--out naming a directory, prompts + new tokens beyond the model's
+  max_position_embeddings (512 in tiny_ckpt's config.json), a non-finite
+  number: refused before any model is loaded or suite evaluated."""
+  monkeypatch.setattr(evaluate_run, "load_model", None)  # never reached
+  c = get_config("runlocal")
+  with pytest.raises(ValueError, match=f"--out: {tmp_path} is a directory; "
+                     "give a file path"):
+    evaluate_run.run(c, str(tiny_ckpt), out=str(tmp_path))
+  c.sampler.max_new_tokens = 300  # + prompts up to 256 = 556 > 512
+  with pytest.raises(ValueError, match=r"config\.sampler\.max_new_tokens: "
+                     r"prompts up to 256 tokens .* \+ 300 new tokens exceed "
+                     r"the --checkpoint model's max_position_embeddings 512"):
+    evaluate_run.run(c, str(tiny_ckpt))
+  c = get_config("runlocal")
+  c.sampler.temperature = float("nan")
+  with pytest.raises(ValueError, match=r"config\.sampler\.temperature: must "
+                     "be a finite number, got nan"):
+    evaluate_run.run(c, str(tiny_ckpt))

@@ -134,3 +134,45 @@ def test_bad_configs_fail_before_compute_naming_the_field(tmp_path, field,
   with pytest.raises(ValueError, match=match.replace(".", r"\.")):
     rl_train.train(c, str(tmp_path), devices=ONE_DEVICE)
   assert not (tmp_path / "config.json").exists()
+
+
+def _rewards(values):
+  """A reward_fn giving row i the reward values[i % len(values)]."""
+  def reward_fn(ro, host_batch):
+    del host_batch
+    rows = ro.tokens.shape[0]
+    return {"reward": np.array([values[i % len(values)] for i in range(rows)],
+                               np.float32)}
+  return reward_fn
+
+
+@pytest.mark.slow  # a 2-iteration GRPO run (its compilation: seconds)
+def test_warns_once_when_every_group_has_zero_reward_variance(tmp_path,
+                                                              capsys):
+  """Unreachable targets: reward 0 for every sample of every iteration."""
+  c = _config(total_steps=2, ckpt_every=2, export_hf=False)
+  rl_train.train(c, str(tmp_path), devices=ONE_DEVICE,
+                 reward_fn=_rewards([0.0]))
+  err = capsys.readouterr().err
+  lines = [l for l in err.splitlines() if "zero reward variance" in l]
+  assert lines == [
+      "rl: the first 2 iterations had zero reward variance within every group "
+      "(mean reward 0): every advantage is 0, so the rewards give GRPO no "
+      "gradient (only the KL penalty and weight decay move the policy); no "
+      "sample reached its target: the targets may be out of reach of this "
+      "policy (check the task and data, rollout.max_new_tokens and the answer "
+      "format the verifier expects)"], err[-3000:]
+
+
+def test_no_zero_variance_warning_once_a_group_differs(capsys):
+  watch = rl_train.ZeroVarianceWatch(total_steps=100)
+  for step, zero_var in enumerate([1.0, 1.0, 0.5, 1.0, 1.0, 1.0]):
+    watch.update(step, {"rl/zero_var_groups": zero_var,
+                        "rl/reward_mean": 0.0})
+  assert "zero reward variance" not in capsys.readouterr().err
+  watch = rl_train.ZeroVarianceWatch(total_steps=100)
+  for step in range(6):
+    watch.update(step, {"rl/zero_var_groups": 1.0, "rl/reward_mean": 1.0})
+  err = capsys.readouterr().err
+  assert err.count("zero reward variance") == 1  # once, after 5 iterations
+  assert "the first 5 iterations" in err and "every sample was rewarded" in err

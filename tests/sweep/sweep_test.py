@@ -7,6 +7,8 @@ import os
 import pathlib
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 
@@ -219,6 +221,54 @@ def test_missing_checkpoint_paths_fail_before_any_run(tmp_path):
   with pytest.raises(ValueError, match="config.student.path"):
     runner.run_sweep(g, str(tmp_path), only="family=llama")
   assert not any(p.is_dir() for p in tmp_path.iterdir())
+
+
+def _small_grid():
+  g = config_lib.load_config("configs/grid_main.py:runlocal,axes=policy")
+  g.base.total_steps = g.base.ckpt_every = 1
+  return g
+
+
+def test_a_second_sweep_on_the_same_workdir_is_refused(tmp_path):
+  """Two sweeps started seconds apart used to race on assets/student.tmp."""
+  holder = subprocess.Popen([sys.executable, "-c",
+                             "import time; time.sleep(600)"])
+  try:
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / ".lock").write_text(json.dumps(
+        {"pid": holder.pid, "host": socket.gethostname()}))
+    with pytest.raises(ValueError, match=f"in use by pid {holder.pid}"):
+      runner.run_sweep(_small_grid(), str(tmp_path / "w"), devices=ONE_DEVICE,
+                       only="policy=student", summarize=False,
+                       evaluate_fn=lambda *a: None)
+    assert os.listdir(tmp_path / "w") == [".lock"]  # no assets, no arm
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+@pytest.mark.slow  # one arm trains a step
+def test_sigterm_between_arms_stops_at_once_saying_what_is_kept(
+    tmp_path):
+  # Without the sweep's own handler, this one would just swallow it.
+  prev = signal.signal(signal.SIGTERM, lambda *a: None)
+
+  def evaluate(grid, run, run_dir):  # after the arm's training
+    os.kill(os.getpid(), signal.SIGTERM)
+  try:
+    with pytest.raises(train_loop.Preempted) as e:
+      runner.run_sweep(_small_grid(), str(tmp_path), devices=ONE_DEVICE,
+                       only="policy=student", summarize=False,
+                       evaluate_fn=evaluate)
+  finally:
+    signal.signal(signal.SIGTERM, prev)
+  assert e.value.exit_code == 128 + signal.SIGTERM
+  assert str(e.value) == (
+      f"stopped by SIGTERM; finished runs, and the checkpoints of the one in "
+      f"progress, are kept in {tmp_path}; run the same command to resume")
+  (arm,) = [d for d in os.listdir(tmp_path) if d.startswith("policy=")]
+  assert os.listdir(tmp_path / arm / "checkpoints") == ["1"]
+  assert not (tmp_path / ".lock").exists()
 
 
 # ---------------------------------------------------------------- RLVR stage

@@ -1,11 +1,20 @@
 """Teacher cache: a run from the cache equals the live-teacher run at the same
-k, loads no teacher weights, and a mismatching cache is refused by name."""
+k, loads no teacher weights, and a mismatching cache is refused by name; an
+edited, truncated or corrupted cache is refused naming the file; a rebuild
+never loses the old cache (an error or SIGTERM during it keeps it)."""
 import json
+import logging
+import os
+import shutil
+import signal
 
 import jax
 import pytest
 
 from jaxdistill import config_lib
+from jaxdistill import models
+from jaxdistill.train import batches as train_batches
+from jaxdistill.train import preempt
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import teacher_cache
@@ -100,3 +109,181 @@ def test_cache_needs_topk_and_a_fixed_policy():
   c.rollout.policy = "student"
   with pytest.raises(ValueError, match="config.loss.teacher_cache"):
     config_lib.validate(c)
+
+
+def test_empty_teacher_cache_is_an_error_not_no_cache():
+  with pytest.raises(ValueError, match="config.loss.teacher_cache: empty"):
+    config_lib.validate(_config(teacher_cache=""))
+
+
+def _save_teacher(path, seed):
+  """The runlocal teacher's architecture with random weights of `seed`,
+  as a Hugging Face directory (what a real teacher path is)."""
+  cfg = train_setup.model_config(_config().teacher, "teacher")
+  models.save_pretrained(cfg, models.init(cfg, jax.random.key(seed)),
+                         str(path))
+
+
+def _path_config(teacher_dir, **loss):
+  c = _config(**loss)
+  c.teacher.path, c.teacher.init = str(teacher_dir), None
+  c.rollout.policy = "dataset"  # no rollout to compile: a faster build
+  return c
+
+
+# The tests below share one cache build (about 10 s on a quiet 2-core CPU,
+# most of it compiling) and rebuild it twice: slow.
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  """(root, build config): a 2-step cache of a teacher read from a directory,
+  <root>/cache, and the bytes of its files."""
+  root = tmp_path_factory.mktemp("cache")
+  _save_teacher(root / "teacher", seed=0)
+  c = _path_config(root / "teacher")
+  teacher_cache.build(c, str(root / "cache"), devices=ONE_DEVICE)
+  return root, c
+
+
+def _files(d):
+  return {n: (d / n).read_bytes() for n in sorted(os.listdir(d))}
+
+
+def _copy(built, tmp_path):
+  root, _ = built
+  shutil.copytree(root / "cache", tmp_path / "cache")
+  return tmp_path / "cache"
+
+
+@pytest.mark.slow
+def test_other_teacher_weights_at_the_same_path_are_refused(built):
+  root, c = built
+  teacher_cache.TeacherCache(str(root / "cache")).check(c, None, 320)
+  saved = _files(root / "teacher")
+  try:
+    _save_teacher(root / "teacher", seed=1)  # same shapes, other values
+    cache = teacher_cache.TeacherCache(str(root / "cache"))
+    with pytest.raises(ValueError, match=r"config\.loss\.teacher_cache: .* "
+                       r"differs in teacher_weights \(model\.safetensors\."
+                       r"content: "):
+      cache.check(c, None, 320)
+  finally:
+    for name, data in saved.items():
+      (root / "teacher" / name).write_bytes(data)
+
+
+@pytest.mark.slow
+def test_a_teacher_no_longer_here_is_not_compared_and_says_so(built, caplog):
+  root, c = built
+  os.rename(root / "teacher", root / "away")
+  try:
+    caplog.set_level(logging.WARNING)
+    teacher_cache.TeacherCache(str(root / "cache")).check(c, None, 320)
+    assert "cannot check that the teacher cache" in caplog.text
+  finally:
+    os.rename(root / "away", root / "teacher")
+
+
+@pytest.mark.slow
+def test_edited_meta_json_is_refused_naming_the_field(built, tmp_path):
+  cache = _copy(built, tmp_path)
+  meta = json.loads((cache / "meta.json").read_text())
+  assert meta["made_from"]["k"] == 8
+  meta["made_from"]["k"] = 4
+  (cache / "meta.json").write_text(json.dumps(meta))
+  with pytest.raises(ValueError, match=r"meta\.json was edited after the "
+                     r"build: .* k \(records 8, meta 4\)"):
+    teacher_cache.TeacherCache(str(cache))
+
+
+@pytest.mark.slow
+def test_corrupted_cache_files_are_named(built, tmp_path):
+  cache = _copy(built, tmp_path)
+  good = _files(cache)
+  meta, records = cache / "meta.json", cache / "topk.array_record"
+  meta.write_text('{"format": 2, "made_')
+  with pytest.raises(ValueError, match=f"{meta}: not valid JSON"):
+    teacher_cache.TeacherCache(str(cache))
+  meta.write_bytes(good["meta.json"])
+  records.write_bytes(good["topk.array_record"][:len(good["topk.array_record"]) // 2])
+  with pytest.raises(ValueError, match=f"{records} holds 0 records, {meta} "
+                     "says 2"):
+    teacher_cache.TeacherCache(str(cache))
+  data = bytearray(good["topk.array_record"])
+  # A byte inside the first records' chunk (the file is padded with zeros).
+  data[max(i for i in range(len(data) // 2) if data[i]) // 2] ^= 0xFF
+  records.write_bytes(bytes(data))
+  with pytest.raises(ValueError, match=f"{records}: (record [01] is )?"
+                     "unreadable"):
+    cache = teacher_cache.TeacherCache(str(cache))
+    for step in range(len(cache)):
+      cache[step]  # pylint: disable=pointless-statement
+
+
+def _fail_at_second_batch(monkeypatch, fault):
+  real = train_batches.SequenceMaker.__call__
+  calls = []
+
+  def call(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 2:
+      fault()
+    return real(self, *a, **k)
+  monkeypatch.setattr(train_batches.SequenceMaker, "__call__", call)
+
+
+def _siblings(cache):
+  return sorted(n for n in os.listdir(cache.parent) if n != cache.name)
+
+
+@pytest.mark.slow
+def test_rebuild_that_fails_midway_keeps_the_old_cache(built, tmp_path,
+                                                       monkeypatch):
+  cache = _copy(built, tmp_path)
+  before, siblings = _files(cache), _siblings(cache)
+  c = built[1]
+
+  def boom():
+    raise RuntimeError("injected fault in step 2")
+  _fail_at_second_batch(monkeypatch, boom)
+  with pytest.raises(RuntimeError, match="injected fault"):
+    teacher_cache.build(c, str(cache), overwrite=True, devices=ONE_DEVICE)
+  assert _files(cache) == before
+  assert _siblings(cache) == siblings  # no partial build left beside it
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_rebuild_keeps_the_old_cache_and_says_so(
+    built, tmp_path, monkeypatch):
+  cache = _copy(built, tmp_path)
+  before, siblings = _files(cache), _siblings(cache)
+  c = _path_config(built[0] / "teacher")
+  c.total_steps = 3
+  handler = signal.getsignal(signal.SIGTERM)
+  _fail_at_second_batch(monkeypatch,
+                        lambda: os.kill(os.getpid(), signal.SIGTERM))
+  with pytest.raises(preempt.Preempted) as e:
+    teacher_cache.build(c, str(cache), overwrite=True, devices=ONE_DEVICE)
+  assert e.value.exit_code == 128 + signal.SIGTERM
+  assert str(e.value) == (
+      "stopped by SIGTERM after 2 of 3 steps of the teacher cache: the partial "
+      f"cache was discarded and the old cache in {cache} is kept unchanged; "
+      "run the same command to build it")
+  assert signal.getsignal(signal.SIGTERM) == handler
+  assert _files(cache) == before
+  assert _siblings(cache) == siblings
+
+
+def test_existing_out_is_refused_before_any_work(tmp_path, monkeypatch):
+  monkeypatch.setattr(train_setup, "pair_and_batches", None)  # never reached
+  (tmp_path / "cache").mkdir()
+  (tmp_path / "cache" / "meta.json").write_text("{}")
+  with pytest.raises(ValueError, match="holds a teacher cache; pass "
+                     "--overwrite"):
+    teacher_cache.build(_config(), str(tmp_path / "cache"))
+  (tmp_path / "cache" / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="holds 'notes.txt', which is not part"):
+    teacher_cache.build(_config(), str(tmp_path / "cache"), overwrite=True)
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ValueError, match="is a file; give a directory"):
+    teacher_cache.build(_config(), str(tmp_path / "file"))
+  assert (tmp_path / "cache" / "notes.txt").read_text() == "mine"

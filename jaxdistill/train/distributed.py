@@ -1,0 +1,90 @@
+"""`--distributed`: joining a multi-host cluster, with a bounded wait.
+
+jax.distributed.initialize waits for the coordinator (process 0) and for
+every process to register. With a wrong or unreachable address it waits
+its `initialization_timeout` and then aborts the process from C++ (a stack
+trace, status 134), which Python cannot catch or interrupt. So a watchdog
+thread prints a progress line on stderr while the process waits
+
+  waiting for coordinator 10.0.0.1:1234 (process 1 of 2), 30 s ...
+
+and after `timeout` seconds one error line naming the address and this
+process, then ends the process with status 1. JAX's own timeout is set
+past ours so that the watchdog speaks first.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import jax
+from jax._src import distributed as jax_distributed
+
+DEFAULT_TIMEOUT_S = 300
+PROGRESS_EVERY_S = 30
+
+
+def check_address(address: str) -> None:
+  """Refuses a coordinator address that is not HOST:PORT (JAX would raise an
+  IndexError on 'localhost')."""
+  host, sep, port = address.rpartition(":")
+  if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+    raise ValueError(f"--coordinator_address: {address!r} is not HOST:PORT "
+                     "(e.g. 10.0.0.1:1234); give the port process 0's "
+                     "coordinator listens on")
+
+
+def _where(given: dict) -> tuple[str, str, str]:
+  """(address, process id, process count) as given or as JAX found them."""
+  state = getattr(jax_distributed, "global_state", None)
+  addr = (given.get("coordinator_address") or
+          getattr(state, "coordinator_address", None) or "(found by JAX)")
+  pid = given.get("process_id")
+  n = given.get("num_processes") or getattr(state, "num_processes", None)
+  return str(addr), "?" if pid is None else str(pid), "?" if n is None else str(n)
+
+
+def _watch(done: threading.Event, timeout: float, given: dict) -> None:
+  every = min(PROGRESS_EVERY_S, max(timeout / 3, 0.5))
+  t0 = time.monotonic()
+  while True:
+    left = timeout - (time.monotonic() - t0)
+    if done.wait(max(0.0, min(every, left))):
+      return
+    waited = time.monotonic() - t0
+    addr, pid, n = _where(given)
+    if waited >= timeout:
+      print(f"error: --distributed: process {pid} of {n} could not join the "
+            f"cluster of the coordinator {addr} within {timeout:g} s (is it "
+            "process 0's address, is process 0 running, are all "
+            f"{n} processes started?); --coordinator_timeout sets the wait",
+            file=sys.stderr, flush=True)
+      os._exit(1)  # the main thread is blocked inside JAX's C++ client
+    print(f"waiting for coordinator {addr} (process {pid} of {n}), "
+          f"{waited:.0f} s ...", file=sys.stderr, flush=True)
+
+
+def initialize(given: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+  """jax.distributed.initialize(**given), waiting at most `timeout` seconds
+  (module docstring). `given`: coordinator_address, num_processes,
+  process_id, each optional (JAX finds them on a TPU VM, SLURM, ...)."""
+  if not timeout > 0:
+    raise ValueError(f"--coordinator_timeout: must be > 0, got {timeout}")
+  if given.get("coordinator_address") is not None:
+    check_address(given["coordinator_address"])
+  n, pid = given.get("num_processes"), given.get("process_id")
+  if n is not None and n < 1:
+    raise ValueError(f"--num_processes: must be >= 1, got {n}")
+  if pid is not None and not (0 <= pid and (n is None or pid < n)):
+    raise ValueError(f"--process_id: must be in [0, --num_processes={n}), "
+                     f"got {pid}")
+  done = threading.Event()
+  threading.Thread(target=_watch, args=(done, float(timeout), given),
+                   name="coordinator-watchdog", daemon=True).start()
+  try:
+    jax.distributed.initialize(**given,
+                               initialization_timeout=int(timeout) + 60)
+  finally:
+    done.set()
