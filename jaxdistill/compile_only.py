@@ -42,7 +42,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 import dataclasses
 import hashlib
+from importlib import metadata
 import json
+import logging
 import math
 import os
 import re
@@ -279,9 +281,8 @@ def program_key(lowered, t: Target) -> str:
   the devices it is laid out on, and the compiler's version."""
   text = re.sub(r"dense<[^>]*>", "dense<_>", lowered.as_text())
   try:
-    from importlib import metadata  # pylint: disable=g-import-not-at-top
     libtpu = metadata.version("libtpu")
-  except Exception:  # pylint: disable=broad-except
+  except metadata.PackageNotFoundError:
     libtpu = "none"
   ids = ",".join(str(getattr(d, "id", d)) for d in t.devices)
   blob = "\n".join([jax.__version__, libtpu, t.topology, ids, text])
@@ -375,7 +376,7 @@ def compile_programs(programs: Sequence[Program], t: Target, *,
 
 
 def _gb(x) -> str:
-  return "-" if x is None else f"{x / 1e9:.2f}"
+  return "-" if x is None else f"{x / 1e9:.3g}"
 
 
 def format_report(report: dict) -> str:
@@ -410,6 +411,19 @@ def check(report: dict, advice: Callable[[dict], str] | None = None) -> None:
           f"{r['name']} does not fit {report['topology']}: it needs "
           f"{need:.1f} GiB per chip of {have:.1f} GiB (at most "
           f"{(1 - HEADROOM) * have:.1f} GiB to leave {HEADROOM:.0%} free){extra}")
+
+
+def check_on_devices(programs: Sequence[Program], devices, advice=None) -> None:
+  """A run's fit check on the TPU it runs on, before it loads weights:
+  compiles its programs for those devices and raises FitError (one line)
+  if one does not fit. Nothing happens off TPU. The compilations go to
+  JAX's persistent cache, where the run's own calls find them."""
+  t = local_target(devices)
+  if t is None:
+    return
+  ensure_persistent_cache()
+  report = compile_programs(programs, t, log=lambda m: logging.info("%s", m))
+  check(report, advice=advice)
 
 
 def ensure_persistent_cache() -> None:

@@ -63,8 +63,8 @@ def load_tokenizer(path: str):
   """A transformers tokenizer from a checkpoint directory or hub name
   (models.hub.resolve)."""
   transformers = import_transformers()
-  if hub.is_hub_id(path):
-    path = hub.resolve(path)[0]
+  if hub.is_hub_id(path) and not os.path.isdir(path):
+    path = hub.resolve(path, allow_patterns=hub.CONFIG_FILES)[0]  # no weights
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
   files = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -199,7 +199,8 @@ def run_tokenizer(config):
   if not spec:
     raise ValueError("config.tokenizer: a tokenizer directory or hub name is "
                      f"needed for data.task={config.data.task!r}")
-  return load_tokenizer(hub.checkpoint_dir(spec, field, need_config=False))
+  return load_tokenizer(hub.checkpoint_dir(spec, field, need_config=False,
+                                           files=hub.CONFIG_FILES))
 
 
 def runlocal_tokenizer(config, workdir):

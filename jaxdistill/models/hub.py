@@ -39,6 +39,13 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors",
                "merges.txt", "tokenizer.model", "chat_template.jinja",
                "chat_template.json")
 
+# What a model's shapes need (compile-only, and every check made before the
+# weights are loaded): its config, and its tokenizer for the vocabulary.
+CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json",
+                "added_tokens.json", "vocab.json", "merges.txt",
+                "tokenizer.model", "chat_template.jinja", "chat_template.json")
+
 # Where a training workdir keeps its Hugging Face export of the student.
 EXPORT_DIR = "hf_student"
 
@@ -251,7 +258,7 @@ def is_workdir(path: str) -> bool:
 
 
 def checkpoint_dir(spec, field: str, *, workdir_ok: bool = False,
-                   need_config: bool = True) -> str:
+                   need_config: bool = True, files=MODEL_FILES) -> str:
   """The local directory a checkpoint spec names, or a one-line error naming
   `field` (e.g. 'config.student.path', '--checkpoint'): NotFound when
   nothing is there, ValueError for a hub name that cannot be resolved or a
@@ -261,13 +268,14 @@ def checkpoint_dir(spec, field: str, *, workdir_ok: bool = False,
   hf_student/ export where the command says so (`workdir_ok`: evaluate's
   --checkpoint / --baseline, rl.train's student and KL reference); anywhere
   else it is refused, naming that export. `need_config`: the directory must
-  hold a config.json (a model; a tokenizer needs none).
+  hold a config.json (a model; a tokenizer needs none). `files`: what a hub
+  name's snapshot must hold (CONFIG_FILES: no weights are downloaded).
   """
   if not spec:
     raise ValueError(f"{field}: not set (a Hugging Face checkpoint directory "
                      "or hub name org/name[@revision])")
   try:
-    path, _ = resolve(spec)
+    path, _ = resolve(spec, allow_patterns=files)
   except FileNotFoundError:
     raise NotFound(
         f"{field}: checkpoint directory {spec!r} not found (nor is it a "

@@ -204,20 +204,26 @@ def _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules):
       track_sparsity=bool(config.get("track_sparsity", True)))
 
 
-def compile_for(config, slice_name: str) -> dict:
-  """--compile_only: the GRPO run's programs compiled for a TPU slice on this
-  host (no weights, data or TPU) -> compile_only's report."""
+def programs_for(config, devices):
+  """The GRPO run's programs (rl/programs.py) on a mesh over `devices`,
+  from its config alone (no weights)."""
   config = resolve_paths(config)
   validate(config)
   config_lib.validate_run(config)
-  target = compile_only.target(slice_name)
-  mesh = train_loop.config_mesh(config, target.devices)
+  mesh = train_loop.config_mesh(config, devices)
   rules = sharding.rules_from_config(config)
   scfg, _, rcfg, use_ref = _models(config)
   vocab = train_setup.compile_vocab(config, scfg, rcfg or scfg)
+  return _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules)
+
+
+def compile_for(config, slice_name: str) -> dict:
+  """--compile_only: the GRPO run's programs compiled for a TPU slice on this
+  host (no weights, data or TPU) -> compile_only's report."""
+  target = compile_only.target(slice_name)
   with sharding.compiling_for("tpu"):
-    return compile_only.compile_programs(
-        _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules), target)
+    return compile_only.compile_programs(programs_for(config, target.devices),
+                                         target)
 
 
 def _train(config, workdir, overwrite, mesh, rules, reward_fn):
@@ -242,8 +248,9 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   vocab = (train_setup.shared_vocab(config, scfg, scfg, tokenizer)
            if rcfg is None else
            train_setup.shared_vocab(config, scfg, rcfg, tokenizer, "kl.reference"))
-  train_loop.check_fit(_programs(config, scfg, rcfg, use_ref, vocab, mesh, rules),
-                       mesh, functools.partial(rl_programs.advice, config))
+  compile_only.check_on_devices(
+      _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules),
+      list(mesh.devices.flat), functools.partial(rl_programs.advice, config))
   batches = train_batches.make_batches(config, tokenizer, vocab)
   train_loop.report_dropped(batches)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))

@@ -45,6 +45,7 @@ Functions for other code (the demo uses them):
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -52,8 +53,11 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from jaxdistill import cli
+from jaxdistill import compile_only
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
+from jaxdistill.sweep import programs as sweep_programs
 from jaxdistill.sweep import rlvr
 from jaxdistill.sweep import runner
 
@@ -82,6 +86,12 @@ def main(argv):
   del argv
   f = flags.FLAGS
   grid = f.config
+  if f.compile_only:
+    report = sweep_programs.compile_for(grid, f.compile_only, f.only)
+    compile_only.emit(report, f.json)
+    compile_only.check(report, advice=functools.partial(
+        sweep_programs.advice, grid))
+    return
   if f.print_commands:
     runs = inputs.plan(grid, f.workdir, f.only, is_finished=runner.is_finished,
                        log=runner.log)
@@ -109,4 +119,5 @@ def define_flags():
   flags.DEFINE_bool("rerun_stale", False,
                     "Rerun runs trained under a config other than the grid's "
                     "now (moved into <workdir>/stale/); default: refuse.")
+  cli.define_compile_only_flags()
   flags.mark_flags_as_required(["config", "workdir"])

@@ -283,20 +283,6 @@ def compile_for(config, slice_name: str) -> dict:
         run_programs(config, scfg, tcfg, vocab, mesh, rules, cached), target)
 
 
-def check_fit(progs, mesh, advice) -> None:
-  """On a TPU: compile the run's programs for its devices before any weight
-  is loaded, and stop with one line (compile_only.FitError) if one does not
-  fit. The compilations go to JAX's persistent cache, where the run's own
-  calls find them."""
-  target = compile_only.local_target(list(mesh.devices.flat))
-  if target is None:
-    return
-  compile_only.ensure_persistent_cache()
-  report = compile_only.compile_programs(
-      progs, target, log=lambda m: logging.info("%s", m))
-  compile_only.check(report, advice=advice)
-
-
 def _train(config, workdir, overwrite, mesh, rules):
   # Everything that can be checked without weights is checked first.
   scfg, tcfg, cached = model_configs(config)
@@ -305,8 +291,10 @@ def _train(config, workdir, overwrite, mesh, rules):
   vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
   config_lib.check_fits(config, {"student": scfg} if sft or cached else
                         {"student": scfg, "teacher": tcfg}, vocab)
-  check_fit(run_programs(config, scfg, tcfg, vocab, mesh, rules, cached),
-            mesh, functools.partial(programs.advice, config))
+  # On a TPU: the run's programs compiled before any weight is loaded.
+  compile_only.check_on_devices(
+      run_programs(config, scfg, tcfg, vocab, mesh, rules, cached),
+      list(mesh.devices.flat), functools.partial(programs.advice, config))
   if cached:
     batches = teacher_cache.TeacherCache(config.loss.teacher_cache)
     batches.check(config, tokenizer, vocab)

@@ -19,7 +19,7 @@ from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 
 
-def checkpoint_path(mcfg, name: str) -> str | None:
+def checkpoint_path(mcfg, name: str, files=hub.MODEL_FILES) -> str | None:
   """The local directory config.<name> loads its weights from: its `path`
   (a directory, or a hub name resolved into the Hugging Face cache), or None
   for a randomly initialised model (`preset` or `init` given: `path` is then
@@ -28,7 +28,7 @@ def checkpoint_path(mcfg, name: str) -> str | None:
   spec = hub.weights_spec(mcfg)
   if spec is None:
     return None
-  return hub.checkpoint_dir(spec, f"config.{name}.path")
+  return hub.checkpoint_dir(spec, f"config.{name}.path", files=files)
 
 
 def model_config(mcfg, name: str) -> models.ModelConfig:
@@ -38,7 +38,9 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
   (`path` is not read); else the checkpoint `path` names (a directory or a
   hub name org/name[@revision])."""
   overrides = dict(mcfg.get("overrides") or {})
-  path = checkpoint_path(mcfg, name)
+  # Only the config (and tokenizer) of a hub name: its weights come when
+  # they are loaded (load_params), after every check.
+  path = checkpoint_path(mcfg, name, files=hub.CONFIG_FILES)
   if path:
     try:
       cfg = models.checkpoint.read_config(path)

@@ -52,13 +52,16 @@ from ml_collections import config_flags
 import numpy as np
 
 from jaxdistill import cli
+from jaxdistill import compile_only
 from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.models import flops
 from jaxdistill.models import hub
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import preempt
+from jaxdistill.train import programs as train_programs
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
@@ -334,6 +337,81 @@ def topk_from_hidden(hidden, head, *, k, temperature, vocab, chunk=128):
       out)
 
 
+def topk_fn(config, tcfg, vocab, shard=None):
+  """The jitted teacher pass of a cache build: (teacher params, tokens,
+  attention mask) -> the teacher's top-k (TeacherTopK) at every position.
+  `shard`: a sharding.Activations (the run's mesh), or None."""
+  k = int(config.loss.teacher_topk)
+
+  def teacher_topk(tp, tokens, attn):
+    h = models.apply(tcfg, tp, tokens, attn, return_hidden=True, shard=shard)
+    head = models.output_head(tcfg, tp)
+    if shard is not None:  # FSDP: gathered where it is used
+      head = shard(head, None, "vocab")
+    return topk_from_hidden(h, head, k=k,
+                            temperature=float(config.loss.temperature),
+                            vocab=vocab,
+                            chunk=int(config.loss.get("chunk_size") or 128))
+  return jax.jit(teacher_topk)
+
+
+def programs(config, scfg, tcfg, vocab, mesh, rules):
+  """compile_only.Programs of a cache build: the teacher's rollouts (unless
+  the data's own text is cached) and the top-k pass over their sequences."""
+  b = int(config.data.batch_size)
+  seq = int(config.data.max_prompt_len) + int(config.rollout.max_new_tokens)
+  teacher = train_programs.abstract_params(tcfg, mesh, rules)
+  ro = config.rollout
+  out = []
+  if ro.policy == "teacher":
+    out.append(train_programs.rollout_program(
+        "rollout", scfg, tcfg, None, teacher, mesh, rules, vocab, rows=b,
+        policy="teacher", prompt_len=config.data.max_prompt_len,
+        max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+        top_k=ro.get("top_k"), top_p=ro.get("top_p")))
+  tokens = train_programs.batch_struct((b, seq), jnp.int32, mesh, rules)
+  out.append(compile_only.Program(
+      "teacher_topk", topk_fn(config, tcfg, vocab,
+                              sharding.Activations(mesh, rules)),
+      (teacher, tokens, tokens),
+      model_flops=flops.forward_flops_per_token(tcfg, seq) * b * seq,
+      bytes_accessed=flops.weight_bytes(tcfg)))
+  return out
+
+
+def compile_for(config, slice_name: str) -> dict:
+  """--compile_only: the cache build's programs compiled for a TPU slice on
+  this host (no weights, data or TPU) -> compile_only's report."""
+  _check_buildable(config)
+  config_lib.validate(config)
+  config_lib.validate_run(config)
+  target = compile_only.target(slice_name)
+  mesh = sharding.make_mesh(dict(config.mesh), devices=target.devices)
+  rules = sharding.rules_from_config(config)
+  scfg = train_setup.model_config(config.student, "student")
+  tcfg = train_setup.model_config(config.teacher, "teacher")
+  vocab = train_setup.compile_vocab(config, scfg, tcfg)
+  with sharding.compiling_for("tpu"):
+    return compile_only.compile_programs(
+        programs(config, scfg, tcfg, vocab, mesh, rules), target)
+
+
+def _advice(row) -> str:
+  del row
+  return ("try a smaller config.data.batch_size or config.loss.chunk_size, "
+          "or a slice with more chips")
+
+
+def _check_buildable(config) -> None:
+  if config.loss.get("teacher_topk") is None:
+    raise ValueError("config.loss.teacher_topk: set the k to cache")
+  if config.rollout.policy not in ("teacher", "dataset"):
+    raise ValueError("config.rollout.policy: only 'teacher' and 'dataset' "
+                     f"rollouts can be cached, got {config.rollout.policy!r}")
+  if config.loss.get("teacher_cache") is not None:
+    raise ValueError("config.loss.teacher_cache: must be None when building")
+
+
 def _check_out(out_dir: str, overwrite: bool) -> bool:
   """Whether out_dir holds a cache to replace; refuses what must not be."""
   cli.check_out_dir(out_dir, "--out")
@@ -382,13 +460,7 @@ def build(config, out_dir: str, *, overwrite: bool = False,
   during the build removes the partial one (SIGTERM / SIGINT after the step
   in flight, then train.preempt.Preempted saying what is kept).
   """
-  if config.loss.get("teacher_topk") is None:
-    raise ValueError("config.loss.teacher_topk: set the k to cache")
-  if config.rollout.policy not in ("teacher", "dataset"):
-    raise ValueError("config.rollout.policy: only 'teacher' and 'dataset' "
-                     f"rollouts can be cached, got {config.rollout.policy!r}")
-  if config.loss.get("teacher_cache") is not None:
-    raise ValueError("config.loss.teacher_cache: must be None when building")
+  _check_buildable(config)
   config_lib.validate(config)
   config_lib.validate_run(config)
   out_dir = os.path.realpath(os.path.expanduser(out_dir))
@@ -403,21 +475,15 @@ def build(config, out_dir: str, *, overwrite: bool = False,
   total = int(config.total_steps)
   stop = preempt.StopOnSignal()
   tmp = f"{out_dir}.building-{os.getpid()}"
+  compile_only.check_on_devices(programs(config, scfg, tcfg, vocab, mesh, rules),
+                                list(mesh.devices.flat), _advice)
   try:
     _, t_key = train_setup.init_keys(config.seed)
     tparams = train_setup.load_params(tcfg, config.teacher, mesh, rules, t_key,
                                       "teacher")
     make_sequences = train_batches.SequenceMaker(
         config, scfg, tcfg, mesh, rules, tokenizer, vocab_size=vocab)
-    k = int(config.loss.teacher_topk)
-
-    @jax.jit
-    def teacher_topk(tp, tokens, attn):
-      h = models.apply(tcfg, tp, tokens, attn, return_hidden=True)
-      return topk_from_hidden(h, models.output_head(tcfg, tp), k=k,
-                              temperature=float(config.loss.temperature),
-                              vocab=vocab,
-                              chunk=int(config.loss.get("chunk_size") or 128))
+    teacher_topk = topk_fn(config, tcfg, vocab, sharding.Activations(mesh, rules))
 
     seed_key = jax.random.key(config.seed)
     os.makedirs(tmp)
@@ -465,6 +531,11 @@ def build(config, out_dir: str, *, overwrite: bool = False,
 def main(argv):
   del argv
   f = flags.FLAGS
+  if f.compile_only:
+    rep = compile_for(f.config, f.compile_only)
+    compile_only.emit(rep, f.json)
+    compile_only.check(rep, advice=_advice)
+    return
   out = build(f.config, f.out, overwrite=f.overwrite)
   print(f"teacher cache written to {out}")
 
@@ -476,6 +547,7 @@ def define_flags():
   flags.DEFINE_string("out", None, "Cache directory to write.")
   flags.DEFINE_bool("overwrite", False, "Replace the cache in --out (kept "
                     "until the new one is complete).")
+  cli.define_compile_only_flags()
   flags.mark_flags_as_required(["config", "out"])
 
 
