@@ -1,6 +1,10 @@
 """jaxdistill: strong-to-weak distillation of LLMs in JAX/Flax."""
 import setuptools
 
+# libtpu at the version the installed jax names (jax[tpu] pins it): wheels
+# exist for Linux x86-64 only.
+TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
+
 setuptools.setup(
     name="jaxdistill",
     version="0.1.0",
@@ -36,12 +40,18 @@ setuptools.setup(
         "importlib_resources>=6",  # tensorflow-datasets needs it to prepare builders
     ],
     extras_require={
+        # TPU VMs, and --compile_only on any Linux x86-64 host: jax's own tpu
+        # extra pins libtpu (and jaxlib) to the JAX version installed.
+        "tpu": [TPU],
         # torch is only a reference for parity tests and benchmarks. The pinned
         # version is a CPU build on our CI machines; an unpinned `torch` pulls a
         # multi-GB CUDA build.
         "test": ["pytest>=8", "torch==2.13.0",
                  # the notebooks under colab/ are executed by the tests
-                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+                 # tests/compile_only_tpu_test.py compiles for a TPU slice
+                 # (skipped without libtpu, which only Linux x86-64 has)
+                 TPU],
         # Benchmarks only (python -m jaxdistill.bench.gkd races TRL's
         # GKDTrainer); never needed to train, test or evaluate.
         "bench": ["trl==1.16.0", "torch==2.13.0"],

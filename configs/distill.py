@@ -91,7 +91,10 @@ def get_config(arg=None):
   c.loss = dict(kind=arg.kl, beta=0.5, temperature=1.0,
                 reduction="token_mean", estimator="rkl_surrogate",
                 iw_clip=config_dict.placeholder(float), fused=True,
-                chunk_size=128, vocab_size=config_dict.placeholder(int),
+                # Positions per step of the fused loss: its working set is a
+                # few [rows per chip, chunk, vocab] float32 blocks (at 8 rows
+                # and Qwen's vocabulary, 155 MB each at 32, 620 MB at 128).
+                chunk_size=32, vocab_size=config_dict.placeholder(int),
                 # The teacher's top-k (None: all of it); 'renorm' or 'tail'
                 # (jaxdistill/losses/topk.py); a teacher cache directory
                 # (python -m jaxdistill.train.teacher_cache) replaces the teacher.

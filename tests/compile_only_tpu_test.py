@@ -1,0 +1,107 @@
+"""Programs compiled for a TPU slice on this CPU host (libtpu, no TPU): the
+memory XLA's TPU compiler reports against hand counts, and the smallest
+program that once failed to compile. Skipped where libtpu is not installed
+(`pip install -e '.[tpu]'`; the test extra brings it on Linux x86-64)."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdistill import compile_only
+from jaxdistill import config_lib
+from jaxdistill import losses
+from jaxdistill import sharding
+from jaxdistill.train import loop
+from tests import config_util
+
+pytest.importorskip("libtpu")
+
+
+@pytest.fixture(scope="module")
+def v5e_2x2():
+  return compile_only.target("v5e:2x2")
+
+
+# Every per-device array below is whole TPU tiles (float32: 8 x 128), so
+# that the compiler's sizes are the hand counts (the 1-D and [L, D] norm
+# scales are padded, a few KiB).
+STUDENT = dict(family="llama", vocab_size=1024, hidden_size=512,
+               intermediate_size=1024, num_hidden_layers=2,
+               num_attention_heads=8, num_key_value_heads=8, head_dim=128,
+               eos_token_id=(2,), max_position_embeddings=1024)
+TEACHER = dict(STUDENT, hidden_size=1024, intermediate_size=2048)
+
+
+def _params(m):
+  """Parameter count of a model, and how many of them the fsdp axis splits
+  (all but the RMSNorm scales)."""
+  d, f, n, k, h, v, l = (m["hidden_size"], m["intermediate_size"],
+                         m["num_attention_heads"], m["num_key_value_heads"],
+                         m["head_dim"], m["vocab_size"], m["num_hidden_layers"])
+  split = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + 2 * v * d
+  norms = l * 2 * d + d
+  return split, norms
+
+
+def test_tiny_update_memory_against_a_hand_count(v5e_2x2):
+  """The distillation update of a small pair on v5e:2x2 (4 chips, fsdp 4):
+  arguments = this chip's share of the student's float32 params and AdamW's
+  two moments, the teacher's params and the batch; the new state is output
+  in the donated buffers; the temporaries hold at least what the backward
+  keeps of each layer (remat 'none': the MLP's gate and up outputs)."""
+  c = config_lib.load_config("configs/distill.py:runlocal")
+  c.student.init, c.teacher.init = STUDENT, TEACHER
+  config_util.set_fields(c, {
+      "student.dtype": "float32", "teacher.dtype": "float32",
+      "teacher.param_dtype": "float32", "student.remat": "none",
+      "data.batch_size": 32, "data.max_prompt_len": 128,
+      "rollout.max_new_tokens": 128, "loss.chunk_size": 64,
+      "track_sparsity": False})
+  mesh = loop.config_mesh(c, v5e_2x2.devices)
+  scfg, tcfg, cached = loop.model_configs(c)
+  progs = loop.run_programs(c, scfg, tcfg, 1024, mesh,
+                            sharding.rules_from_config(c), cached)
+  update = [p for p in progs if p.name == "update"][0]
+  with sharding.compiling_for("tpu"):
+    row = compile_only.compile_program(update, v5e_2x2)
+  chips, b, seq = 4, 32, 256
+  s_split, s_norms = _params(STUDENT)
+  t_split, t_norms = _params(TEACHER)
+  student = (s_split / chips + s_norms) * 4  # float32
+  state = 3 * student  # params, mu, nu
+  teacher = (t_split / chips + t_norms) * 4
+  batch = 4 * (b // chips) * seq * 4  # tokens, masks, weights: 4 bytes each
+  want_args = state + teacher + batch
+  assert abs(row["argument_bytes"] - want_args) / want_args < 0.01, (
+      row["argument_bytes"], want_args)
+  assert abs(row["alias_bytes"] - state) / state < 0.01
+  assert row["output_bytes"] >= row["alias_bytes"]
+  kept = (STUDENT["num_hidden_layers"] * 2 * (b // chips) * seq
+          * STUDENT["intermediate_size"] * 4)
+  assert row["temp_bytes"] >= kept
+  assert row["fits"] and row["total_bytes"] < 2 * want_args + row["temp_bytes"]
+
+
+def test_smallest_failing_program_now_compiles(v5e_2x2):
+  """The TPU compiler fails ('INTERNAL: ... Bitcast cannot have different
+  shape sizes') on a product whose contraction dim is sharded and whose
+  output is then cut to the real vocabulary: hidden states split over their
+  last dim, the mask over the batch, 16,384 columns cut to 16,000 (the real
+  case: Qwen2.5's 151,936-row heads cut to its 151,665 tokens). The fused
+  loss cuts the heads before the product instead; this keeps it so."""
+  mesh = jax.sharding.Mesh(np.array(v5e_2x2.devices), ("fsdp",))
+  spec = jax.sharding.PartitionSpec
+  def sds(shape, s, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype,
+                                sharding=jax.sharding.NamedSharding(mesh, s))
+  b, t, d, width, vocab = 4, 8, 8, 16384, 16000
+
+  def loss(es, ht, et, hs, m):
+    return losses.fused_divergence(hs, es.T, ht, et.T, m, vocab_size=vocab)[0]
+
+  args = (sds((width, d), spec(None, "fsdp")), sds((b, t, d), spec(None, None, "fsdp")),
+          sds((width, d), spec(None, "fsdp")), sds((b, t, d), spec(None, None, "fsdp")),
+          sds((b, t), spec("fsdp"), jnp.float32))
+  jax.jit(jax.grad(loss, argnums=(0, 3))).lower(*args).compile()
