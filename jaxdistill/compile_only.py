@@ -422,7 +422,8 @@ def check_on_devices(programs: Sequence[Program], devices, advice=None) -> None:
   if t is None:
     return
   ensure_persistent_cache()
-  report = compile_programs(programs, t, log=lambda m: logging.info("%s", m))
+  report = compile_programs(programs, t, log=lambda m: logging.info("%s", m),
+                            cache_dir=None)
   check(report, advice=advice)
 
 

@@ -192,3 +192,30 @@ def test_grad_accum_splits_every_devices_rows():
           if p.name == "update"]
     temps.append(p.trace().lower().compile().memory_analysis().temp_size_in_bytes)
   assert temps[1] < 0.4 * temps[0], temps
+
+
+def test_a_run_on_a_tpu_checks_its_fit_before_loading_weights(
+    tmp_path, monkeypatch):
+  """On a TPU, train compiles its programs for its own devices before any
+  weight is loaded and stops in one line when one does not fit. Here the
+  'TPU' is the CPU devices with 10 kB of HBM (compile_only.local_target
+  patched); loading weights would fail the test."""
+  c = _config(**{"data.batch_size": 8, "total_steps": 1})
+  chip = compile_only.Chip("tiny", 10**4, 1e12, 1e11, 2, False)
+
+  def fake_target(devices):
+    return compile_only.Target("tiny-8", chip, "tiny:2x4", 8, tuple(devices),
+                               10**4, 1e12, 1e11)
+
+  def no_weights(*a, **k):
+    raise AssertionError("weights loaded before the fit check")
+
+  monkeypatch.setattr(compile_only, "local_target", fake_target)
+  monkeypatch.setattr(compile_only, "ensure_persistent_cache", lambda: None)
+  monkeypatch.setattr(loop.train_setup, "load_params", no_weights)
+  with pytest.raises(compile_only.FitError,
+                     match=r"^rollout does not fit tiny-8: it needs .* GiB per "
+                           r"chip of 0.0 GiB .*; try .*") as e:
+    loop.train(c, str(tmp_path / "w"))
+  assert "\n" not in str(e.value)
+  assert not (tmp_path / "w" / "config.json").exists()
