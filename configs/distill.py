@@ -59,11 +59,14 @@ def get_config(arg=None):
   c.track_sparsity = True
 
   # Checkpoints: a directory or hub name; preset / init win over path.
-  # remat: recompute each layer's activations in the backward pass ('full'),
-  # or keep them ('none'); see "Fit on a TPU" in the README.
+  # remat (what the backward pass recomputes; memory, not results): 'auto'
+  # keeps the products' outputs of students up to 1B parameters and
+  # recomputes whole layers of larger ones, so that every pair of the study
+  # fits its slice (README, "Fit on a TPU slice"); or 'none', 'dots',
+  # 'dots_no_batch', 'full'.
   c.student = dict(path=STUDENT, preset=config_dict.placeholder(str),
                    init=None, dtype="bfloat16", param_dtype="float32",
-                   remat="full", overrides={})
+                   remat="auto", overrides={})
   c.teacher = dict(path=TEACHER, preset=config_dict.placeholder(str),
                    init=None, dtype="bfloat16", param_dtype="bfloat16",
                    overrides={})

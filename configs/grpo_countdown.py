@@ -49,10 +49,12 @@ def get_config(arg=None):
   c.track_sparsity = True
 
   # A Hugging Face directory or hub name, or a distillation workdir (its
-  # hf_student/); preset / init (runlocal) win over path.
+  # hf_student/); preset / init (runlocal) win over path. remat as in
+  # configs/distill.py ('auto': by the policy's size).
   c.student = dict(path="Qwen/Qwen2.5-0.5B-Instruct",
                    preset=config_dict.placeholder(str), init=None,
-                   dtype="bfloat16", param_dtype="float32", overrides={})
+                   dtype="bfloat16", param_dtype="float32", remat="auto",
+                   overrides={})
   c.tokenizer = config_dict.placeholder(str)  # default: the student's
 
   c.data = dict(task="countdown", n_numbers=arg.n, num_problems=50_000,
@@ -79,7 +81,7 @@ def get_config(arg=None):
   if arg.runlocal:
     c.total_steps = 4
     c.eval_every = c.ckpt_every = 2
-    c.student.update(init=TINY, dtype="float32")
+    c.student.update(init=TINY, dtype="float32", remat="none")
     c.tokenizer_build = dict(vocab_size=300)  # trained into <workdir>/tokenizer
     c.data.update(num_problems=64, batch_size=2, max_prompt_len=256)
     c.rollout.update(group_size=arg.given_or("g", 4), max_new_tokens=8)

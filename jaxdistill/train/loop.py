@@ -10,6 +10,11 @@ jax.eval_shape(init) -> shardings -> jit(init) or restore -> jit(update) ->
 loop (rollout, update, log, checkpoint) -> export as a Hugging Face directory.
 Re-running with the same --workdir resumes from the newest good checkpoint.
 
+--compile_only=SLICE (e.g. v5e-8) compiles the run's programs for that TPU
+slice on this host instead, without weights, data or a TPU, and reports
+their per-chip memory (jaxdistill/compile_only.py); on a TPU the run makes
+the same check before it loads any weight.
+
 SIGTERM (a TPU VM preemption) or SIGINT: the step in flight finishes, a
 checkpoint is written, and the run stops with `Preempted` (the CLI exits with
 status 128 + signal); the same command resumes it. One process per workdir

@@ -58,15 +58,29 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
                      "directory or hub name org/name[@revision] (or set "
                      f"config.{name}.preset/.init for a randomly initialised "
                      "model)")
-  # remat: the rematerialisation policy of the layers (models.REMAT_POLICIES);
-  # it changes memory and time, not results.
   fields = dict(dtype=mcfg.dtype, param_dtype=mcfg.param_dtype)
   if mcfg.get("remat") is not None:
-    if mcfg.remat not in models.REMAT_POLICIES:
-      raise ValueError(f"config.{name}.remat: {mcfg.remat!r} is not one of "
-                       f"{models.REMAT_POLICIES}")
-    fields["remat"] = mcfg.remat
+    fields["remat"] = remat_policy(mcfg.remat, cfg, name)
   return dataclasses.replace(cfg, **fields, **overrides)
+
+
+# remat='auto' keeps the matrix products' outputs (recomputing only the
+# cheap elementwise work in the backward pass) for students up to this many
+# parameters, and recomputes whole layers above it: what fits the study's
+# pairs on their slices (the README's fit table, python -m jaxdistill.bench.fit).
+REMAT_AUTO_MAX_PARAMS = 1_000_000_000
+
+
+def remat_policy(remat: str, cfg, name: str = "student") -> str:
+  """The rematerialisation policy of config.<name>.remat (models.REMAT_POLICIES,
+  or 'auto': by the model's size). It changes memory and time, not results."""
+  if remat == "auto":
+    n = models.num_params(models.param_shapes(cfg))
+    return "dots_no_batch" if n <= REMAT_AUTO_MAX_PARAMS else "full"
+  if remat not in models.REMAT_POLICIES:
+    raise ValueError(f"config.{name}.remat: {remat!r} is not 'auto' or one of "
+                     f"{models.REMAT_POLICIES}")
+  return remat
 
 
 def load_params(cfg, mcfg, mesh, rules, rng, name: str = "student"):
