@@ -17,6 +17,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from jaxdistill import choices
+from jaxdistill import sharding
 
 KINDS = choices.KINDS
 REDUCTIONS = choices.REDUCTIONS
@@ -112,6 +113,29 @@ def shared_vocab(student_width: int, teacher_width: int, vocab_size,
         f"vocab_size={vocab_size} exceeds the vocabulary width of "
         f"{student_name} ({student_width}) or {teacher_name} ({teacher_width})")
   return vocab_size
+
+
+# --------------------------------------------------------------------------
+# CPU row blocking. XLA:CPU does not fuse an elementwise producer into a
+# reduction: every log-softmax statistic over V writes a [rows, V] temporary
+# to memory and reads it back. On CPU the exact losses therefore loop over
+# blocks of rows (the per-row numbers are the same; only the loop differs).
+# --------------------------------------------------------------------------
+
+
+def cpu_row_block(n_rows: int, width: int, block_bytes: int,
+                  whole_bytes: int) -> int:
+  """Rows per block of a loop over [n_rows, width] float32 rows on CPU: all
+  n_rows when they take at most `whole_bytes`, else the largest divisor of
+  n_rows whose block is at most `block_bytes` (at least 1 row). 0 off CPU
+  (`sharding.platform()`, so a TPU program traced on a CPU host is not
+  blocked)."""
+  if sharding.platform() != "cpu":
+    return 0
+  if n_rows * width * 4 <= whole_bytes:
+    return n_rows
+  target = max(1, block_bytes // (4 * width))
+  return max(r for r in range(1, min(target, n_rows) + 1) if n_rows % r == 0)
 
 
 # --------------------------------------------------------------------------

@@ -43,7 +43,6 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from jaxdistill import sharding
 from jaxdistill.losses import _common as c
 
 
@@ -78,23 +77,17 @@ def _masked_terms(z, u, mask, kind, beta, with_grad=False):
           for k, v in terms.items()}
 
 
-# XLA:CPU does not fuse an elementwise producer into a reduction: every
-# log-softmax statistic over V writes a [B, T, V] temporary to memory and reads
-# it back. On CPU the rows are therefore processed in blocks of about
-# _CPU_BLOCK_BYTES per [rows, V] float32 array, whose temporaries stay in
-# cache (the per-row numbers are the same; only the loop differs).
+# On CPU the rows are processed in blocks of about _CPU_BLOCK_BYTES per
+# [rows, V] float32 array, whose temporaries stay in cache
+# (`_common.cpu_row_block`).
 _CPU_BLOCK_BYTES = 1 << 20
 _CPU_UNBLOCKED_BYTES = 4 << 20  # below this, one block
 
 
 def _row_block(n_rows: int, width: int) -> int:
-  """Rows per block: n_rows off CPU or when small, else the largest divisor
-  of n_rows that keeps a [rows, width] float32 block near _CPU_BLOCK_BYTES."""
-  if (sharding.platform() != "cpu"
-      or n_rows * width * 4 <= _CPU_UNBLOCKED_BYTES):
-    return n_rows
-  target = max(1, _CPU_BLOCK_BYTES // (4 * width))
-  return max(r for r in range(1, min(target, n_rows) + 1) if n_rows % r == 0)
+  """Rows per block: n_rows off CPU (one block)."""
+  return c.cpu_row_block(n_rows, width, _CPU_BLOCK_BYTES,
+                         _CPU_UNBLOCKED_BYTES) or n_rows
 
 
 def _weighted_rows(kind, beta, z, u, w, m, with_grad):

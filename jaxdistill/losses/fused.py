@@ -12,6 +12,13 @@ recomputed in the backward pass (a jax.checkpoint scan would redo both head
 matmuls: 6 instead of 4 matmuls of [T, D] x [D, V]). Without a gradient
 request only the value scan runs.
 
+On CPU (`sharding.platform()`; a TPU program traced on a CPU host takes the
+accelerator path) the loop is a fori_loop over chunks sliced from the
+[B, T, ...] inputs, whose per-token terms run over blocks of rows with each
+block's logit gradient written over the student's logits in place: a chunk
+holds its two [B, C, V] float32 products and row-sized temporaries (see
+`_cpu_loop`).
+
 Einsum legend: B batch, C chunk positions, D hidden (S student / E teacher),
 V vocabulary.
 
@@ -32,7 +39,12 @@ import jax.numpy as jnp
 from jaxdistill.losses import _common as c
 from jaxdistill.losses import topk as topk_lib
 
-DEFAULT_CHUNK_SIZE = 128
+# On CPU a chunk holds two [B, C, V] float32 arrays: 58 MB at B = 1, C = 48,
+# V = 151,936; with C = 48, bench.losses (B = 1, T = 4096, D = 896) needs
+# 0.149x the plain path's memory, and 64 would be 0.151x. Programs then pay
+# for more, smaller matmuls (each streams the whole head): about 1.3x the
+# time of C = 128 on CPU. Training configs set loss.chunk_size themselves.
+DEFAULT_CHUNK_SIZE = 48
 
 
 class _Static(NamedTuple):
@@ -43,6 +55,8 @@ class _Static(NamedTuple):
   topk: int | None = None  # None: exact; k: against the teacher's top-k
   variant: str = "renorm"
   given: bool = False  # the teacher's top-k is given (a cache), not computed
+  size: int = 1  # chunk positions
+  rows: int = 0  # CPU: rows per block of the per-token terms; 0: accelerator
 
 
 def _zero_masked(h, m):
@@ -76,29 +90,34 @@ def _mask_padding(x, cfg: "_Static"):
   return jnp.where(col < cfg.vocab_size, x, -jnp.inf)
 
 
-def _chunk_logits(cfg: _Static, hs, ws, ht, wt, m):
-  """The chunk's student logits over the shared vocab, float32 / tau, and the
-  teacher: its logits likewise, or its top-k (a TeacherTopK).
+def _products(cfg: _Static, hs, ws, ht, wt):
+  """The chunk's float32 head products hs @ ws and ht @ wt [B, C, W] (the
+  teacher's as given with cfg.given: its (ids, logprobs, tail) chunk).
 
   `hs` and `ht` must already be zero at masked positions (_zero_masked).
-  With cfg.given, `ht` is the chunk's (ids, logprobs, tail) and `wt` unused.
   """
   f32 = jnp.float32
+  z = jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32)
+  if cfg.given:
+    return z, ht
+  return z, jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32)
+
+
+def _scaled(cfg: _Static, z, u, m):
+  """The student logits over the shared vocab / tau, and the teacher: its
+  logits likewise, or its top-k (a TeacherTopK), from `_products` (of a
+  chunk or of a block of its rows; m is their mask)."""
   # The heads arrive cut to the shared vocabulary rounded up to whole
   # 128-lane blocks (_run); the columns past it are padding: -inf.
-  z = _mask_padding(
-      jnp.einsum("bcs,sv->bcv", hs, ws, preferred_element_type=f32), cfg)
-  z = z / cfg.temperature  # [B, C, W]
+  z = _mask_padding(z, cfg) / cfg.temperature
   if cfg.given:
     active = (m != 0)[..., None]
-    ids, lp, tail = ht
+    ids, lp, tail = u
     # Masked positions may hold anything: distinct ids, finite log-probs.
     ids = jnp.where(active, ids, jnp.arange(ids.shape[-1], dtype=ids.dtype))
     return z, topk_lib.TeacherTopK(
         ids, jnp.where(active, lp, 0.0), jnp.where(active[..., 0], tail, -1.0))
-  u = _mask_padding(
-      jnp.einsum("bce,ev->bcv", ht, wt, preferred_element_type=f32), cfg)
-  u = lax.stop_gradient(u) / cfg.temperature  # [B, C, W]
+  u = lax.stop_gradient(_mask_padding(u, cfg)) / cfg.temperature
   if cfg.topk is not None:
     return z, topk_lib.topk_of_scaled(u, cfg.topk)
   return z, u
@@ -137,18 +156,36 @@ def _add(a, b):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused(cfg, hs, ws, ht, wt, w, m):
-  """Value only (no gradient requested). Chunked inputs: [N, B, C, ...]."""
+  """(loss, monitoring sums) of [B, T, ...] inputs; value only (no gradient
+  requested)."""
+  if cfg.rows:
+    return _cpu_loop(cfg, hs, ws, ht, wt, w, m, with_grad=False)[0]
+  hs, ht, w, m = _chunked(cfg, hs, ht, w, m)
 
   def step(carry, xs):
     hs_c = _zero_masked(xs[0], xs[3])
     ht_c = xs[1] if cfg.given else _zero_masked(xs[1], xs[3])
-    z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, xs[3])
+    z, u = _scaled(cfg, *_products(cfg, hs_c, ws, ht_c, wt), xs[3])
     loss, sums, _ = _chunk_loss(cfg, z, u, xs[2], xs[3])
     return (carry[0] + loss, _add(carry[1], sums)), None
 
   init = (jnp.zeros((), jnp.float32), _zero_sums(cfg))
   out, _ = lax.scan(step, init, (hs, ht, w, m))
   return out
+
+
+def _to_chunks(x, n, size):
+  """[B, T, ...] -> [N, B, C, ...], zero-padding T up to N * C."""
+  pad = n * size - x.shape[1]
+  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  x = x.reshape((x.shape[0], n, size) + x.shape[2:])
+  return jnp.moveaxis(x, 1, 0)
+
+
+def _chunked(cfg, hs, ht, w, m):
+  n = -(-hs.shape[1] // cfg.size)
+  chunks = functools.partial(_to_chunks, n=n, size=cfg.size)
+  return chunks(hs), jax.tree.map(chunks, ht), chunks(w), chunks(m)
 
 
 # The head gradient hs^T @ dz is a full [D, V] product per chunk. XLA does
@@ -178,10 +215,14 @@ def _head_slabs(d_model, width, tokens):
 
 
 def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
+  if cfg.rows:
+    out, dhs, dws = _cpu_loop(cfg, hs, ws, ht, wt, w, m, with_grad=True)
+    return out, (dhs, dws)
   f32 = jnp.float32
-  _, b, size, d_model = hs.shape
+  b, t, d_model = hs.shape
+  hs, ht, w, m = _chunked(cfg, hs, ht, w, m)
   width = ws.shape[1]
-  n_slabs = _head_slabs(d_model, width, b * size)
+  n_slabs = _head_slabs(d_model, width, b * cfg.size)
   slab_shape = (_GROUPS, n_slabs, width // (_GROUPS * n_slabs))
   # The gradient w.r.t. the chunk's logits is the closed form (autodiff would
   # keep more [B, C, V] residuals alive); the two matmuls back to hs and ws
@@ -193,7 +234,7 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
     # Zeroed once here: the head gradient below uses hs_c as well.
     hs_c = _zero_masked(hs_c, m_c)
     ht_c = ht_c if cfg.given else _zero_masked(ht_c, m_c)
-    z, u = _chunk_logits(cfg, hs_c, ws, ht_c, wt, m_c)
+    z, u = _scaled(cfg, *_products(cfg, hs_c, ws, ht_c, wt), m_c)
     l, s, dz = _chunk_loss(cfg, z, u, w_c, m_c, with_grad=True)
     # [B, C, W]: z above is logits / tau; 0 on the padding columns.
     dz = (dz / cfg.temperature).astype(ws.dtype)
@@ -216,6 +257,7 @@ def _fused_fwd(cfg, hs, ws, ht, wt, w, m):
   acc_shape = ws.shape if n_slabs == 1 else (d_model,) + slab_shape
   init = (jnp.zeros((), f32), _zero_sums(cfg), jnp.zeros(acc_shape, f32))
   (loss, sums, dws), dhs = lax.scan(step, init, (hs, ht, w, m))
+  dhs = jnp.moveaxis(dhs, 0, 1).reshape((b, -1, d_model))[:, :t]
   return (loss, sums), (dhs, dws.reshape(ws.shape).astype(ws.dtype))
 
 
@@ -230,12 +272,133 @@ def _fused_bwd(cfg, res, g):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def _to_chunks(x, n, size):
-  """[B, T, ...] -> [N, B, C, ...], zero-padding T up to N * C."""
-  pad = n * size - x.shape[1]
-  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-  x = x.reshape((x.shape[0], n, size) + x.shape[2:])
-  return jnp.moveaxis(x, 1, 0)
+# On CPU (cfg.rows > 0) the chunks' per-token terms run over blocks of
+# cfg.rows rows, so that their [rows, V] temporaries stay small; each
+# block's logit gradient is written over the student's logits in place, so a
+# chunk holds two [B, C, V] float32 arrays at most (its two products). The
+# chunks are cut from the [B, T, ...] inputs by dynamic slices (no chunked
+# copies of the hidden states), and the head gradient is added in slabs of
+# about _CPU_SLAB_BYTES of [D, columns] whatever V's divisors.
+_CPU_BLOCK_BYTES = 1 << 20
+_CPU_UNBLOCKED_BYTES = 4 << 20  # below this, one block
+_CPU_SLAB_BYTES = 4 << 20
+
+
+def _cpu_slab(d_model, width):
+  """Columns per head-gradient slab on CPU (the last slab ends at `width`)."""
+  return max(1, min(width, _CPU_SLAB_BYTES // (4 * d_model)))
+
+
+def _row_terms(cfg, z, u, w, m, with_grad, dtype):
+  """(loss, sums, dz) of a chunk's [N, W] rows (z, u: raw `_products`), in
+  blocks of cfg.rows rows. With with_grad, dz is the logit gradient / tau
+  (rounded through `dtype`, the head's), written over z in place; else z.
+
+  Each block's gradient is written one step late, at the start of the next
+  step, and the block is then read from the written array. Were it written
+  at the end of its own step, XLA could schedule one of the block's reads
+  after that write, and would then keep the old z in a full copy, every
+  block.
+  """
+  f32 = jnp.float32
+  rows = cfg.rows
+
+  def block(zs, j):
+    take = lambda x: lax.dynamic_slice_in_dim(x, j * rows, rows, axis=0)
+    m_j = take(m)
+    z_j, u_j = _scaled(cfg, take(zs), jax.tree.map(take, u), m_j)
+    l, s, dz = _chunk_loss(cfg, z_j, u_j, take(w), m_j, with_grad)
+    if with_grad:
+      dz = (dz / cfg.temperature).astype(dtype).astype(f32)
+    return l, s, dz
+
+  if rows == z.shape[0]:
+    l, s, dz = block(z, 0)
+    return l, s, dz if with_grad else z
+
+  def step(j, carry):
+    zs, pending, loss, sums = carry
+    if with_grad:  # block j - 1's gradient (block 0 itself at j = 0)
+      prev = jnp.maximum(j - 1, 0) * rows
+      zs = lax.dynamic_update_slice_in_dim(zs, pending, prev, axis=0)
+    l, s, dz = block(zs, j)
+    return zs, dz if with_grad else pending, loss + l, _add(sums, s)
+
+  n_blocks = z.shape[0] // rows
+  pending = z[:rows] if with_grad else jnp.zeros((), f32)
+  zs, pending, loss, sums = lax.fori_loop(
+      0, n_blocks, step, (z, pending, jnp.zeros((), f32), _zero_sums(cfg)))
+  if with_grad:
+    zs = lax.dynamic_update_slice_in_dim(zs, pending, (n_blocks - 1) * rows,
+                                         axis=0)
+  return loss, sums, zs
+
+
+def _add_head_grad(acc, h, dz):
+  """acc [D, W] + h^T @ dz (h [N, D], dz [N, W]) in slabs of columns."""
+  d_model, width = acc.shape
+  cols = _cpu_slab(d_model, width)
+  f32 = jnp.float32
+  if cols == width:
+    return acc + jnp.einsum("ns,nv->sv", h, dz, preferred_element_type=f32)
+
+  def slab(k, acc):
+    # The last slab is moved back to end at W; the columns an earlier slab
+    # added are zeroed out of it.
+    start = jnp.minimum(k * cols, width - cols)
+    dz_k = lax.dynamic_slice_in_dim(dz, start, cols, axis=1)
+    fresh = start + jnp.arange(cols) >= k * cols
+    dz_k = jnp.where(fresh, dz_k, jnp.zeros((), dz.dtype))
+    upd = jnp.einsum("ns,nv->sv", h, dz_k, preferred_element_type=f32)
+    cur = lax.dynamic_slice_in_dim(acc, start, cols, axis=1)
+    return lax.dynamic_update_slice_in_dim(acc, cur + upd, start, axis=1)
+
+  return lax.fori_loop(0, -(-width // cols), slab, acc)
+
+
+def _cpu_loop(cfg, hs, ws, ht, wt, w, m, with_grad):
+  """((loss, sums), d/d hs, d/d ws) on CPU: a fori_loop over chunks of
+  cfg.size positions sliced from [B, T, ...] inputs; the last chunk is moved
+  back to end at T, its positions an earlier chunk took masked out."""
+  f32 = jnp.float32
+  b, t, d_model = hs.shape
+  size = cfg.size
+  n = b * size
+
+  def chunk(i, carry):
+    out, dhs, dws = carry
+    start = jnp.minimum(i * size, t - size)
+    take = lambda x: lax.dynamic_slice_in_dim(x, start, size, axis=1)
+    fresh = start + jnp.arange(size) >= i * size  # [C]
+    m_c = jnp.where(fresh, take(m), 0.0)
+    hs_c = _zero_masked(take(hs), m_c)
+    ht_c = jax.tree.map(take, ht)
+    if not cfg.given:
+      ht_c = _zero_masked(ht_c, m_c)
+    z, u = _products(cfg, hs_c, ws, ht_c, wt)
+    flat = lambda x: x.reshape((n,) + x.shape[2:])
+    l, s, dz = _row_terms(cfg, flat(z), jax.tree.map(flat, u), flat(take(w)),
+                          flat(m_c), with_grad, ws.dtype)
+    out = (out[0] + l, _add(out[1], s))
+    if with_grad:
+      dz = dz.astype(ws.dtype)  # [N, W]
+      # As (ws @ dz^T)^T: XLA:CPU runs dz @ ws^T about 3x slower (it packs
+      # the whole head as the right operand); the barrier keeps XLA from
+      # folding the transpose back into that form.
+      dhs_c = lax.optimization_barrier(
+          jnp.einsum("sv,nv->sn", ws, dz, preferred_element_type=f32)).T
+      dhs_c = jnp.where(fresh[:, None], dhs_c.reshape(b, size, d_model),
+                        take(dhs))
+      dhs = lax.dynamic_update_slice_in_dim(dhs, dhs_c.astype(dhs.dtype),
+                                            start, axis=1)
+      dws = _add_head_grad(dws, flat(hs_c), dz)
+    return out, dhs, dws
+
+  init = ((jnp.zeros((), f32), _zero_sums(cfg)),
+          jnp.zeros(hs.shape if with_grad else (0,), hs.dtype),
+          jnp.zeros(ws.shape if with_grad else (0,), f32))
+  out, dhs, dws = lax.fori_loop(0, -(-t // size), chunk, init)
+  return out, dhs, dws.astype(ws.dtype)
 
 
 def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
@@ -253,7 +416,7 @@ def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
       into either.
     mask, kind, beta, temperature, reduction, vocab_size: as in `divergence`.
     chunk_size: token positions per scan step; peak extra memory is a few
-      [B, chunk_size, V] float32 arrays.
+      [B, chunk_size, V] float32 arrays (two on CPU).
     teacher_topk: None (exact), or k: each chunk's teacher logits are cut to
       their top-k and the loss is `topk_divergence(..., variant=topk_variant)`
       (with the teacher's exact tail mass).
@@ -339,13 +502,10 @@ def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
       or chunk_size <= 0):
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
-  t = student_hidden.shape[1]
+  b, t = student_hidden.shape[:2]
   size = min(chunk_size, max(t, 1))
-  n = -(-t // size)
   weights = c.reduction_weights(mask, reduction)  # [B, T]
   m = mask.astype(jnp.float32)
-  cfg = _Static(kind, beta, temperature, vocab, topk, variant, given)
-  chunks = functools.partial(_to_chunks, n=n, size=size)
   # The heads are cut BEFORE the products, never the [B, C, V] logits after
   # them: the TPU compiler fails (an INTERNAL 'Bitcast cannot have different
   # shape sizes' error) on a slice of a product whose contraction dim is
@@ -359,9 +519,12 @@ def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
   student_head = student_head[:, :w_cols]
   if not given:
     teacher_head = teacher_head[:, :w_cols]
-  loss, sums = _fused(
-      cfg, chunks(student_hidden), student_head,
-      jax.tree.map(chunks, teacher), teacher_head, chunks(weights), chunks(m))
+  rows = c.cpu_row_block(b * size, w_cols, _CPU_BLOCK_BYTES,
+                         _CPU_UNBLOCKED_BYTES)
+  cfg = _Static(kind, beta, temperature, vocab, topk, variant, given, size,
+                rows)
+  loss, sums = _fused(cfg, student_hidden, student_head, teacher,
+                      teacher_head, weights, m)
 
   m_sum = jnp.sum(m)
 

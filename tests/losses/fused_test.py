@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jaxdistill import losses
+from jaxdistill import sharding
 from jaxdistill.losses import fused as fused_lib
 from tests.losses import reference as ref
 
@@ -30,18 +31,26 @@ def _fused(hs, ws, ht, wt, mask, **kw):
   return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(hs, ws)
 
 
-@pytest.mark.parametrize("kind,beta,reduction,chunk", [
-    ("forward", 0.5, "token_mean", 4),      # 4 chunks, last one padded
-    ("reverse", 0.5, "sequence_mean", 5),
-    ("jsd", 0.3, "sum", 16),                # one chunk longer than T
-    ("forward", 0.5, "sequence_sum", 4),
+# platform: the CPU program (chunks sliced from [B, T], the last one moved
+# back to end at T), or the one for accelerators (a scan over zero-padded
+# chunks), run here on CPU as a TPU program traced on a CPU host would be.
+@pytest.mark.parametrize("kind,beta,reduction,chunk,platform", [
+    ("forward", 0.5, "token_mean", 4, "cpu"),  # 4 chunks, the last partial
+    ("forward", 0.5, "token_mean", 4, "tpu"),
+    ("reverse", 0.5, "sequence_mean", 5, "cpu"),
+    ("reverse", 0.5, "sequence_mean", 5, "tpu"),
+    ("jsd", 0.3, "sum", 16, "cpu"),            # one chunk longer than T
+    ("jsd", 0.3, "sum", 16, "tpu"),
+    ("forward", 0.5, "sequence_sum", 4, "cpu"),
 ])
-def test_fused_matches_plain(kind, beta, reduction, chunk):
+def test_fused_matches_plain(kind, beta, reduction, chunk, platform):
   hs, ws, ht, wt, mask = _inputs(0)
   kw = dict(kind=kind, beta=beta, temperature=0.8, reduction=reduction,
             vocab_size=60)  # both heads carry padding columns
   (l1, m1), (gh1, gw1) = _plain(hs, ws, ht, wt, mask, **kw)
-  (l2, m2), (gh2, gw2) = _fused(hs, ws, ht, wt, mask, chunk_size=chunk, **kw)
+  with sharding.compiling_for(platform):
+    (l2, m2), (gh2, gw2) = _fused(hs, ws, ht, wt, mask, chunk_size=chunk,
+                                  **kw)
   np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-6)
   scale_h, scale_w = np.abs(gh1).max(), np.abs(gw1).max()
   np.testing.assert_allclose(gh2, gh1, atol=1e-5 * scale_h)
@@ -59,8 +68,9 @@ def test_fused_matches_plain(kind, beta, reduction, chunk):
 
 
 def test_head_gradient_slab_counts():
-  # The cases above run both head-gradient paths: chunks of 2 x 4 and 2 x 5
-  # tokens with D = 32 use the slab loop, 2 x 16 tokens the one-piece update.
+  # The accelerator cases above run both of its head-gradient paths: chunks
+  # of 2 x 4 and 2 x 5 tokens with D = 32 use the slab loop, 2 x 16 tokens
+  # the one-piece update.
   assert fused_lib._head_slabs(32, 64, 2 * 4) == 4
   assert fused_lib._head_slabs(32, 64, 2 * 5) == 4
   assert fused_lib._head_slabs(32, 64, 2 * 16) == 1
@@ -110,15 +120,17 @@ def test_bfloat16_and_empty_mask():
   assert all(float(v) == 0.0 for v in metrics.values())
 
 
-@pytest.mark.parametrize("chunk", [4, 16])  # slab loop and one-piece head update
-def test_nan_hidden_at_masked_positions_gives_finite_gradients(chunk):
+@pytest.mark.parametrize("chunk,platform", [
+    (4, "cpu"), (4, "tpu"), (16, "tpu")])  # tpu: slab loop, one-piece update
+def test_nan_hidden_at_masked_positions_gives_finite_gradients(chunk, platform):
   hs, ws, ht, wt, mask = _inputs(5)
   hs, ht = hs.copy(), ht.copy()
   hs[~mask] = np.nan
   ht[~mask] = np.inf
   kw = dict(kind="forward", temperature=0.7, reduction="token_mean",
             vocab_size=60, chunk_size=chunk)
-  (loss, _), (gh, gw) = _fused(hs, ws, ht, wt, mask, **kw)
+  with sharding.compiling_for(platform):
+    (loss, _), (gh, gw) = _fused(hs, ws, ht, wt, mask, **kw)
   # Float64 reference: masked positions do not enter the loss at all, so the
   # head gradient is sum over response tokens of w h^T (q - p) / tau.
   h64 = np.where(mask[..., None], hs, 0.0).astype(np.float64)
