@@ -36,7 +36,7 @@ SPECTRUM = (("teacher", 0.0), ("lam25", 0.25), ("lam50", 0.5),
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, quick=False, spectrum=False, seed=0, seeds=1,
-                             arm_steps=0, lrs="", rlvr=False)
+                             arm_steps=None, lrs=None, rlvr=False)
   c = ml_collections.ConfigDict()
   c.seed = arg.seed
   c.seeds = arg.seeds  # the grid runs seeds seed, seed + 1, ...
@@ -81,8 +81,26 @@ def get_config(arg=None):
                   lrs=(5e-4,), steps=3, batch_size=8)
     c.eval.update(num_samples=2, ks=(1, 2), batch_size=32)
     c.rlvr.update(iterations=2, group_size=2, prompts=4)
-  if arg.arm_steps:
-    c.grid.steps = int(arg.arm_steps)
-  if arg.lrs:
-    c.grid.lrs = tuple(float(x) for x in str(arg.lrs).split("+"))
+  # The arguments are refused by name here; the settings they make are
+  # checked with the rest by jaxdistill.demo.checks before any work.
+  if arg.arm_steps is not None:
+    if isinstance(arg.arm_steps, bool) or not isinstance(arg.arm_steps, int) \
+        or arg.arm_steps < 1:
+      raise ValueError("config arg arm_steps: must be an integer >= 1 (steps "
+                       f"per arm), got {arg.arm_steps!r}")
+    c.grid.steps = arg.arm_steps
+  if arg.lrs is not None:
+    c.grid.lrs = _lrs(arg.lrs)
   return c
+
+
+def _lrs(text) -> tuple[float, ...]:
+  """'1e-4+5e-4' -> (1e-4, 5e-4): learning rates, each finite and > 0."""
+  try:
+    lrs = tuple(float(x) for x in str(text).split("+"))
+  except ValueError:
+    lrs = ()
+  if not lrs or not all(0 < x < float("inf") for x in lrs):
+    raise ValueError("config arg lrs: learning rates > 0 joined by '+' (e.g. "
+                     f"lrs=1e-4+5e-4), got {text!r}")
+  return lrs

@@ -25,9 +25,24 @@ def log(msg: str):
   print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
-def cache_key(*parts) -> str:
-  text = json.dumps(parts, sort_keys=True, default=str)
+def cache_key(*parts, root: str | None = None) -> str:
+  """A short hash of `parts` (as JSON). With `root`, a path inside it counts
+  by its part relative to `root`: what lives in a workdir is named by its
+  content, so a copied or moved workdir keeps every key."""
+  text = json.dumps(_relative(parts, root) if root else parts, sort_keys=True,
+                    default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _relative(obj, root: str):
+  prefix = os.path.abspath(root) + os.sep
+  if isinstance(obj, str):
+    return obj[len(prefix):] if obj.startswith(prefix) else obj
+  if isinstance(obj, dict):
+    return {k: _relative(v, root) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_relative(v, root) for v in obj]
+  return obj
 
 
 def _done(path: str) -> bool:
@@ -73,12 +88,16 @@ def build_tokenizer(out_dir: str, texts, vocab_size: int):
 
 # ------------------------------------------------------------------ models
 
+MAX_POSITIONS = 256  # of the demo's models: prompt + response must fit
+
+
 def model_init(arch: dict, tokenizer) -> dict:
   """ModelConfig fields of a Llama 3 model sized `arch` for `tokenizer`."""
   return dict(arch, family="llama", vocab_size=len(tokenizer),
               bos_token_id=int(tokenizer.bos_token_id),
               eos_token_id=(int(tokenizer.eos_token_id),),
-              max_position_embeddings=256, tie_word_embeddings=True)
+              max_position_embeddings=MAX_POSITIONS,
+              tie_word_embeddings=True)
 
 
 def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
