@@ -15,6 +15,7 @@ from jaxdistill import tasks
 from jaxdistill.data import pipeline
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.demo import build
+from jaxdistill.demo import checks
 from jaxdistill.demo import report
 from jaxdistill.demo import study
 from jaxdistill.demo import tasks as demo_tasks
@@ -239,6 +240,12 @@ def test_bad_config_args_are_refused_by_name_before_any_work(tmp_path, arg):
     demo.main(["--quick", "--workdir", str(tmp_path / "w"),
                "--config", f"configs/demo.py:{arg}"])
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("arg", ["", "quick", "spectrum", "rlvr", "quick,rlvr",
+                                 "seeds=3", "arm_steps=60,lrs=2e-4+2e-3"])
+def test_every_shipped_variant_passes_the_checks(arg):
+  checks.check_config(config_lib.load_config(f"configs/demo.py:{arg}"))
 
 
 @pytest.mark.parametrize("field, value, says", [
