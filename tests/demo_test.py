@@ -343,6 +343,24 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
   assert len([p for p in os.listdir(tmp_path) if p.startswith("grid-")]) == 2
 
 
+def test_cache_keys_name_paths_inside_the_workdir_by_their_relative_part():
+  def settings(root, other="/data/x.jsonl"):
+    return {"tokenizer": f"{root}/models/tokenizer-1", "files": [other],
+            "student": {"path": f"{root}/models/student-2/hf_student"}}
+  key = build.cache_key(settings("/a/demo"), root="/a/demo")
+  assert key == build.cache_key(settings("/b/c/demo"), root="/b/c/demo")
+  # Another relative path, or another file outside the workdir, is another key.
+  assert key != build.cache_key(settings("/a/demo") | {"tokenizer": (
+      "/a/demo/models/tokenizer-9")}, root="/a/demo")
+  assert key != build.cache_key(settings("/a/demo", "/data/y.jsonl"),
+                                root="/a/demo")
+  # A sibling that merely starts with the workdir's name is not inside it.
+  assert (build.cache_key({"p": "/a/demo2/x"}, root="/a/demo") ==
+          build.cache_key({"p": "/a/demo2/x"}))
+  assert build.cache_key(settings("/a/demo")) != build.cache_key(
+      settings("/b/demo"))  # without root, paths count as they are
+
+
 @pytest.mark.slow
 def test_a_copied_workdir_trains_nothing(quick_demo, tmp_path):
   """What is cached is named by what makes it, not by where the workdir is:
