@@ -29,19 +29,19 @@ def cache_key(*parts, root: str | None = None) -> str:
   """A short hash of `parts` (as JSON). With `root`, a path inside it counts
   by its part relative to `root`: what lives in a workdir is named by its
   content, so a copied or moved workdir keeps every key."""
-  text = json.dumps(_relative(parts, root) if root else parts, sort_keys=True,
-                    default=str)
+  if root:
+    parts = _relative(parts, os.path.abspath(root) + os.sep)
+  text = json.dumps(parts, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _relative(obj, root: str):
-  prefix = os.path.abspath(root) + os.sep
+def _relative(obj, prefix: str):
   if isinstance(obj, str):
     return obj[len(prefix):] if obj.startswith(prefix) else obj
   if isinstance(obj, dict):
-    return {k: _relative(v, root) for k, v in obj.items()}
+    return {k: _relative(v, prefix) for k, v in obj.items()}
   if isinstance(obj, (list, tuple)):
-    return [_relative(v, root) for v in obj]
+    return [_relative(v, prefix) for v in obj]
   return obj
 
 
