@@ -15,7 +15,9 @@ from jaxdistill import tasks
 from jaxdistill.data import pipeline
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.demo import build
+from jaxdistill.demo import checks
 from jaxdistill.demo import report
+from jaxdistill.demo import study
 from jaxdistill.demo import tasks as demo_tasks
 
 
@@ -230,6 +232,55 @@ def test_bad_arguments_raise_before_any_work(tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("arg", ["arm_steps=-5", "arm_steps=0", "lrs=-1e-4",
+                                 "lrs=2e-4+0", "lrs=1e-4+inf", "lrs=fast"])
+def test_bad_config_args_are_refused_by_name_before_any_work(tmp_path, arg):
+  field = arg.split("=")[0]
+  with pytest.raises(ValueError, match=f"^config arg {field}: "):
+    demo.main(["--quick", "--workdir", str(tmp_path / "w"),
+               "--config", f"configs/demo.py:{arg}"])
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("arg", ["", "quick", "spectrum", "rlvr", "quick,rlvr",
+                                 "seeds=3", "arm_steps=60,lrs=2e-4+2e-3"])
+def test_every_shipped_variant_passes_the_checks(arg):
+  checks.check_config(config_lib.load_config(f"configs/demo.py:{arg}"))
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("grid.lrs", (5e-4, -1e-4), "learning rates must be finite numbers > 0"),
+    ("grid.lrs", (), "learning rates"),
+    ("grid.steps", 0, "integer >= 1"),
+    ("grid.kl", ("forward", "sampled"), "('forward', 'reverse', 'jsd')"),
+    ("grid.policy", (("student", 1.5),), "lambda must be in [0, 1]"),
+    ("teacher.lr", float("nan"), "finite number"),
+    ("student.arch.num_key_value_heads", 2, "multiple of num_key_value_heads"),
+    ("student.id_share", 1.2, "[0, 1]"),
+    ("data.addition_test", 101, "only 100 addition facts"),
+    ("max_new_tokens", 250, "exceeds the models' 256 positions"),
+    ("vocab_size", 263, "integer >= 264"),  # 256 bytes + 7 special tokens
+    ("eval.ks", (1, 3), "1 <= k <= eval.num_samples=2"),
+    ("eval.sparsity_dtype", "float16", "('bfloat16', 'float32')"),
+])
+def test_bad_settings_are_refused_by_name_before_any_work(tmp_path, field,
+                                                          value, says):
+  """A setting edited in the config (not through an argument) is named as
+  config.<field> before the tokenizer or a model is built."""
+  cfg = _demo_config()
+  node = cfg
+  *parents, leaf = field.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  name = field.rsplit(".", 1)[0] if field.startswith("student.arch") else field
+  with pytest.raises(ValueError) as e:
+    study.run(cfg, str(tmp_path / "w"))
+  msg = str(e.value)
+  assert msg.startswith(f"config.{name}: ") and says in msg and "\n" not in msg
+  assert not os.listdir(tmp_path)
+
+
 @pytest.mark.slow
 def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
                                                                capsys):
@@ -290,6 +341,45 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
                      "--config", "configs/demo.py:arm_steps=2"])
   assert other["results_dir"] != out and os.path.isdir(out)
   assert len([p for p in os.listdir(tmp_path) if p.startswith("grid-")]) == 2
+
+
+def test_cache_keys_name_paths_inside_the_workdir_by_their_relative_part():
+  def settings(root, other="/data/x.jsonl"):
+    return {"tokenizer": f"{root}/models/tokenizer-1", "files": [other],
+            "student": {"path": f"{root}/models/student-2/hf_student"}}
+  key = build.cache_key(settings("/a/demo"), root="/a/demo")
+  assert key == build.cache_key(settings("/b/c/demo"), root="/b/c/demo")
+  # Another relative path, or another file outside the workdir, is another key.
+  assert key != build.cache_key(settings("/a/demo") | {"tokenizer": (
+      "/a/demo/models/tokenizer-9")}, root="/a/demo")
+  assert key != build.cache_key(settings("/a/demo", "/data/y.jsonl"),
+                                root="/a/demo")
+  # A sibling that merely starts with the workdir's name is not inside it.
+  assert (build.cache_key({"p": "/a/demo2/x"}, root="/a/demo") ==
+          build.cache_key({"p": "/a/demo2/x"}))
+  assert build.cache_key(settings("/a/demo")) != build.cache_key(
+      settings("/b/demo"))  # without root, paths count as they are
+
+
+@pytest.mark.slow
+def test_a_copied_workdir_trains_nothing(quick_demo, tmp_path):
+  """What is cached is named by what makes it, not by where the workdir is:
+  a finished workdir copied elsewhere reuses every model and arm."""
+  workdir, summary, _ = quick_demo
+  copy = tmp_path / "elsewhere" / "demo"
+  shutil.copytree(workdir, copy)
+  models_before = sorted(os.listdir(copy / "models"))
+  grids_before = sorted(p for p in os.listdir(copy) if p.startswith("grid-"))
+  again = demo.main(["--quick", "--workdir", str(copy)])
+  assert again["arms_run"] == 0
+  assert sorted(os.listdir(copy / "models")) == models_before
+  assert sorted(p for p in os.listdir(copy)
+                if p.startswith("grid-")) == grids_before
+  assert again["results_dir"] == str(
+      copy / "results" / os.path.basename(summary["results_dir"]))
+  keys = ("name", f"acc/{ID}", f"acc/{HARD}", "acc/addition", "sparsity")
+  assert ([[r[k] for k in keys] for r in again["rows"]] ==
+          [[r[k] for k in keys] for r in summary["rows"]])
 
 
 def test_accuracy_findings_are_untested_when_no_arm_improves():

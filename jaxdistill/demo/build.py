@@ -25,9 +25,24 @@ def log(msg: str):
   print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
-def cache_key(*parts) -> str:
+def cache_key(*parts, root: str | None = None) -> str:
+  """A short hash of `parts` (as JSON). With `root`, a path inside it counts
+  by its part relative to `root`: what lives in a workdir is named by its
+  content, so a copied or moved workdir keeps every key."""
+  if root:
+    parts = _relative(parts, os.path.abspath(root) + os.sep)
   text = json.dumps(parts, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _relative(obj, prefix: str):
+  if isinstance(obj, str):
+    return obj[len(prefix):] if obj.startswith(prefix) else obj
+  if isinstance(obj, dict):
+    return {k: _relative(v, prefix) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_relative(v, prefix) for v in obj]
+  return obj
 
 
 def _done(path: str) -> bool:
@@ -73,12 +88,16 @@ def build_tokenizer(out_dir: str, texts, vocab_size: int):
 
 # ------------------------------------------------------------------ models
 
+MAX_POSITIONS = 256  # of the demo's models: prompt + response must fit
+
+
 def model_init(arch: dict, tokenizer) -> dict:
   """ModelConfig fields of a Llama 3 model sized `arch` for `tokenizer`."""
   return dict(arch, family="llama", vocab_size=len(tokenizer),
               bos_token_id=int(tokenizer.bos_token_id),
               eos_token_id=(int(tokenizer.eos_token_id),),
-              max_position_embeddings=256, tie_word_embeddings=True)
+              max_position_embeddings=MAX_POSITIONS,
+              tie_word_embeddings=True)
 
 
 def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
@@ -91,7 +110,9 @@ def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
   c.log_every = 10
   c.eval_every = c.ckpt_every = 1 << 20
   c.keep_ckpts = 1
-  c.student.update(dtype="float32", param_dtype="float32")
+  # remat 'none': tiny models on a CPU have memory to spare, and recomputing
+  # costs time.
+  c.student.update(dtype="float32", param_dtype="float32", remat="none")
   c.teacher.update(dtype="float32", param_dtype="float32")
   # Padded to each batch's longest prompt and response (multiples of 8):
   # the demo's responses end well before max_new_tokens.
@@ -132,7 +153,7 @@ def grpo_config(cfg, *, tok_dir: str, records: str):
   c.total_steps = int(r.iterations)
   c.eval_every = c.ckpt_every = int(r.iterations)  # sparsity at the end
   c.keep_ckpts = 1
-  c.student.update(dtype="float32", param_dtype="float32")
+  c.student.update(dtype="float32", param_dtype="float32", remat="none")
   c.data.update(task="records", records_file=records,
                 batch_size=int(r.prompts),
                 max_prompt_len=int(cfg.max_prompt_len), bucket=8)

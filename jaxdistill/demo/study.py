@@ -26,6 +26,7 @@ import numpy as np
 from jaxdistill import models
 from jaxdistill import sparsity as sparsity_lib
 from jaxdistill.demo import build
+from jaxdistill.demo import checks
 from jaxdistill.demo import tasks as demo_tasks
 from jaxdistill.evaluate import core
 from jaxdistill.evaluate import report
@@ -175,14 +176,17 @@ def _rlvr_line(name, stage_dir, flat):
 def run(cfg, workdir: str) -> dict:
   """The whole miniature study; returns {'rows', 'teacher', 'student', ...}."""
   t0 = time.time()
+  # Everything the config alone decides is checked before anything is
+  # written: the settings, then the data they generate.
+  checks.check_config(cfg)
+  recs = records(cfg)
+  suites = recs["suites"]
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "jax_cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
   devices = jax.devices()[:1]
-  recs = records(cfg)
-  suites = recs["suites"]
 
   # (1) Tokenizer, (2) teacher, (3) student: cached by their settings. The
   # tokenizer sees every training text (the student's are a subset of the
@@ -214,11 +218,14 @@ def run(cfg, workdir: str) -> dict:
                          recs["distill"], models_root, "distill"))
   # The arms' directory is named by everything that makes them (not the RLVR
   # stage, which lives inside each arm's), so a rerun reuses finished arms
-  # and other settings never touch them.
+  # and other settings never touch them; not by where the workdir is (the
+  # models' and data's directories are named by their content), so a copied
+  # workdir reuses them too.
   made_by = grid.to_dict()
   made_by.pop("rlvr", None)
   grid_dir = os.path.join(workdir, "grid-" + build.cache_key(
-      made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}))
+      made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()},
+      root=workdir))
   runs = grid_lib.expand(grid)
   spent = {"arms": 0, "arms_eval": 0.0, "rlvr": 0, "rlvr_eval": 0.0}
   t2 = time.time()
@@ -258,7 +265,8 @@ def run(cfg, workdir: str) -> dict:
              for r in runs)
   build.log(f"grid: {len(runs)} arms, {done} already finished, in {grid_dir}")
   runner.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
-                  summarize=False, rlvr_evaluate_fn=rlvr_evaluate_fn)
+                   summarize=False, rlvr_evaluate_fn=rlvr_evaluate_fn,
+                   paths_root=workdir)
   t_end = time.time()
   t_grid = (clock["rlvr"] or t_end) - t2
   rows = table.aggregate(grid_dir)

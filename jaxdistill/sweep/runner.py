@@ -182,14 +182,14 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   return result
 
 
-def _to_train(runs, workdir, rerun_stale):
+def _to_train(runs, workdir, rerun_stale, paths_root):
   """The runs that will train: unfinished ones, and with rerun_stale the
   finished ones trained under another config."""
   out = []
   for run in runs:
     run_dir = os.path.join(workdir, run.dirname)
     if not is_finished(run_dir) or (
-        rerun_stale and stale_changes(run, run_dir, workdir)):
+        rerun_stale and stale_changes(run, run_dir, paths_root)):
       out.append(run)
   return out
 
@@ -239,9 +239,9 @@ STALE_DIR = "stale"
 
 def _config_changes(old, new, workdir: str, prefix: str = "") -> list[str]:
   """Dotted fields whose values differ between two config dicts. A path
-  inside the sweep's own workdir (e.g. local_assets' tokenizer and student)
-  matches the old run's path with the same relative part, so a moved sweep
-  directory is not stale."""
+  inside `workdir` (the sweep's own, with e.g. local_assets' tokenizer and
+  student, or the run_sweep's paths_root) matches the old run's path with the
+  same relative part, so a moved sweep directory is not stale."""
   out = []
   root = os.path.abspath(workdir) + os.sep
   for k in sorted(set(old) | set(new)):
@@ -280,19 +280,21 @@ def config_changes(config, run_dir: str, workdir: str) -> list[str]:
           if c.split(":")[0] not in ignore]
 
 
-def _handle_stale(grid, runs, workdir: str, rerun_stale: bool) -> None:
+def _handle_stale(grid, runs, workdir: str, rerun_stale: bool,
+                  paths_root: str) -> None:
   """Refuses (or, with rerun_stale, moves aside) runs, and RLVR stages, done
-  under another config."""
+  under another config (paths under `paths_root` compared by their relative
+  part)."""
   stale = []  # (name, directory, changes)
   for run in runs:
     run_dir = os.path.join(workdir, run.dirname)
-    changes = stale_changes(run, run_dir, workdir)
+    changes = stale_changes(run, run_dir, paths_root)
     if changes:
       stale.append((run.name, run_dir, changes))
     elif rlvr_lib.declared(grid):
       out = rlvr_lib.stage_dir(run_dir)
       changes = config_changes(rlvr_lib.stage_config(grid, run, run_dir), out,
-                               workdir)
+                               paths_root)
       if changes:
         stale.append((f"{run.name} (RLVR stage)", out, changes))
   if not stale:
@@ -338,7 +340,8 @@ def _run_rlvr(grid, runs, workdir, results, *, devices, evaluate_fn):
 def run_sweep(grid, workdir: str, *, only: str | None = None,
               evaluate_fn: Callable | None = None, devices=None,
               summarize: bool = True, rerun_stale: bool = False,
-              rlvr_evaluate_fn: Callable | None = None) -> list[dict]:
+              rlvr_evaluate_fn: Callable | None = None,
+              paths_root: str | None = None) -> list[dict]:
   """Runs every unfinished run of `grid` in turn; returns all results.
 
   With grid.rlvr (study.rlvr), GRPO then runs from every chosen arm in
@@ -351,8 +354,9 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   A run directory trained under a config other than the run's (a setting
   changed outside the grid's axes) is refused, naming the fields, unless
   `rerun_stale`, which moves it into <workdir>/stale/ and runs it again.
-  Fields in DISPLAY_FIELDS, and paths inside `workdir` that differ only by
-  where the sweep directory lives, are not differences.
+  Fields in DISPLAY_FIELDS, and paths inside `workdir` (or `paths_root`, a
+  directory holding it and the grid's assets) that differ only by where that
+  directory lives, are not differences.
 
   Every unfinished run's config (training, evaluation, RLVR stage) is checked
   before anything is written; then the sweep holds <workdir>/.lock (one
@@ -365,7 +369,8 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   runs = inputs.plan(grid, workdir, only, prepare=False)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
-  todo = _to_train(runs, workdir, rerun_stale)
+  paths_root = paths_root or workdir
+  todo = _to_train(runs, workdir, rerun_stale, paths_root)
   _check_configs(grid, todo)
   if rlvr_lib.declared(grid):
     rlvr_lib.check(grid, runs, workdir)
@@ -380,16 +385,17 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
     return _run_locked(grid, runs, workdir, only=only, evaluate_fn=evaluate_fn,
                        devices=devices, summarize=summarize,
                        rerun_stale=rerun_stale,
-                       rlvr_evaluate_fn=rlvr_evaluate_fn)
+                       rlvr_evaluate_fn=rlvr_evaluate_fn,
+                       paths_root=paths_root)
 
 
 def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
-                rerun_stale, rlvr_evaluate_fn):
+                rerun_stale, rlvr_evaluate_fn, paths_root):
   if grid.get("local_assets"):
     runlocal.prepare_assets(grid, workdir)
   # Again: the assets' paths are in the base; now the data is prepared too.
   runs = inputs.plan(grid, workdir, only, is_finished=is_finished, log=log)
-  _handle_stale(grid, runs, workdir, rerun_stale)
+  _handle_stale(grid, runs, workdir, rerun_stale, paths_root)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, "sweep.json")
