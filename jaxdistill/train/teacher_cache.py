@@ -327,9 +327,18 @@ def topk_from_hidden(hidden, head, *, k, temperature, vocab, chunk=128):
   h = jnp.pad(hidden, [(0, 0), (0, n * chunk - l), (0, 0)])
   h = jnp.moveaxis(h.reshape(b, n, chunk, d), 1, 0)  # [N, B, C, D]
 
+  # The head is cut (to whole 128-lane blocks, padding columns masked), never
+  # the [B, C, V] product: slicing the product below the padded embedding
+  # fails to compile on a TPU (see losses/fused.py).
+  width = min(-(-vocab // 128) * 128, head.shape[1])
+  head = head[:, :width]
+
   def one(hc):
     u = jnp.einsum("bcd,dv->bcv", hc, head, preferred_element_type=jnp.float32)
-    return losses.topk.topk_of_scaled(u[..., :vocab] / temperature, k)
+    if width != vocab:
+      col = jax.lax.broadcasted_iota(jnp.int32, u.shape, 2)
+      u = jnp.where(col < vocab, u, -jnp.inf)
+    return losses.topk.topk_of_scaled(u / temperature, k)
 
   out = jax.lax.map(one, h)
   return jax.tree.map(
