@@ -27,7 +27,9 @@ is the study's low-rate regime in what it does to the weights: most of them
 unchanged in bfloat16 and the second task intact; the high rate teaches.
 Measured on the cached teacher and student, forward KL, student rollouts,
 320 steps of 16 rollouts, seed 0 (4-number accuracy before: student 14.5 %,
-teacher 97.0 %; forgetting: drop of addition accuracy from 100 %):
+teacher 97.0 %; forgetting: drop of addition accuracy from 100 %; a build
+of the same models on code that rounds floats differently gave a 60 %
+teacher and the same regimes at 5e-7 and 2e-4, see the README):
 
   lr     4-number  forgetting  bf16 sparsity after 40 / 320 steps
   2e-3   64.5 %    +100 pp       - / 0.3 %   (the previous grid's high rate)

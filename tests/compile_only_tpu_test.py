@@ -2,7 +2,7 @@
 memory XLA's TPU compiler reports against hand counts, and the smallest
 program that once failed to compile. Skipped where libtpu is not installed
 (`pip install -e '.[tpu]'`; the test extra brings it on Linux x86-64)."""
-import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,9 @@ import pytest
 from jaxdistill import compile_only
 from jaxdistill import config_lib
 from jaxdistill import losses
+from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.bench import fit
 from jaxdistill.train import loop
 from tests import config_util
 
@@ -105,3 +107,50 @@ def test_smallest_failing_program_now_compiles(v5e_2x2):
           sds((width, d), spec(None, "fsdp")), sds((b, t, d), spec(None, None, "fsdp")),
           sds((b, t), spec("fsdp"), jnp.float32))
   jax.jit(jax.grad(loss, argnums=(0, 3))).lower(*args).compile()
+
+
+def _readme_gib(config, family, slice_name, program):
+  """Per-chip GiB of a program in README.md's fit table (bench.fit
+  --markdown)."""
+  readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+  for line in readme.read_text().splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if (len(cells) >= 5 and cells[0] == config
+        and cells[1].startswith(family + " ") and cells[2] == slice_name
+        and cells[3] == program):
+      return float(cells[4].split()[0])
+  raise AssertionError(f"README.md has no fit-table row {config} | {family} "
+                       f"| {slice_name} | {program}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen05b", "llama"])
+def test_real_shapes_scale_by_layer_to_the_readme(family):
+  """The rollout of configs/distill.py with the family's real shapes (the
+  student's width, heads and vocabulary; batch 64, 256 + 512 positions) at
+  1 and 2 student layers, on the slice the study runs it on: memory is
+  linear in the layers (stacked weights, KV cache), so the two compilations
+  give the per-layer bytes, which scaled to the full depth must give the
+  figure README.md reports (a full-depth compilation, bench.fit)."""
+  slice_name = fit.STUDY[family]
+  t = compile_only.target(slice_name)
+  totals = {}
+  for layers in (1, 2):
+    c = fit.family_config(family)
+    c.student.overrides = {"num_hidden_layers": layers}
+    mesh = loop.config_mesh(c, t.devices)
+    scfg, tcfg, cached = loop.model_configs(c)
+    vocab = fit.FAMILIES[family][2]
+    progs = loop.run_programs(c, scfg, tcfg, vocab, mesh,
+                              sharding.rules_from_config(c), cached)
+    rollout = [p for p in progs if p.name == "rollout"][0]
+    with sharding.compiling_for("tpu"):
+      totals[layers] = compile_only.compile_program(rollout, t)["total_bytes"]
+  per_layer = totals[2] - totals[1]
+  assert per_layer > 0, totals
+  depth = models.get_preset(fit.FAMILIES[family][0]).num_hidden_layers
+  full = (totals[1] + (depth - 1) * per_layer) / compile_only.GiB
+  reported = _readme_gib("distill", family, slice_name, "rollout")
+  # The README rounds to 0.1 GiB.
+  assert abs(full - reported) <= 0.03 * reported + 0.05, (full, reported,
+                                                          totals)

@@ -2,17 +2,22 @@
 
   python -m jaxdistill.bench.fit                  # the README's table
   python -m jaxdistill.bench.fit --families qwen05b --slices v5e-8 --markdown
+  python -m jaxdistill.bench.fit --configs all     # every study config
 
 For each family (configs/distill.py with the pair's presets and real
 vocabulary) and slice, `python -m jaxdistill.train ... --compile_only=SLICE`
 in this process: every program of a distillation run compiled for the slice
 by XLA's TPU compiler on this host (jaxdistill/compile_only.py; needs
-libtpu: pip install -e '.[tpu]'). Prints one JSON object: per family and
-slice the per-chip memory of each program, its headroom, the roofline step
-time bound and MFU ceiling; the headline is the share of (family, slice)
-pairs whose programs all fit with the required headroom (goal: those the
-study runs on, table STUDY below). `--markdown` prints the README's table
-instead. Programs compiled before are read back from compile_only's cache
+libtpu: pip install -e '.[tpu]'). `--configs` adds the study's other
+configs (table CONFIGS: the grids through `python -m jaxdistill.sweep
+--compile_only`, every distinct program of their arms, RLVR stages included;
+GRPO through `python -m jaxdistill.rl.train --compile_only`), each with its
+own pair on the slice the study runs that pair on (STUDY) unless --slices is
+given. Prints one JSON object: per config, family and slice the per-chip
+memory of each program, its headroom, the roofline step time bound and MFU
+ceiling; the headline is the share of (config, family, slice) runs whose
+programs all fit with the required headroom (goal: those on the study's
+slices). `--markdown` prints the README's table instead. Programs compiled before are read back from compile_only's cache
 (~/.cache/jaxdistill/compile_only), so a rerun is quick; a first run takes
 minutes per program on a small host.
 
@@ -28,6 +33,8 @@ import json
 import sys
 
 from jaxdistill import config_lib
+from jaxdistill.rl import train as rl_train
+from jaxdistill.sweep import programs as sweep_programs
 from jaxdistill.train import loop
 
 # family: (student preset, teacher preset, real vocabulary).
@@ -42,25 +49,66 @@ STUDY = {"qwen05b": "v5e-8", "qwen15b": "v5e-8", "llama": "v6e-8"}
 MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 
 
-def family_config(family: str, spec: str = "configs/distill.py"):
-  student, teacher, vocab = FAMILIES[family]
-  c = config_lib.load_config(spec)
-  c.student.preset, c.teacher.preset = student, teacher
-  c.loss.vocab_size = vocab
+# config: (kind, spec, families). kind: "train" (a distillation run),
+# "sweep" (a grid: its base run takes the family's pair) or "rl" (GRPO: the
+# family's student as the policy). The pairs are the configs' own: the
+# spectrum and top-k grids distil Qwen2.5-0.5B, the harder Countdown grid
+# Qwen2.5-1.5B, GRPO after distillation starts from Qwen2.5-0.5B.
+CONFIGS = {
+    "distill": ("train", "configs/distill.py", tuple(FAMILIES)),
+    "grid_main": ("sweep", "configs/grid_main.py:families={family}",
+                  tuple(FAMILIES)),
+    "grid_spectrum": ("sweep", "configs/grid_spectrum.py", ("qwen05b",)),
+    "grid_topk": ("sweep", "configs/grid_topk.py", ("qwen05b",)),
+    "grid_countdown_harder": ("sweep", "configs/grid_countdown_harder.py",
+                              ("qwen15b",)),
+    "grpo_after_distill": ("rl", "configs/grpo_after_distill.py",
+                           ("qwen05b",)),
+}
+
+
+def _with_pair(c, family: str, *, teacher: bool = True):
+  """Config `c` with the family's presets (shapes without weights) and real
+  vocabulary."""
+  student, teacher_preset, vocab = FAMILIES[family]
+  c.student.preset = student
+  if teacher:
+    c.teacher.preset = teacher_preset
+    c.loss.vocab_size = vocab
   return c
 
 
+def family_config(family: str, spec: str = "configs/distill.py"):
+  return _with_pair(config_lib.load_config(spec), family)
+
+
+def compile_config(name: str, family: str, slice_name: str) -> dict:
+  """compile_only's report of config `name` (CONFIGS) with `family`'s pair,
+  compiled for `slice_name`."""
+  kind, spec, _ = CONFIGS[name]
+  c = config_lib.load_config(spec.format(family=family))
+  if kind == "train":
+    return loop.compile_for(_with_pair(c, family), slice_name)
+  if kind == "sweep":
+    _with_pair(c.base, family)
+    return sweep_programs.compile_for(c, slice_name)
+  return rl_train.compile_for(_with_pair(c, family, teacher=False), slice_name)
+
+
 def markdown(results) -> str:
-  lines = ["| family (student <- teacher) | slice | program | per-chip memory "
-           "GiB (of HBM) | headroom | step-time bound | MFU ceiling |",
-           "|---|---|---|---|---|---|---|"]
+  lines = ["| config | family (student <- teacher) | slice | program | "
+           "per-chip memory GiB (of HBM) | headroom | step-time bound | "
+           "MFU ceiling |",
+           "|---|---|---|---|---|---|---|---|"]
   for r in results:
     s, t, _ = FAMILIES[r["family"]]
+    pair = f"{s} <- {t}" if CONFIGS[r["config"]][0] != "rl" else s
     for p in r["report"]["programs"]:
       hbm = r["report"]["hbm_bytes_per_device"] / 2**30
       ceiling = "-" if p["mfu_ceiling"] is None else f"{p['mfu_ceiling']:.2f}"
+      name = p["name"].split(":")[0]  # a grid's: without the arm
       lines.append(
-          f"| {r['family']} ({s} <- {t}) | {r['slice']} | {p['name']} | "
+          f"| {r['config']} | {r['family']} ({pair}) | {r['slice']} | {name} | "
           f"{p['total_bytes'] / 2**30:.1f} ({hbm:.0f}) | {p['headroom']:.0%}"
           f"{'' if p['fits'] else ' (does not fit)'} | "
           f"{p['step_time_bound_s'] * 1e3:.0f} ms ({p['bound_by']}) | "
@@ -71,28 +119,45 @@ def markdown(results) -> str:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--families", default=",".join(FAMILIES))
-  ap.add_argument("--slices", default=",".join(SLICES))
+  ap.add_argument("--slices", default=None,
+                  help=f"default: {','.join(SLICES)} for distill, the "
+                  "study's slice (STUDY) for the other configs")
+  ap.add_argument("--configs", default="distill",
+                  help=f"'all' or some of {','.join(CONFIGS)}")
   ap.add_argument("--markdown", action="store_true",
                   help="print the README's table instead of the JSON")
   args = ap.parse_args(argv)
-  results = []
-  for family in args.families.split(","):
+  families = args.families.split(",")
+  for family in families:
     if family not in FAMILIES:
       raise SystemExit(f"error: --families: unknown {family!r}; choose from "
                        f"{sorted(FAMILIES)}")
-    for sl in args.slices.split(","):
-      report = loop.compile_for(family_config(family), sl)
-      results.append({"family": family, "slice": sl, "report": report,
-                      "fits": all(p["fits"] for p in report["programs"])})
+  names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+  for name in names:
+    if name not in CONFIGS:
+      raise SystemExit(f"error: --configs: unknown {name!r}; choose 'all' or "
+                       f"from {list(CONFIGS)}")
+  results = []
+  for name in names:
+    for family in families:
+      if family not in CONFIGS[name][2]:
+        continue
+      slices = (args.slices.split(",") if args.slices else
+                SLICES if name == "distill" else (STUDY[family],))
+      for sl in slices:
+        report = compile_config(name, family, sl)
+        results.append({"config": name, "family": family, "slice": sl,
+                        "report": report,
+                        "fits": all(p["fits"] for p in report["programs"])})
   if args.markdown:
     print(markdown(results))
     return results
   study = [r for r in results if STUDY.get(r["family"]) == r["slice"]]
   fit = sum(r["fits"] for r in study)
   out = {
-      "headline": {"name": "study pairs whose programs all fit their slice "
-                           "(>= 10 % HBM free)",
-                   "value": f"{fit}/{len(study)}", "unit": "pairs",
+      "headline": {"name": "study runs (config x pair) whose programs all "
+                           "fit their slice (>= 10 % HBM free)",
+                   "value": f"{fit}/{len(study)}", "unit": "runs",
                    "goal": "all", "meets_goal": bool(study) and fit == len(study)},
       "maxtext_reference_mfu": MAXTEXT_MFU,
       "results": results}
