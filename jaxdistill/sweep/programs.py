@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 from jaxdistill import compile_only
 from jaxdistill import config_lib
@@ -73,8 +74,11 @@ def _as_policy(stage, run_config):
   return stage
 
 
-def grid_programs(grid, target, only=None, log=print):
-  """(programs, {program name: [arm names]}) of a grid's arms."""
+def grid_programs(grid, target, only=None, log=None):
+  """(programs, {program name: [arm names]}) of a grid's arms. `log`
+  (default: stderr, so that --json's stdout stays one JSON object) hears how
+  many distinct programs the arms need."""
+  log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   runs = grid_lib.expand(grid, only)
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
