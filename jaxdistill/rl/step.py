@@ -62,15 +62,17 @@ def to_host(x):
                                              "vocab_size"))
 def reference_logprobs(params, tokens, attention_mask, temperature, *, cfg,
                         num_response, chunks, vocab_size=None):
-  """[R, N] log-probs of the response tokens, `chunks` row blocks at a time."""
-  split = lambda x: x.reshape((chunks, -1) + x.shape[1:])
+  """[R, N] log-probs of the response tokens, in `chunks` blocks of rows:
+  block j holds rows j, chunks + j, 2 chunks + j, ..., so that each device
+  keeps its share of every block (rows are split over devices in order)."""
+  split = lambda x: jnp.moveaxis(x.reshape((-1, chunks) + x.shape[1:]), 1, 0)
 
   def one(xs):
     return grpo.token_logprobs(cfg, params, xs[0], xs[1], num_response,
                                temperature=temperature,
                                vocab_size=vocab_size)[0]
-  out = jax.lax.map(one, (split(tokens), split(attention_mask)))
-  return out.reshape(tokens.shape[0], num_response)
+  out = jax.lax.map(one, (split(tokens), split(attention_mask)))  # [A, R/A, N]
+  return jnp.moveaxis(out, 0, 1).reshape(tokens.shape[0], num_response)
 
 
 def _check_rules(mesh, rules):

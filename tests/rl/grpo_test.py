@@ -173,11 +173,15 @@ def tiny_rollout():
   return params, ro
 
 
-def test_policy_logprobs_are_the_samplers_tempered_logprobs(tiny_rollout):
-  """rho = 1 on a fresh batch: the loss uses the sampling distribution."""
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_policy_logprobs_are_the_samplers_tempered_logprobs(tiny_rollout,
+                                                            chunk_size):
+  """rho = 1 on a fresh batch: the loss uses the sampling distribution; also
+  when the response's logits are formed 2 positions at a time (5 = 2 + 2 +
+  1: the last block padded)."""
   params, ro = tiny_rollout
   logp, ent = grpo.token_logprobs(TINY, params, ro.tokens, ro.attention_mask, 5,
-                                  temperature=0.7)
+                                  temperature=0.7, chunk_size=chunk_size)
   m = np.asarray(ro.response_mask) > 0
   np.testing.assert_allclose(np.asarray(logp)[m], np.asarray(ro.logprobs)[m],
                              atol=2e-5)
@@ -187,6 +191,45 @@ def test_policy_logprobs_are_the_samplers_tempered_logprobs(tiny_rollout):
   lp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
   np.testing.assert_allclose(np.asarray(ent)[m], -(np.exp(lp) * lp).sum(-1)[m],
                              rtol=1e-4)
+
+
+def test_blocked_logprobs_gradient_matches_full_logits(tiny_rollout):
+  """The gradient through log-probs formed 2 positions at a time (each
+  block's logits recomputed in the backward pass) equals the gradient
+  through the model's full logits and jax.nn.log_softmax."""
+  params, ro = tiny_rollout
+  w = jax.random.normal(jax.random.key(3), (8, 5))
+
+  def blocked(prm):
+    lp, _ = grpo.token_logprobs(TINY, prm, ro.tokens, ro.attention_mask, 5,
+                                temperature=0.7, chunk_size=2)
+    return jnp.sum(lp * w)
+
+  def full(prm):
+    z = models.apply(TINY, prm, ro.tokens, ro.attention_mask)[:, 3:-1] / 0.7
+    lp = jax.nn.log_softmax(z.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.take_along_axis(lp, ro.tokens[:, 4:, None], -1)[..., 0]
+                   * w)
+
+  got, want = jax.grad(blocked)(params), jax.grad(full)(params)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4,
+                               atol=1e-6)
+
+
+def test_reference_logprobs_in_strided_row_blocks(tiny_rollout):
+  """rl.step.reference_logprobs in 2 row blocks (rows 0, 2, 4, ... and 1, 3,
+  5, ...) puts every row's log-probs back in its place: against an
+  independent float64 log-softmax of the model's logits."""
+  params, ro = tiny_rollout
+  got = rl_step.reference_logprobs(params, ro.tokens, ro.attention_mask,
+                                   jnp.float32(0.7), cfg=TINY, num_response=5,
+                                   chunks=2)
+  logits = np.asarray(models.apply(TINY, params, ro.tokens, ro.attention_mask),
+                      np.float64)[:, 3:-1] / 0.7
+  lp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+  want = np.take_along_axis(lp, np.asarray(ro.tokens)[:, 4:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
 
 def _batch(ro, rewards, g):
