@@ -95,18 +95,39 @@ def compile_config(name: str, family: str, slice_name: str) -> dict:
   return rl_train.compile_for(_with_pair(c, family, teacher=False), slice_name)
 
 
+def _label(name: str) -> str:
+  """A program's name for the table: a grid's 'train update: family=..,
+  task=..,kl=reverse,policy=student,lr=..,seed=0 (+5 arms)' as 'train update
+  (kl=reverse)': the axes that make its training programs differ (the
+  rollout's policy, the update's loss), nothing for evaluation and RLVR
+  programs, which every arm shares."""
+  program, _, arm = name.partition(": ")
+  axes = {"train rollout": ("policy",), "train update": ("kl", "topk")}
+  keep = [x for x in arm.partition(" (+")[0].split(",")
+          if x.split("=")[0] in axes.get(program, ())]
+  return f"{program} ({', '.join(keep)})" if keep else program
+
+
 def markdown(results) -> str:
   lines = ["| config | family (student <- teacher) | slice | program | "
            "per-chip memory GiB (of HBM) | headroom | step-time bound | "
            "MFU ceiling |",
            "|---|---|---|---|---|---|---|---|"]
+  seen = set()
   for r in results:
     s, t, _ = FAMILIES[r["family"]]
     pair = f"{s} <- {t}" if CONFIGS[r["config"]][0] != "rl" else s
     for p in r["report"]["programs"]:
       hbm = r["report"]["hbm_bytes_per_device"] / 2**30
       ceiling = "-" if p["mfu_ceiling"] is None else f"{p['mfu_ceiling']:.2f}"
-      name = p["name"].split(":")[0]  # a grid's: without the arm
+      name = _label(p["name"])
+      # A grid's arms that differ in a setting the program does not see
+      # compile one program, reported once.
+      key = (r["config"], r["family"], r["slice"], name,
+             p["total_bytes"], p["flops"])
+      if key in seen:
+        continue
+      seen.add(key)
       lines.append(
           f"| {r['config']} | {r['family']} ({pair}) | {r['slice']} | {name} | "
           f"{p['total_bytes'] / 2**30:.1f} ({hbm:.0f}) | {p['headroom']:.0%}"
