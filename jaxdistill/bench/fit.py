@@ -1,8 +1,8 @@
 """Benchmark: do the study's real pairs fit the TPU slices users rent?
 
-  python -m jaxdistill.bench.fit                  # the README's table
-  python -m jaxdistill.bench.fit --families qwen05b --slices v5e-8 --markdown
-  python -m jaxdistill.bench.fit --configs all     # every study config
+  python -m jaxdistill.bench.fit                  # configs/distill.py, 3 pairs
+  python -m jaxdistill.bench.fit --configs all --markdown   # the README's table
+  python -m jaxdistill.bench.fit --families llama --slices v5e-8,v5p-8
 
 For each family (configs/distill.py with the pair's presets and real
 vocabulary) and slice, `python -m jaxdistill.train ... --compile_only=SLICE`
@@ -12,8 +12,8 @@ libtpu: pip install -e '.[tpu]'). `--configs` adds the study's other
 configs (table CONFIGS: the grids through `python -m jaxdistill.sweep
 --compile_only`, every distinct program of their arms, RLVR stages included;
 GRPO through `python -m jaxdistill.rl.train --compile_only`), each with its
-own pair on the slice the study runs that pair on (STUDY) unless --slices is
-given. Prints one JSON object: per config, family and slice the per-chip
+own pair. Every pair compiles for the slice the study runs it on (STUDY)
+unless --slices names others. Prints one JSON object: per config, family and slice the per-chip
 memory of each program, its headroom, the roofline step time bound and MFU
 ceiling; the headline is the share of (config, family, slice) runs whose
 programs all fit with the required headroom (goal: those on the study's
@@ -141,8 +141,8 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--families", default=",".join(FAMILIES))
   ap.add_argument("--slices", default=None,
-                  help=f"default: {','.join(SLICES)} for distill, the "
-                  "study's slice (STUDY) for the other configs")
+                  help=f"some of {','.join(SLICES)} (any slice compile_only "
+                  "knows); default: the pair's slice in the study (STUDY)")
   ap.add_argument("--configs", default="distill",
                   help=f"'all' or some of {','.join(CONFIGS)}")
   ap.add_argument("--markdown", action="store_true",
@@ -164,7 +164,7 @@ def main(argv=None):
       if family not in CONFIGS[name][2]:
         continue
       slices = (args.slices.split(",") if args.slices else
-                SLICES if name == "distill" else (STUDY[family],))
+                (STUDY[family],))
       for sl in slices:
         report = compile_config(name, family, sl)
         results.append({"config": name, "family": family, "slice": sl,

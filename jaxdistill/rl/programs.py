@@ -22,6 +22,12 @@ from jaxdistill.train import programs as train_programs
 from jaxdistill.train import step as step_lib
 
 
+def _head_flops(cfg) -> float:
+  """Forward FLOPs of the output head per token (in forward_flops_per_token),
+  which GRPO's log-probs skip at the prompt's positions."""
+  return 2.0 * cfg.hidden_size * cfg.vocab_size
+
+
 def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
                   schedule, use_ref: bool, track_sparsity: bool):
   """compile_only.Programs of a GRPO run. `rcfg`: the kl.reference's config,
@@ -57,7 +63,9 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
         chunks=int(config.optim.grad_accum), vocab_size=vocab)
     out.append(compile_only.Program(
         "reference", jax.jit(fn), (r_params, tokens, tokens, jnp.float32(1.0)),
-        model_flops=flops.forward_flops_per_token(r_cfg, seq) * rows * seq,
+        # The head runs on the N response positions only.
+        model_flops=(flops.forward_flops_per_token(r_cfg, seq) * rows * seq
+                     - _head_flops(r_cfg) * rows * p),
         bytes_accessed=int(config.optim.grad_accum) * flops.weight_bytes(r_cfg),
         resident_bytes=run_b - size(r_params)))
   batch = {"tokens": tokens, "attention_mask": tokens,
@@ -74,7 +82,8 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   out.append(compile_only.Program(
       "update", update,
       (state, batch, jax.ShapeDtypeStruct((), jax.random.key(0).dtype)),
-      model_flops=flops.train_step_flops(cfg, None, epochs * rows * seq, seq),
+      model_flops=(flops.train_step_flops(cfg, None, epochs * rows * seq, seq)
+                   - 3 * _head_flops(cfg) * epochs * rows * p),
       bytes_accessed=steps * train_programs.update_bytes(
           cfg, None, passes=train_programs.student_passes(cfg),
           micro=int(config.optim.grad_accum), n_dev=mesh.devices.size),
