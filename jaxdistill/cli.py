@@ -279,7 +279,7 @@ def run_absl(main: Callable[[list[str]], object], define_flags: Callable[[], Non
     _fail(e, verbose)
 
 
-def define_compile_only_flags() -> None:
+def define_compile_only_flags(flag_values=flags.FLAGS) -> None:
   """--compile_only SLICE and --json: compile the command's programs for a
   TPU slice on this host and report their memory (jaxdistill/compile_only.py)."""
   flags.DEFINE_string(
@@ -288,6 +288,6 @@ def define_compile_only_flags() -> None:
       "v5p-8, v4-8, ... or a topology like v5e:2x4) on this host, without "
       "weights, data or a TPU; print per-chip memory, FLOPs and the roofline "
       "bound, and fail in one line if one does not fit. Needs libtpu: "
-      "pip install -e '.[tpu]'.")
+      "pip install -e '.[tpu]'.", flag_values=flag_values)
   flags.DEFINE_bool("json", False, "--compile_only: print the report as one "
-                    "JSON object.")
+                    "JSON object.", flag_values=flag_values)

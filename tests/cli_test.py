@@ -243,6 +243,7 @@ def test_sweep_help_and_readme_examples_parse(monkeypatch):
     flags.DEFINE_string("workdir", None, "", flag_values=fv)
     flags.DEFINE_bool("print_commands", False, "", flag_values=fv)
     flags.DEFINE_string("only", None, "", flag_values=fv)
+    cli.define_compile_only_flags(flag_values=fv)
     argv = ["sweep", *cli.resolve_config_args(args)]
     monkeypatch.setattr(sys, "argv", argv)  # config_flags reads overrides there
     fv(argv)
