@@ -46,7 +46,9 @@ setuptools.setup(
         # torch is only a reference for parity tests and benchmarks. The pinned
         # version is a CPU build on our CI machines; an unpinned `torch` pulls a
         # multi-GB CUDA build.
-        "test": ["pytest>=8", "torch==2.13.0",
+        # pytest-xdist: the README's test command runs the files on every core
+        # (-n auto; tests/conftest.py keeps each file on one worker).
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0",
                  # the notebooks under colab/ are executed by the tests
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  # tests/compile_only_tpu_test.py compiles for a TPU slice

@@ -328,9 +328,10 @@ def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> d
     mem = _memory(lowered, p.name, (p.args, p.kwargs))
     if path:
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path + ".tmp", "w") as f:
+      tmp = f"{path}.{os.getpid()}.tmp"  # processes may race on one program
+      with open(tmp, "w") as f:
         json.dump(mem, f)
-      os.replace(path + ".tmp", path)
+      os.replace(tmp, path)
   row = {"name": p.name, **mem}
   if mem.get("compile_error"):
     total = mem["argument_bytes"] + mem["temp_bytes"] + p.resident_bytes

@@ -1,7 +1,11 @@
 """Test-wide setup: simulate 8 CPU devices so sharding tests can build meshes,
 and share compiled programs between tests through JAX's persistent cache
 (many tests compile the same tiny models; this changes no result). The quick
-demo runs once per session (the `quick_demo` fixture)."""
+demo runs once per session (the `quick_demo` fixture).
+
+With pytest-xdist (`-n auto`, the README's test command), each test file runs
+whole on one worker, so module and session fixtures are built once per file;
+the files that share the quick demo run on one worker, so it runs once."""
 import contextlib
 import io
 import os
@@ -22,6 +26,25 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# Files whose tests request the `quick_demo` fixture: one worker runs them all.
+QUICK_DEMO_FILES = ("demo_test.py", "colab_test.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+def pytest_xdist_make_scheduler(config, log):
+  """Work units for xdist's workers: a test file, or all of QUICK_DEMO_FILES."""
+  from xdist import scheduler  # pylint: disable=g-import-not-at-top
+
+  class ByFile(scheduler.LoadScopeScheduling):
+
+    def _split_scope(self, nodeid):
+      path = nodeid.split("::", 1)[0]
+      return ("quick_demo" if os.path.basename(path) in QUICK_DEMO_FILES
+              else path)
+
+  return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,16 @@
 """The demo: its data, tokenizer, verdicts, and the --quick run end to end."""
 import ast
 from fractions import Fraction
+import glob
 import json
 import math
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -255,6 +260,7 @@ def test_every_shipped_variant_passes_the_checks(arg):
     ("grid.kl", ("forward", "sampled"), "('forward', 'reverse', 'jsd')"),
     ("grid.policy", (("student", 1.5),), "lambda must be in [0, 1]"),
     ("teacher.lr", float("nan"), "finite number"),
+    ("teacher.warmup", 1.5, "finite number in [0, 1]"),
     ("student.arch.num_key_value_heads", 2, "multiple of num_key_value_heads"),
     ("student.id_share", 1.2, "[0, 1]"),
     ("data.addition_test", 101, "only 100 addition facts"),
@@ -398,3 +404,92 @@ def test_accuracy_findings_are_untested_when_no_arm_improves():
   found = {n: ok for n, ok, _ in report.findings(
       flat, {f"{ID}/greedy_acc": 0.6}, chance, 400)}
   assert found["forgetting grows with LR"] is None
+
+
+def test_worker_groups_deal_arms_round_robin_and_split_the_cores():
+  from jaxdistill.demo import workers  # pylint: disable=g-import-not-at-top
+  assert workers.groups([0, 1, 2, 3, 4, 5, 6, 7], 2, [0, 1]) == [
+      ([0, 2, 4, 6], [0]), ([1, 3, 5, 7], [1])]
+  assert workers.groups([2, 5, 7], 3, [0, 1, 2, 3, 4, 5, 6, 7]) == [
+      ([2], [0, 1]), ([5], [2, 3, 4]), ([7], [5, 6, 7])]
+  # Never more workers than arms; more workers than cores share them.
+  assert workers.groups([4], 8, [0, 1]) == [([4], [0, 1])]
+  assert workers.groups([0, 1, 2], 3, [0, 1]) == [
+      ([0], [0]), ([1], [1]), ([2], [0])]
+
+
+def test_a_failing_worker_is_named_after_the_others_finish(tmp_path):
+  from jaxdistill.demo import workers  # pylint: disable=g-import-not-at-top
+  with pytest.raises(RuntimeError) as e:
+    workers.run_arms(["--config", "configs/nope.py", "--workdir",
+                      str(tmp_path)], [0, 1, 2], 2, log=lambda _: None)
+  msg = str(e.value)
+  assert ("worker 1 (arms [1, 3]) exited with status 1; worker 2 (arms [2]) "
+          "exited with status 1") in msg
+  assert "run the same command to resume" in msg
+
+
+def _copy_models(workdir, dest):
+  """The quick demo's tokenizer, teacher and student (cached), no arms."""
+  shutil.copytree(workdir / "models", dest / "models")
+  shutil.copytree(workdir / "jax_cache", dest / "jax_cache")
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_table_of_one_process(quick_demo, tmp_path):
+  """Arms trained by two worker processes, one core each: the same table as
+  the session's quick demo (one process, both cores), up to float rounding
+  (XLA's reductions split by thread count): equal accuracies, sparsity
+  within 0.1 pp."""
+  workdir, summary, _ = quick_demo
+  _copy_models(workdir, tmp_path)
+  got = demo.main(["--quick", "--workers", "2", "--workdir", str(tmp_path)])
+  assert got["arms_run"] == 2 and got["seconds"]["grid_workers"] == 2
+  acc = ("name", f"acc/{ID}", f"acc/{HARD}", "acc/addition", "coverage")
+  assert ([[r[k] for k in acc] for r in got["rows"]] ==
+          [[r[k] for k in acc] for r in summary["rows"]])
+  for a, b in zip(got["rows"], summary["rows"]):
+    assert a["sparsity"] == pytest.approx(b["sparsity"], abs=0.1)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_workers_with_checkpoints(quick_demo, tmp_path):
+  """SIGTERM to the demo while its workers train: each worker stops after
+  its step in flight with a checkpoint, none is left running, and the demo
+  exits 143 (128 + SIGTERM)."""
+  workdir, _, _ = quick_demo
+  _copy_models(workdir, tmp_path)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  log = tmp_path / "stderr.txt"
+  with open(log, "w") as err:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxdistill.demo", "--quick", "--workers", "2",
+         "--workdir", str(tmp_path), "--config",
+         "configs/demo.py:arm_steps=5000"], cwd=repo, stderr=err,
+        stdout=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 300
+    while sum(len(_read(p).splitlines()) >= 2 for p in glob.glob(  # training
+        str(tmp_path / "grid-*" / "*" / "metrics.jsonl"))) < 2:
+      assert proc.poll() is None, log.read_text()[-3000:]
+      assert time.time() < deadline, log.read_text()[-3000:]
+      time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=180) == 143, log.read_text()[-3000:]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  arms = glob.glob(str(tmp_path / "grid-*" / "*" / "checkpoints"))
+  assert len(arms) == 2 and all(os.listdir(a) for a in arms)
+  left = [p for p in glob.glob("/proc/[0-9]*/cmdline")
+          if str(tmp_path).encode() in _read(p)]
+  assert not left
+  assert "stopped by SIGTERM" in log.read_text()
+
+
+def _read(path):
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except OSError:
+    return b""

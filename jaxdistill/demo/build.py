@@ -21,8 +21,11 @@ from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import loop as train_loop
 
 
+PREFIX = "[demo]"  # a worker process's is "[demo worker K/N]"
+
+
 def log(msg: str):
-  print(f"[demo] {msg}", file=sys.stderr, flush=True)
+  print(f"{PREFIX} {msg}", file=sys.stderr, flush=True)
 
 
 def cache_key(*parts, root: str | None = None) -> str:
@@ -126,8 +129,9 @@ def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
 
 
 def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
-               lr: float, seed: int):
-  """A configs/distill.py training config for supervised fine-tuning."""
+               lr: float, seed: int, warmup: float = 0.05):
+  """A configs/distill.py training config for supervised fine-tuning: AdamW,
+  linear warm-up over the fraction `warmup` of `steps`, then cosine decay."""
   c = base_train_config(cfg, tok_dir=tok_dir, records=records, seed=seed)
   c.student.update(path=None, init=init)
   c.teacher.update(path=None)
@@ -137,7 +141,7 @@ def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
   c.progress = True  # minutes of training: show step, loss and ETA
   c.ckpt_every = min(int(steps), 100)
   c.track_sparsity = False
-  c.optim.update(lr=float(lr), schedule="cosine", warmup_steps=max(1, steps // 20),
+  c.optim.update(lr=float(lr), schedule="cosine", warmup_steps=max(1, round(steps * warmup)),
                  final_lr_frac=0.1, weight_decay=0.01)
   return c
 
@@ -166,21 +170,33 @@ def grpo_config(cfg, *, tok_dir: str, records: str):
   return c
 
 
-def train_model(name: str, cfg, root: str, *, arch: dict, tokenizer,
-                tok_dir: str, records: list[dict], steps: int, lr: float,
-                seed: int, devices) -> str:
-  """Trains (or finds in the cache) one model; returns its HF directory."""
+def model_job(name: str, cfg, root: str, *, arch: dict, tokenizer,
+              tok_dir: str, records: list[dict], steps: int, lr: float,
+              seed: int, warmup: float = 0.05):
+  """(its directory, its training config) of one model (train_model)."""
   init = model_init(arch, tokenizer)
   data = write_records(records, root, name)
   config = sft_config(cfg, init=init, tok_dir=tok_dir, records=data,
-                      steps=steps, lr=lr, seed=seed)
+                      steps=steps, lr=lr, seed=seed, warmup=warmup)
   # Named by every training setting; the data and tokenizer by their content
   # (the records file's name is its hash), not by where the workdir is.
   settings = config.to_dict()
   settings["tokenizer"] = open(os.path.join(tok_dir, "tokenizer.json")).read()
   settings["data"]["records_file"] = os.path.basename(data)
-  key = cache_key(name, settings)
-  out = os.path.join(root, f"{name}-{key}")
+  return os.path.join(root, f"{name}-{cache_key(name, settings)}"), config
+
+
+def is_built(name: str, cfg, root: str, **job) -> bool:
+  """Whether train_model(name, cfg, root, **job) would find it cached."""
+  return _done(model_job(name, cfg, root, **job)[0])
+
+
+def train_model(name: str, cfg, root: str, *, devices, **job) -> str:
+  """Trains (or finds in the cache) one model; returns its HF directory.
+  `job`: model_job's settings (arch, tokenizer, tok_dir, records, steps, lr,
+  seed, warmup)."""
+  out, config = model_job(name, cfg, root, **job)
+  steps = config.total_steps
   hf = os.path.join(out, models.checkpoint.EXPORT_DIR)
   if _done(out):
     log(f"{name}: cached at {hf}")

@@ -71,6 +71,7 @@ def check_config(cfg) -> None:
   for name in ("teacher", "student"):
     _int(cfg, f"{name}.steps")
     _number(cfg, f"{name}.lr")
+    _number(cfg, f"{name}.warmup", 0.0, 1.0, open_lo=False)
     try:
       models.ModelConfig(**dict(cfg[name].arch, vocab_size=cfg.vocab_size))
     except (TypeError, ValueError) as e:

@@ -1,4 +1,4 @@
-"""`python -m jaxdistill.demo [--quick | --spectrum] [--seeds N] [--rlvr] [--workdir DIR] [--config SPEC]`.
+"""`python -m jaxdistill.demo [--quick | --spectrum] [--seeds N] [--rlvr] [--workers N] [--workdir DIR] [--config SPEC]`.
 
 Writes <workdir>/results/<settings>/{demo_table.md, findings.md, results.csv,
 results.md, results.json, *.png} and prints the table and the findings to
@@ -17,6 +17,7 @@ from jaxdistill.demo import build
 from jaxdistill.demo import report
 from jaxdistill.demo import study
 from jaxdistill.demo import tasks
+from jaxdistill.demo import workers
 from jaxdistill.sweep import table
 
 DEFAULT_WORKDIR = "~/.cache/jaxdistill/demo"
@@ -39,7 +40,17 @@ def parse(argv):
   p.add_argument("--workdir", default=None,
                  help=f"cache and outputs (default {DEFAULT_WORKDIR}, or "
                  "<workdir>-quick with --quick)")
+  p.add_argument("--workers", type=int, default=None,
+                 help="processes that train arms side by side, each on its "
+                 "own cores (default: one per CPU core, at most one per arm; "
+                 "1 with --quick, whose arms take seconds)")
   p.add_argument("--seed", type=int, default=0)
+  # A worker of jaxdistill.demo.workers: these arms, on these cores.
+  p.add_argument("--worker-runs", help=argparse.SUPPRESS)
+  p.add_argument("--worker-model", choices=("student",), help=argparse.SUPPRESS)
+  p.add_argument("--worker-cores", help=argparse.SUPPRESS)
+  p.add_argument("--worker-report", help=argparse.SUPPRESS)
+  p.add_argument("--worker-name", help=argparse.SUPPRESS)
   p.add_argument("--config", default="configs/demo.py",
                  help="settings file[:args], e.g. configs/demo.py:arm_steps=60")
   return p.parse_args(argv)
@@ -62,8 +73,15 @@ def results_name(args, cfg) -> str:
   return "-".join(parts or ["default"]) + "-" + build.cache_key(cfg.to_dict())
 
 
-def main(argv=None) -> dict:
-  args = parse(sys.argv[1:] if argv is None else argv)
+def main(argv=None) -> dict | None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  args = parse(argv)
+  worker = args.worker_runs is not None or args.worker_model is not None
+  if worker:  # before JAX sizes its thread pools
+    workers.pin([int(c) for c in args.worker_cores.split(",")])
+    build.PREFIX = f"[demo worker {args.worker_name}]"
+  if args.workers is not None and args.workers < 1:
+    raise ValueError(f"--workers: must be >= 1, got {args.workers}")
   if args.seed < 0:
     raise ValueError(f"--seed: must be >= 0, got {args.seed}")
   if args.seeds < 1:
@@ -73,7 +91,15 @@ def main(argv=None) -> dict:
   cfg = load_config(args)
   workdir = args.workdir or (DEFAULT_WORKDIR + ("-quick" if args.quick else ""))
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  res = study.run(cfg, workdir)
+  if worker:
+    return study.run(cfg, workdir, worker_model=args.worker_model,
+                     worker_runs=args.worker_runs and [
+                         int(i) for i in args.worker_runs.split(",")],
+                     worker_report=args.worker_report)
+  n = args.workers or (1 if args.quick else workers.default_workers(
+      len(cfg.grid.kl) * len(cfg.grid.policy) * len(cfg.grid.lrs) * cfg.seeds))
+  res = study.run(cfg, workdir, workers=n,
+                  argv=argv + ["--workdir", workdir])
   out = os.path.join(workdir, "results", results_name(args, cfg))
   os.makedirs(out, exist_ok=True)
   runs = report.rows_with_extras(res["rows"], res["grid_dir"])
@@ -109,8 +135,9 @@ def main(argv=None) -> dict:
   print(f"\nfiles: {out} (figures: {', '.join(os.path.basename(p) for p in figs)})")
   rl = (f", RLVR {s['rlvr']:.0f} s ({res['rlvr_run']} stages run, "
         f"evaluation {s['rlvr_evaluation']:.0f} s of it)" if res["rlvr"] else "")
+  by = (f" by {s['grid_workers']} workers" if s["grid_workers"] > 1 else "")
   print(f"time: {s['total']:.0f} s (teacher and student {s['models']:.0f} s, "
-        f"grid training {s['grid_training']:.0f} s, evaluation "
+        f"grid training {s['grid_training']:.0f} s{by}, evaluation "
         f"{s['evaluation']:.0f} s{rl}; {res['arms_run']} arms run, the rest "
         "cached)")
   sys.stdout.flush()

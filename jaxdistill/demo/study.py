@@ -2,10 +2,11 @@
 
 Every arm is one run of the study's grid machinery (jaxdistill.sweep:
 expand, run_sweep, aggregate) with the demo's evaluation: greedy and sampled
-accuracy on 4-number arithmetic (in distribution) and 6-number arithmetic
-(harder), pass@k,
-forgetting on the addition suite (the student's second task) and update
-sparsity against the student it started from.
+accuracy and pass@k on 4-number arithmetic (in distribution), greedy accuracy
+on 6-number arithmetic (harder), forgetting on the addition suite (the
+student's second task) and update sparsity against the student it started
+from. With several workers (jaxdistill.demo.workers) the arms train side by
+side, one process per CPU core.
 
 Everything is cached by the settings that made it: the tokenizer, the teacher
 and the student under <workdir>/models/, the grid's arms under
@@ -15,6 +16,7 @@ overwrite these.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -28,6 +30,7 @@ from jaxdistill import sparsity as sparsity_lib
 from jaxdistill.demo import build
 from jaxdistill.demo import checks
 from jaxdistill.demo import tasks as demo_tasks
+from jaxdistill.demo import workers as workers_lib
 from jaxdistill.evaluate import core
 from jaxdistill.evaluate import report
 from jaxdistill.sweep import grid as grid_lib
@@ -35,6 +38,7 @@ from jaxdistill.sweep import rlvr
 from jaxdistill.sweep import runner
 from jaxdistill.sweep import table
 from jaxdistill.train import log as train_log
+from jaxdistill.train import preempt
 
 ID = (f"arith{demo_tasks.ID_NUMBERS}",)
 HARDER = (f"arith{demo_tasks.HARDER_NUMBERS}",)
@@ -73,8 +77,9 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
              cache: bool = True) -> tuple[dict, object]:
   """Flat metrics of one HF directory on the suites; returns (metrics, params).
 
-  The arithmetic suites are scored greedily and with samples (pass@k); the
-  addition suite greedily (forgetting is measured on greedy accuracy).
+  The in-distribution suite is scored greedily and with samples (pass@k:
+  the study's coverage); the harder and the addition suites greedily (the
+  report reads their greedy accuracy; forgetting is measured on it).
   """
   seed = int(cfg.seed if seed is None else seed)
   mcfg, params = models.load_pretrained(model_dir, dtype="float32")
@@ -93,11 +98,11 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
                 max_prompt_len=int(cfg.max_prompt_len), prompt_bucket=8,
                 progress=False, temperature=float(cfg.grid.temperature))
   flat = core.evaluate_model(
-      mcfg, params, tokenizer, {k: suites[k] for k in ID + HARDER},
+      mcfg, params, tokenizer, {k: suites[k] for k in ID},
       num_samples=int(e.num_samples), ks=tuple(e.ks), **common)
   flat.update(core.evaluate_model(
-      mcfg, params, tokenizer, {k: suites[k] for k in OOD}, num_samples=0,
-      **common))
+      mcfg, params, tokenizer, {k: suites[k] for k in HARDER + OOD},
+      num_samples=0, **common))
   flat.update(report.group_means(flat, {"id": ID, "harder": HARDER,
                                         "ood": OOD}))
   if cache:
@@ -173,8 +178,20 @@ def _rlvr_line(name, stage_dir, flat):
           f"{100 * flat[f'{HARDER[0]}/greedy_acc']:.1f} %")
 
 
-def run(cfg, workdir: str) -> dict:
-  """The whole miniature study; returns {'rows', 'teacher', 'student', ...}."""
+def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
+        worker_runs: list[int] | None = None, worker_model: str | None = None,
+        worker_report: str | None = None) -> dict | None:
+  """The whole miniature study; returns {'rows', 'teacher', 'student', ...}.
+
+  With `workers` > 1, the grid's unfinished arms are trained by that many
+  processes (jaxdistill.demo.workers) running `python -m jaxdistill.demo
+  *argv`, argv being this run's own arguments. A worker is this function
+  with `worker_runs`: it trains and evaluates those arms (indices into the
+  grid's runs), writes what it spent to `worker_report` and returns None;
+  or with `worker_model` ('student'): it trains that model and returns None.
+  When both models are to be trained, the student trains in a worker beside
+  the teacher.
+  """
   t0 = time.time()
   # Everything the config alone decides is checked before anything is
   # written: the settings, then the data they generate.
@@ -197,14 +214,25 @@ def run(cfg, workdir: str) -> dict:
   tok_dir = os.path.join(models_root,
                          "tokenizer-" + build.cache_key(texts, cfg.vocab_size))
   tok = build.build_tokenizer(tok_dir, texts, int(cfg.vocab_size))
-  teacher_dir = build.train_model(
-      "teacher", cfg, models_root, arch=dict(cfg.teacher.arch), tokenizer=tok,
-      tok_dir=tok_dir, records=recs["teacher"], steps=int(cfg.teacher.steps),
-      lr=float(cfg.teacher.lr), seed=int(cfg.seed), devices=devices)
-  student_dir = build.train_model(
-      "student", cfg, models_root, arch=dict(cfg.student.arch), tokenizer=tok,
-      tok_dir=tok_dir, records=recs["student"], steps=int(cfg.student.steps),
-      lr=float(cfg.student.lr), seed=int(cfg.seed), devices=devices)
+  jobs = {name: dict(arch=dict(cfg[name].arch), tokenizer=tok, tok_dir=tok_dir,
+                    records=recs[name], steps=int(cfg[name].steps),
+                    lr=float(cfg[name].lr), warmup=float(cfg[name].warmup),
+                    seed=int(cfg.seed)) for name in ("teacher", "student")}
+  if worker_model is not None:  # a worker of workers.student_beside
+    with preempt.stop_at_once(f"its checkpoints are kept in {models_root}"):
+      build.train_model(worker_model, cfg, models_root, devices=devices,
+                        **jobs[worker_model])
+    return None
+  # Both to train, and a core to spare: the student beside the teacher.
+  beside = (workers > 1 and argv and len(workers_lib.available_cores()) > 1
+            and not any(build.is_built(n, cfg, models_root, **jobs[n])
+                        for n in jobs))
+  with (workers_lib.student_beside(argv, log=build.log) if beside
+        else contextlib.nullcontext()):
+    teacher_dir = build.train_model("teacher", cfg, models_root,
+                                    devices=devices, **jobs["teacher"])
+  student_dir = build.train_model("student", cfg, models_root,
+                                  devices=devices, **jobs["student"])
   t_models = time.time() - t0
   build.log(f"teacher and student ready ({t_models:.0f} s); evaluating them")
   t1 = time.time()
@@ -227,7 +255,10 @@ def run(cfg, workdir: str) -> dict:
       made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()},
       root=workdir))
   runs = grid_lib.expand(grid)
-  spent = {"arms": 0, "arms_eval": 0.0, "rlvr": 0, "rlvr_eval": 0.0}
+  # arms_eval: seconds of evaluation, over the workers each divided by how
+  # many ran side by side (its share of the grid's wall time).
+  spent = {"arms": 0, "arms_eval": 0.0, "rlvr": 0, "rlvr_eval": 0.0,
+           "workers": 1}
   t2 = time.time()
   clock = {"arm": t2, "rlvr": 0.0}  # when the next arm / the RLVR stage began
 
@@ -261,12 +292,33 @@ def run(cfg, workdir: str) -> dict:
     build.log(_rlvr_line(run_.name, stage_dir, flat))
     return flat
 
+  if worker_runs is not None:  # a worker of workers.run_arms
+    with preempt.stop_at_once(f"finished arms are kept in {grid_dir}"):
+      for i in worker_runs:
+        run_dir = os.path.join(grid_dir, runs[i].dirname)
+        if not runner.is_finished(run_dir):
+          runner.run_one(grid, runs[i], run_dir, evaluate_fn=evaluate_fn,
+                         devices=devices)
+    workers_lib.write_report(worker_report, spent)
+    return None
+
+  def train_runs(todo):
+    """The unfinished arms, by `workers` processes (the sweep's hook)."""
+    names = [r.name for r in runs]
+    got = workers_lib.run_arms(argv, [names.index(r.name) for r in todo],
+                               workers, log=build.log)
+    spent["arms"] += got["arms"]
+    spent["arms_eval"] += got["arms_eval"] / got["workers"]
+    spent["workers"] = got["workers"]
+    clock["arm"] = time.time()  # the RLVR stage, if any, starts now
+
   done = sum(os.path.isfile(os.path.join(grid_dir, r.dirname, "results.json"))
              for r in runs)
   build.log(f"grid: {len(runs)} arms, {done} already finished, in {grid_dir}")
   runner.run_sweep(grid, grid_dir, evaluate_fn=evaluate_fn, devices=devices,
                    summarize=False, rlvr_evaluate_fn=rlvr_evaluate_fn,
-                   paths_root=workdir)
+                   paths_root=workdir,
+                   train_runs=train_runs if workers > 1 and argv else None)
   t_end = time.time()
   t_grid = (clock["rlvr"] or t_end) - t2
   rows = table.aggregate(grid_dir)
@@ -281,4 +333,5 @@ def run(cfg, workdir: str) -> dict:
                       "evaluation": t_eval + spent["arms_eval"],
                       "rlvr": (t_end - clock["rlvr"]) if clock["rlvr"] else 0.0,
                       "rlvr_evaluation": spent["rlvr_eval"],
+                      "grid_workers": spent["workers"],
                       "total": time.time() - t0}}

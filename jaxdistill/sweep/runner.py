@@ -341,7 +341,8 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
               evaluate_fn: Callable | None = None, devices=None,
               summarize: bool = True, rerun_stale: bool = False,
               rlvr_evaluate_fn: Callable | None = None,
-              paths_root: str | None = None) -> list[dict]:
+              paths_root: str | None = None,
+              train_runs: Callable | None = None) -> list[dict]:
   """Runs every unfinished run of `grid` in turn; returns all results.
 
   With grid.rlvr (study.rlvr), GRPO then runs from every chosen arm in
@@ -357,6 +358,11 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   Fields in DISPLAY_FIELDS, and paths inside `workdir` (or `paths_root`, a
   directory holding it and the grid's assets) that differ only by where that
   directory lives, are not differences.
+
+  `train_runs(runs)`, when given, is called with the unfinished runs once the
+  checks have passed and the lock is held, to train them another way (the
+  demo's worker processes, each calling `run_one` for some of them); a run it
+  leaves unfinished is trained here in turn.
 
   Every unfinished run's config (training, evaluation, RLVR stage) is checked
   before anything is written; then the sweep holds <workdir>/.lock (one
@@ -386,11 +392,11 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
                        devices=devices, summarize=summarize,
                        rerun_stale=rerun_stale,
                        rlvr_evaluate_fn=rlvr_evaluate_fn,
-                       paths_root=paths_root)
+                       paths_root=paths_root, train_runs=train_runs)
 
 
 def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
-                rerun_stale, rlvr_evaluate_fn, paths_root):
+                rerun_stale, rlvr_evaluate_fn, paths_root, train_runs):
   if grid.get("local_assets"):
     runlocal.prepare_assets(grid, workdir)
   # Again: the assets' paths are in the base; now the data is prepared too.
@@ -401,6 +407,9 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   path = os.path.join(workdir, "sweep.json")
   if not os.path.isfile(path) or json.load(open(path)) != sweep:
     write_json_atomic(path, sweep)
+  todo = [r for r in runs if not is_finished(os.path.join(workdir, r.dirname))]
+  if train_runs is not None and todo:
+    train_runs(todo)
   results = []
   for i, run in enumerate(runs):
     run_dir = os.path.join(workdir, run.dirname)
