@@ -299,7 +299,8 @@ def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
         if not runner.is_finished(run_dir):
           runner.run_one(grid, runs[i], run_dir, evaluate_fn=evaluate_fn,
                          devices=devices)
-    workers_lib.write_report(worker_report, spent)
+    runner.write_json_atomic(worker_report, {k: spent[k] for k in (
+        "arms", "arms_eval")})
     return None
 
   def train_runs(todo):

@@ -120,7 +120,8 @@ class Workers:
     return [p.wait() for p in self.procs]
 
   def spent(self) -> list[dict]:
-    """What each worker reported (write_report), {} for one that did not."""
+    """What each worker reported ({'arms', 'arms_eval'}), {} for one that
+    did not."""
     out = []
     for path in self.reports:
       if os.path.isfile(path):
@@ -188,9 +189,3 @@ def student_beside(argv: list[str], log=print):
       pin(cores)
     codes = w.wait()
   check_codes(codes, w.what)
-
-
-def write_report(path: str, spent: dict) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump({"arms": spent["arms"], "arms_eval": spent["arms_eval"]}, f)
-  os.replace(path + ".tmp", path)
