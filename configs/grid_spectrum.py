@@ -1,6 +1,6 @@
 r"""The rollout spectrum: lambda in {0, .25, .5, .75, 1} x forward / reverse KL.
 
-Rollouts are a token-level mixture (policy='mixture'): each token comes from
+Rollouts are a token-level mixture (policy='coin_mixture'): each token comes from
 the student with probability lambda, else from the teacher; lambda = 1 is
 on-policy, 0 teacher-generated. One family and task (Countdown-3 by default):
 Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct from the hub (configs/distill.py's;
@@ -21,7 +21,7 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, lr=1e-5, task="countdown", seeds=1,
                              runlocal=False)
   c = ml_collections.ConfigDict()
-  c.base_spec = f"configs/distill.py:policy=mixture,lr={arg.lr!r},task={arg.task}"
+  c.base_spec = f"configs/distill.py:policy=coin_mixture,lr={arg.lr!r},task={arg.task}"
   c.base = config_lib.load_config(c.base_spec)
   c.axes = (("kl", "loss.kind", ("forward", "reverse")),
             ("lam", "rollout.lam", (0.0, 0.25, 0.5, 0.75, 1.0)))
@@ -32,5 +32,5 @@ def get_config(arg=None):
     c.axes = (("kl", "loss.kind", ("forward", "reverse")),
               ("lam", "rollout.lam", (0.0, 0.5, 1.0)))
     grid_lib.make_runlocal(c, arg)
-    c.base.rollout.policy = "mixture"
+    c.base.rollout.policy = "coin_mixture"
   return c

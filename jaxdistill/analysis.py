@@ -221,7 +221,7 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
       # Same key per batch across lambdas: arms differ only in lambda.
       r = rollout_lib.generate(
           student, teacher, jnp.asarray(b["prompt"]), jnp.asarray(b["prompt_mask"]),
-          rng=jax.random.fold_in(rng, i), policy="mixture", lam=float(lam),
+          rng=jax.random.fold_in(rng, i), policy="coin_mixture", lam=float(lam),
           max_new_tokens=int(max_new_tokens), temperature=float(temperature),
           eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
           return_logprobs=False, vocab_size=vocab_size)

@@ -15,4 +15,6 @@ LOSS_KINDS = KINDS + (SAMPLED, CE)      # every loss.kind
 ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
 REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
 TOPK_VARIANTS = ("renorm", "tail")
-ROLLOUT_POLICIES = ("student", "teacher", "mixture")
+# 'spectrum' is the paper's pi_lambda (lam in [-2, 2]); 'coin_mixture' a
+# token-level coin flip (lam in [0, 1]), a different method.
+ROLLOUT_POLICIES = ("student", "teacher", "spectrum", "coin_mixture")

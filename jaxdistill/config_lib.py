@@ -251,9 +251,9 @@ def validate(config) -> None:
   if loss.kind == choices.CE and ro.policy != "dataset":
     _err("rollout.policy", "loss.kind='ce' (supervised fine-tuning) trains on "
          f"fixed sequences: use policy='dataset', got {ro.policy!r}")
-  if ro.policy == "mixture":
+  if ro.policy == "coin_mixture":
     if ro.lam is None or not 0.0 <= float(ro.lam) <= 1.0:
-      _err("rollout.lam", f"must be in [0, 1] for policy='mixture', got {ro.lam}")
+      _err("rollout.lam", f"must be in [0, 1] for policy='coin_mixture', got {ro.lam}")
   if ro.policy != "dataset" and int(ro.max_new_tokens) <= 0:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
   if float(ro.temperature) < 0:

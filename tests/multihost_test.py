@@ -195,7 +195,7 @@ RTOL, ATOL = 1e-5, 1e-6
 # configs/distill.py:runlocal with student+teacher (mixture) rollouts and the
 # reverse KL, fsdp over all 8 devices (the config's mesh: data=1, fsdp=-1), 8
 # prompts (1 row per device), 2 steps with a checkpoint after each.
-DISTILL_ARG = "runlocal,kl=reverse,policy=mixture,lam=0.5"
+DISTILL_ARG = "runlocal,kl=reverse,policy=coin_mixture,lam=0.5"
 DISTILL = {"data.batch_size": 8, "total_steps": 2, "ckpt_every": 1,
            "eval_every": 2, "progress": False}
 

@@ -144,7 +144,7 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
   # Preset names are the rollout policy; a mixture's name carries its lambda.
   grid.presets = {"policy": {
       name: {"rollout": {"policy": {0.0: "teacher", 1.0: "student"}.get(
-          float(lam), "mixture"), "lam": float(lam)}}
+          float(lam), "coin_mixture"), "lam": float(lam)}}
       for name, lam in g.policy}}
   grid.axes = (("kl", "loss.kind", tuple(g.kl)),
                ("policy", None, tuple(grid.presets.policy.keys())),

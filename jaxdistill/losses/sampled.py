@@ -142,12 +142,12 @@ def importance_weights(logq, logp, policy, lam=None, behaviour=None):
   the one under q, for every estimator. `behaviour` ([B, T], log b(y)) is the
   rollout's own `behaviour_logprobs` when available (the mixture's log-prob
   as sampled); otherwise b is rebuilt from the given log-probs: p for
-  'teacher', lam q + (1 - lam) p for 'mixture'.
+  'teacher', lam q + (1 - lam) p for 'coin_mixture'.
 
   Args:
     logq, logp: [B, T] log q(y), log p(y) at the loss temperature.
     policy: the rollout policy: 'student' (no weight: returns None),
-      'teacher' or 'mixture'. 'dataset' is refused: fixed text was not
+      'teacher' or 'coin_mixture'. 'dataset' is refused: fixed text was not
       sampled from any of these, so no q / b weight is known.
     lam: the mixture's student probability.
     behaviour: optional [B, T] log b(y).
@@ -165,7 +165,7 @@ def importance_weights(logq, logp, policy, lam=None, behaviour=None):
     lb = lax.stop_gradient(behaviour.astype(jnp.float32))
   elif policy == "teacher":
     lb = logp
-  elif policy == "mixture":
+  elif policy == "coin_mixture":
     if lam is None or not 0.0 <= float(lam) <= 1.0:
       raise ValueError(f"rollout.lam: must be in [0, 1] for a mixture, got {lam}")
     lam = float(lam)

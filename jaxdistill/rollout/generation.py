@@ -1,4 +1,6 @@
-"""`generate`: KV-cache rollouts from the student, the teacher, or their mixture.
+"""`generate`: KV-cache rollouts from the student, the teacher, or both: the
+paper's spectrum pi_lambda ('spectrum', rollout/spectrum.py) or a token-level
+coin flip between them ('coin_mixture').
 
 Layout of a `Rollout` (P = prompt width as passed, N = max_new_tokens):
 
@@ -10,17 +12,21 @@ Layout of a `Rollout` (P = prompt width as passed, N = max_new_tokens):
   logprobs      [B, N]   float32: log-prob of each generated token under the
                 distribution of the MODEL THAT SAMPLED IT (after temperature /
                 top-k / top-p; for greedy the raw model log_softmax). 0 where
-                response_mask is 0. For a mixture this is NOT the probability
-                of the token under the policy that generated the rollout: use
-                behaviour_logprobs for importance weights.
+                response_mask is 0. For a coin mixture this is NOT the
+                probability of the token under the policy that generated the
+                rollout: use behaviour_logprobs for importance weights. For the
+                spectrum, log pi_lambda (no single model sampled it).
   behaviour_logprobs [B, N] float32: log-prob of each token under the policy
-                that generated the rollout: for 'mixture' the mixture
+                that generated the rollout: for 'spectrum' log pi_lambda;
+                for 'coin_mixture' the mixture
                 log(lam q'(y) + (1 - lam) p'(y)), q' and p' the student's and
                 teacher's sampling distributions (tempered and truncated like
                 the sampler; for greedy, their raw log_softmax); for
                 'student' / 'teacher' equal to logprobs. 0 where
                 response_mask is 0.
-  from_student  [B, N]   bool: the student sampled this token.
+  from_student  [B, N]   bool: the student sampled this token (spectrum:
+                True on every token when lambda >= 1, the student-anchored
+                policies, else False).
   lengths       [B]      int32: generated tokens per row (incl. EOS).
   ended         [B]      bool: the row emitted an EOS (else it hit N).
   student_fraction []    float32: realised share of student tokens among all
@@ -37,8 +43,13 @@ widths include embedding padding that the tokenizer does not have); by
 default over the smallest width of the models given, so that with both a
 student and a teacher it is restricted to their common ids
 (Qwen2.5 sizes pad their embeddings differently) and the default EOS set is the
-union of both configs' eos_token_id, whatever the policy, so that lam = 1 and
-lam = 0 reproduce the pure policies exactly.
+union of both configs' eos_token_id, whatever the policy, so that the end
+points (coin_mixture lam = 1 and 0, spectrum lam = +1 and -1) reproduce the
+pure policies exactly.
+
+Temperatures: `temperature` is the student's, `teacher_temperature` the
+teacher's (default: the same). Each model's distribution is its logits divided
+by its own temperature, in every policy (the paper: teacher 0.5, student 1.0).
 
 Compilation: one program per (policy, model configs, B, P, N, greedy or not,
 top_k, top-p on or off, EOS ids, pad id, cache length, mesh). The rng, row
@@ -66,14 +77,18 @@ from jaxdistill import sharding
 from jaxdistill.rollout import loop
 from jaxdistill.rollout import prompts as prompts_lib
 from jaxdistill.rollout import sampling
+from jaxdistill.rollout import spectrum as spectrum_lib
 
 POLICIES = choices.ROLLOUT_POLICIES
 
 
-def mixture_lam(rollout_config) -> float | None:
+TWO_MODEL_POLICIES = ("coin_mixture", "spectrum")
+
+
+def policy_lam(rollout_config) -> float | None:
   """The `lam` argument of `generate` for a rollout config (fields `policy`,
-  `lam`): float(lam) for policy='mixture', None for every other policy."""
-  if rollout_config.policy == "mixture":
+  `lam`): float(lam) for the two-model policies, None for the others."""
+  if rollout_config.policy in TWO_MODEL_POLICIES:
     return float(rollout_config.lam)
   return None
 
@@ -192,10 +207,11 @@ def _step_fn(cfg, params, head, platform):
     jax.jit,
     static_argnames=("cfgs", "student_index", "max_new_tokens", "sampler",
                      "eos_ids", "pad_id", "vocab", "cache_len", "mesh",
-                     "rules"))
+                     "rules", "combine"))
 def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
              top_p, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
-             pad_id, vocab, cache_len, mesh, rules):
+             pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture"):
+  # temperature: [n_models] float32, one per model in cfgs' order.
   b = prompts.shape[0]
   constrain = _constrainer(mesh, rules, cfgs)
   platform = sharding.platform(mesh)
@@ -215,8 +231,8 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
   s = loop.decode(
       steps, logits, caches,
       rng=rng, row_ids=row_ids, max_new_tokens=max_new_tokens,
-      sampler=sampler, temperature=temperature, top_p=top_p, lam=lam,
-      student_index=student_index, eos_ids=eos_ids, pad_id=pad_id,
+      sampler=sampler, temperature=tuple(temperature), top_p=top_p, lam=lam,
+      student_index=student_index, combine=combine, eos_ids=eos_ids, pad_id=pad_id,
       constrain=constrain)
   mask = s.mask.astype(jnp.int32)
   n_gen = jnp.sum(mask)
@@ -269,30 +285,54 @@ def eos_ids(*cfgs, tokenizer=None, extra: Iterable[int] = (),
   return tuple(sorted(eos))
 
 
+def _check_temperature(name, t):
+  if not 0.0 <= float(t) < math.inf:  # NaN fails too
+    raise ValueError(f"{name}: must be finite and >= 0, got {t}")
+  return float(t)
+
+
 def _check_settings(student, teacher, policy, lam, max_new_tokens,
-                    temperature, top_k, top_p, vocab_size=None):
+                    temperature, teacher_temperature, top_k, top_p,
+                    vocab_size=None):
   """Validates everything but the prompts; returns the models given (by
   name) and the sampling vocabulary size."""
   if policy not in POLICIES:
     raise ValueError(f"policy: expected one of {POLICIES}, got {policy!r}")
-  if policy in ("student", "mixture") and student is None:
+  if policy in ("student",) + TWO_MODEL_POLICIES and student is None:
     raise ValueError(f"student: required for policy={policy!r}")
-  if policy in ("teacher", "mixture") and teacher is None:
+  if policy in ("teacher",) + TWO_MODEL_POLICIES and teacher is None:
     raise ValueError(f"teacher: required for policy={policy!r}")
   given = {n: _check_model(n, m)
            for n, m in (("student", student), ("teacher", teacher))
            if m is not None}
-  if policy == "mixture":
+  if policy == "coin_mixture":
     if lam is None or not 0.0 <= float(lam) <= 1.0:  # NaN fails too
-      raise ValueError(f"lam: mixture needs lam in [0, 1], got {lam}")
+      raise ValueError(f"lam: coin_mixture needs lam in [0, 1] (the "
+                       f"probability of a student token), got {lam}")
+  elif policy == "spectrum":
+    spectrum_lib.check_lam(lam)
   elif lam is not None:
-    raise ValueError(f"lam: only used with policy='mixture' (got {policy!r})")
+    raise ValueError(f"lam: only used with policies {TWO_MODEL_POLICIES} "
+                     f"(got {policy!r})")
   if (not isinstance(max_new_tokens, (int, np.integer))
       or isinstance(max_new_tokens, bool) or max_new_tokens < 1):
     raise ValueError(
         f"max_new_tokens: must be an int >= 1, got {max_new_tokens!r}")
-  if not 0.0 <= float(temperature) < math.inf:
-    raise ValueError(f"temperature: must be finite and >= 0, got {temperature}")
+  ts = _check_temperature("temperature", temperature)
+  tt = ts if teacher_temperature is None else _check_temperature(
+      "teacher_temperature", teacher_temperature)
+  if policy == "spectrum":
+    if ts == 0 or tt == 0:
+      raise ValueError(f"temperature: the spectrum samples pi_lambda, which "
+                       f"needs both temperatures > 0 (student {ts}, teacher "
+                       f"{tt})")
+    if top_k is not None or (top_p is not None and float(top_p) < 1.0):
+      raise ValueError("top_k, top_p: the spectrum samples pi_lambda over the "
+                       "whole vocabulary (the paper: top-p 1.0); set both to "
+                       "None")
+  if policy == "coin_mixture" and (ts == 0) != (tt == 0):
+    raise ValueError(f"temperature: coin_mixture decodes both models greedily "
+                     f"or samples both; got student {ts}, teacher {tt}")
   vocab = min(int(cfg.vocab_size) for cfg, _ in given.values())
   if vocab_size is not None:
     if (isinstance(vocab_size, bool)
@@ -340,6 +380,7 @@ def _check_prompts(prompts, prompt_mask, vocab):
 def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
              policy: str = "student", lam: float | None = None,
              max_new_tokens: int, temperature: float = 1.0,
+             teacher_temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None,
              eos_token_ids: Sequence[int] | None = None,
              pad_token_id: int = 0, return_logprobs: bool = True,
@@ -351,15 +392,20 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
 
   Args:
     student: (config, params) of the student; may be None for 'teacher'.
-    teacher: (config, params) of the teacher; needed for 'teacher'/'mixture'.
+    teacher: (config, params) of the teacher; needed for 'teacher',
+      'spectrum' and 'coin_mixture'.
     prompts: [B, P] int token ids, left-padded (see `pad_prompts`).
     prompt_mask: [B, P], 1 on real tokens, a non-empty suffix of each row.
     rng: PRNG key. Same rng -> same rollout.
-    policy: 'student', 'teacher' or 'mixture'.
-    lam: mixture only: probability in [0, 1] that a step's token is the
-      student's. Traced: changing it does not recompile.
+    policy: 'student', 'teacher', 'spectrum' (the paper's pi_lambda) or
+      'coin_mixture' (each token the student's with probability lam).
+    lam: 'spectrum': the paper's lambda in [-2, 2] (-1 the teacher, +1 the
+      student); 'coin_mixture': probability in [0, 1] that a step's token is
+      the student's; None otherwise. Traced: changing it does not recompile.
     max_new_tokens: N >= 1.
-    temperature: >= 0; 0 is greedy (top_k / top_p then ignored). Traced.
+    temperature: the student's, >= 0; 0 is greedy (top_k / top_p then
+      ignored). Traced.
+    teacher_temperature: the teacher's (default `temperature`); traced.
     top_k: keep the k most likely tokens (static).
     top_p: nucleus mass in (0, 1] (traced; whether it is used is static).
     eos_token_ids: ids that end a row; default the union of the configs'
@@ -387,7 +433,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
   """
   fn, args, kwargs = _plan(
       student, teacher, prompts, prompt_mask, rng=rng, policy=policy, lam=lam,
-      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+      max_new_tokens=max_new_tokens, temperature=temperature,
+      teacher_temperature=teacher_temperature, top_k=top_k,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
       bucket=bucket, cache_len=cache_len, row_ids=row_ids, mesh=mesh,
       rules=rules, vocab_size=vocab_size, abstract=False)
@@ -400,6 +447,7 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
 def program(student, teacher=None, prompts=None, prompt_mask=None, *,
             policy: str = "student", lam: float | None = None,
             max_new_tokens: int, temperature: float = 1.0,
+            teacher_temperature: float | None = None,
             top_k: int | None = None, top_p: float | None = None,
             eos_token_ids: Sequence[int] | None = None,
             pad_token_id: int = 0, cache_len: int | None = None,
@@ -419,7 +467,8 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
   return _plan(
       student, teacher, prompts, prompt_mask,
       rng=sds((), jax.random.key(0).dtype), policy=policy, lam=lam,
-      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+      max_new_tokens=max_new_tokens, temperature=temperature,
+      teacher_temperature=teacher_temperature, top_k=top_k,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
       bucket=None, cache_len=cache_len,
       row_ids=sds((b,), jnp.int32, sharding=row_sharding), mesh=mesh,
@@ -427,18 +476,23 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
 
 
 def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
-          max_new_tokens, temperature, top_k, top_p, eos_token_ids,
+          max_new_tokens, temperature, teacher_temperature, top_k, top_p,
+          eos_token_ids,
           pad_token_id, bucket, cache_len, row_ids, mesh, rules, vocab_size,
           abstract):
   """Checks and resolves generate's arguments -> (_rollout, args, kwargs).
   `abstract`: prompts, params and row_ids are jax.ShapeDtypeStructs already
   placed (nothing is moved or read)."""
   given, vocab = _check_settings(student, teacher, policy, lam,
-                                 max_new_tokens, temperature, top_k, top_p,
+                                 max_new_tokens, temperature,
+                                 teacher_temperature, top_k, top_p,
                                  vocab_size)
   if not abstract:
     _check_prompts(prompts, prompt_mask, vocab)
-  max_new_tokens, temperature = int(max_new_tokens), float(temperature)
+  max_new_tokens = int(max_new_tokens)
+  temps = {"student": float(temperature),
+           "teacher": float(temperature if teacher_temperature is None
+                            else teacher_temperature)}
   b, p = tuple(prompts.shape) if abstract else jnp.shape(prompts)
   if bucket is not None:
     width = prompts_lib.bucket_length(p, bucket)
@@ -470,7 +524,8 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
     eos = [int(e) for e in eos_token_ids]
 
   names = {"student": ("student",), "teacher": ("teacher",),
-           "mixture": ("student", "teacher")}[policy]
+           "coin_mixture": ("student", "teacher"),
+           "spectrum": ("student", "teacher")}[policy]
   cfgs = tuple(given[n][0] for n in names)
   params = tuple(given[n][1] for n in names)
   if rules is None:
@@ -489,17 +544,19 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
     prompts, prompt_mask = jax.device_put((prompts, prompt_mask), rows(2, (b, p)))
     row_ids = jax.device_put(jnp.asarray(row_ids, jnp.int32), rows(1, (b,)))
 
-  greedy = temperature == 0.0
+  greedy = all(temps[n] == 0.0 for n in names)
   sampler = sampling.Sampler(
       greedy=greedy, top_k=None if greedy else top_k,
       use_top_p=(not greedy) and top_p is not None and float(top_p) < 1.0)
   args = (params, prompts, prompt_mask, rng, row_ids,
           jnp.float32(1.0 if lam is None else lam),
-          jnp.float32(1.0 if greedy else temperature),
+          jnp.asarray([1.0 if greedy else temps[n] for n in names],
+                      jnp.float32),
           jnp.float32(1.0 if top_p is None else top_p))
   kwargs = dict(
       cfgs=cfgs, student_index=0 if names[0] == "student" else None,
       max_new_tokens=max_new_tokens, sampler=sampler, eos_ids=tuple(eos),
       pad_id=int(pad_token_id), vocab=vocab, cache_len=int(cache_len),
-      mesh=mesh, rules=tuple(tuple(r) for r in rules))
+      mesh=mesh, rules=tuple(tuple(r) for r in rules),
+      combine="spectrum" if policy == "spectrum" else "coin_mixture")
   return _rollout, args, kwargs

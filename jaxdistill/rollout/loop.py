@@ -6,11 +6,18 @@ gives the logits for the first new token) happens before the loop. This keeps
 the loop testable with toy logits tables and independent of the model code.
 
 Policies: one model ('student' or 'teacher'), or two models decoding in
-lockstep ('mixture': index 0 = student, 1 = teacher). At every step each model
-proposes a token from its own logits with the SAME sampling key, and a coin
-from a separate stream picks the student's proposal with probability lam. So
-lam = 1 (coin always student) is exactly the student-only rollout, lam = 0
-exactly the teacher-only rollout, for the same rng.
+lockstep (index 0 = student, 1 = teacher), combined one of two ways:
+- 'coin_mixture': at every step each model proposes a token from its own
+  distribution with the SAME sampling key, and a coin from a separate stream
+  picks the student's proposal with probability lam. lam = 1 (coin always
+  student) is exactly the student-only rollout, lam = 0 exactly the
+  teacher-only rollout, for the same rng.
+- 'spectrum': the token is drawn from pi_lambda (rollout/spectrum.py), the
+  paper's policy between (and beyond) the two, with lam the paper's lambda in
+  [-2, 2]. At lam = +1 (-1) the scores drawn from are the student's (teacher's)
+  own tempered logits, so with the same rng the tokens are exactly the pure
+  student (teacher) rollout's.
+Each model has its own temperature (`temperature`: one per model).
 
 RNG (what is guaranteed): with `rng` split into a sampling stream and a coin
 stream, the key of row b at step i is fold_in(fold_in(stream, row_ids[b]), i).
@@ -32,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdistill.rollout import sampling
+from jaxdistill.rollout import spectrum as spectrum_lib
 
 StepFn = Callable[[Any, jax.Array], tuple[jax.Array, Any]]
 
@@ -58,24 +66,43 @@ def _step_keys(keys, i):
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
 
 
+def _spectrum_draw(logits, temps, lam, keys):
+  """One token per row from pi_lambda and its log-prob log pi_lambda(token).
+
+  At lam = +-1 the scores are the anchor model's tempered logits themselves
+  (not their log-softmax), drawn like `sampling.sample` draws them, so those
+  rollouts are bitwise the pure policies'."""
+  xs, xt = (l.astype(jnp.float32) / t for l, t in zip(logits, temps))
+  ls, lt = (jax.nn.log_softmax(x, axis=-1) for x in (xs, xt))
+  scores = jnp.where(lam == 1, xs, jnp.where(
+      lam == -1, xt, spectrum_lib.spectrum_scores(ls, lt, lam)))
+  dist = sampling.distribution(sampling.Sampler(), scores, 1.0, 1.0)
+  return sampling.draw_from(dist, keys)
+
+
 def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
            max_new_tokens: int, sampler: sampling.Sampler, temperature,
            top_p=1.0, lam=None, student_index: int | None = 0,
+           combine: str = "coin_mixture",
            eos_ids: Sequence[int] = (), pad_id: int = 0,
            constrain: Callable[[LoopState], LoopState] = lambda s: s):
   """Samples up to `max_new_tokens` tokens; call inside jit.
 
   Args:
-    step_fns: one step function, or (student, teacher) for a mixture.
+    step_fns: one step function, or (student, teacher) for two models.
     logits: per model [B, V] logits for the first new token (from prefill).
     caches: per model cache after prefill.
     rng: PRNG key; streams fold_in(rng, 0) (sampling), fold_in(rng, 1) (coin).
     row_ids: [B] int32 ids that key each row's RNG stream.
     max_new_tokens: N, static.
     sampler: static sampling settings.
-    temperature, top_p: traced sampling values.
-    lam: traced probability of the student's token (mixture only).
+    temperature: traced sampling temperature, one per model (a sequence) or
+      one for all.
+    top_p: traced nucleus mass.
+    lam: traced; 'coin_mixture': the probability of the student's token;
+      'spectrum': the paper's lambda in [-2, 2].
     student_index: for one model, 0 if it is the student, None if teacher.
+    combine: with two models, 'coin_mixture' or 'spectrum' (static).
     eos_ids: a row ends after emitting any of these.
     pad_id: written after a row's end.
     constrain: applied to the state every step (sharding constraints).
@@ -86,34 +113,46 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
   n_models = len(step_fns)
   if n_models not in (1, 2) or len(logits) != n_models:
     raise ValueError(f"step_fns: need 1 or 2 models, got {n_models}")
+  if combine not in ("coin_mixture", "spectrum"):
+    raise ValueError(f"combine: 'coin_mixture' or 'spectrum', got {combine!r}")
+  temps = (tuple(temperature) if isinstance(temperature, (tuple, list))
+           else (temperature,) * n_models)
+  if len(temps) != n_models:
+    raise ValueError(f"temperature: one per model ({n_models}), got {len(temps)}")
   b = logits[0].shape[0]
   sample_keys = row_keys(jax.random.fold_in(rng, 0), row_ids)  # [B]
   coin_keys = row_keys(jax.random.fold_in(rng, 1), row_ids)  # [B]
   eos = jnp.asarray(tuple(eos_ids), jnp.int32).reshape(-1)
 
+  def choose(logits, keys, i):
+    """(token, its log-prob under its sampler, under the rollout's policy,
+    whether the student is its source), each [B]."""
+    if n_models == 2 and combine == "spectrum":
+      tok, lp = _spectrum_draw(logits, temps, lam, keys)
+      return tok, lp, lp, jnp.full((b,), jnp.asarray(lam) >= 1)
+    dists = [sampling.distribution(sampler, l, t, top_p)
+             for l, t in zip(logits, temps)]
+    proposals = [sampling.draw_from(d, keys) for d in dists]
+    if n_models == 1:
+      tok, lp = proposals[0]
+      return tok, lp, lp, jnp.full((b,), student_index == 0)
+    u = jax.vmap(jax.random.uniform)(_step_keys(coin_keys, i))  # [B]
+    # u is in [0, 1): lam = 1 always picks the student, lam = 0 never.
+    student = u < lam
+    (tok_s, lp_s), (tok_t, lp_t) = proposals
+    tok = jnp.where(student, tok_s, tok_t)
+    lp = jnp.where(student, lp_s, lp_t)
+    # The token's log-prob under each model's (sampling) distribution, then
+    # under the mixture lam q + (1 - lam) p that it was drawn from.
+    lq = jnp.where(student, lp_s, sampling.logprob_of(dists[0], tok_t))
+    lpt = jnp.where(student, sampling.logprob_of(dists[1], tok_s), lp_t)
+    lam32 = jnp.asarray(lam, jnp.float32)
+    lb = jnp.logaddexp(jnp.log(lam32) + lq, jnp.log1p(-lam32) + lpt)
+    return tok, lp, lb, student
+
   def pick(s: LoopState) -> LoopState:
     i = s.step
-    keys = _step_keys(sample_keys, i)
-    dists = [sampling.distribution(sampler, l, temperature, top_p)
-             for l in s.logits]
-    proposals = [sampling.draw_from(d, keys) for d in dists]
-    if n_models == 2:
-      u = jax.vmap(jax.random.uniform)(_step_keys(coin_keys, i))  # [B]
-      # u is in [0, 1): lam = 1 always picks the student, lam = 0 never.
-      student = u < lam
-      (tok_s, lp_s), (tok_t, lp_t) = proposals
-      tok = jnp.where(student, tok_s, tok_t)
-      lp = jnp.where(student, lp_s, lp_t)
-      # The token's log-prob under each model's (sampling) distribution, then
-      # under the mixture lam q + (1 - lam) p that it was drawn from.
-      lq = jnp.where(student, lp_s, sampling.logprob_of(dists[0], tok_t))
-      lpt = jnp.where(student, sampling.logprob_of(dists[1], tok_s), lp_t)
-      lam32 = jnp.asarray(lam, jnp.float32)
-      lb = jnp.logaddexp(jnp.log(lam32) + lq, jnp.log1p(-lam32) + lpt)
-    else:
-      tok, lp = proposals[0]
-      lb = lp
-      student = jnp.full((b,), student_index == 0)
+    tok, lp, lb, student = choose(s.logits, _step_keys(sample_keys, i), i)
     live = ~s.done
     tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
     ended = live & jnp.any(tok[:, None] == eos[None, :], axis=-1)

@@ -70,7 +70,7 @@ def study_factors(config) -> dict:
   """The study's factors of a run, read from its training config."""
   ro = config.rollout
   lam = {"student": 1.0, "teacher": 0.0}.get(ro.policy,
-                                            rollout_lib.mixture_lam(ro))
+                                            rollout_lib.policy_lam(ro))
   task = config.data.task
   if task == "mcq" and config.data.get("source"):
     task = config.data.source

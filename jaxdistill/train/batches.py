@@ -109,7 +109,7 @@ class SequenceMaker:
     r = rollout_lib.generate(
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
         rng=rng, policy=ro.policy,
-        lam=rollout_lib.mixture_lam(ro),
+        lam=rollout_lib.policy_lam(ro),
         max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,

@@ -58,7 +58,7 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
   params (None when the policy does not sample from it)."""
   p, n = int(prompt_len), int(max_new_tokens)
   prompts = batch_struct((rows, p), jnp.int32, mesh, rules)
-  used = {"student": (scfg,), "teacher": (tcfg,), "mixture": (scfg, tcfg)}[policy]
+  used = {"student": (scfg,), "teacher": (tcfg,), "coin_mixture": (scfg, tcfg)}[policy]
   fn, args, kwargs = rollout_lib.program(
       (scfg, student) if student is not None else None,
       (tcfg, teacher) if teacher is not None else None, prompts, prompts,
@@ -124,7 +124,7 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
         policy=ro.policy, prompt_len=d.max_prompt_len,
         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
         top_k=ro.get("top_k"), top_p=ro.get("top_p"),
-        lam=rollout_lib.mixture_lam(ro),
+        lam=rollout_lib.policy_lam(ro),
         resident=run_b - size(s_in) - size(t_in)))
 
   batch = {k: batch_struct((b, seq), jnp.int32, mesh, rules)

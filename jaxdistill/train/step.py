@@ -267,4 +267,4 @@ def make_loss_fn(config, student_cfg, teacher_cfg, vocab_size, shard=None):
   return functools.partial(
       distill_loss, student_cfg=student_cfg, teacher_cfg=teacher_cfg,
       loss_cfg=config.loss, vocab_size=vocab_size, policy=ro.policy,
-      lam=rollout_lib.mixture_lam(ro), shard=shard)
+      lam=rollout_lib.policy_lam(ro), shard=shard)

@@ -166,8 +166,8 @@ EXPECTED = {"k1": "zero", "k2": "reverse", "k3": "forward",
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "rkl_surrogate"])
 @pytest.mark.parametrize("policy,lam,given", [
     ("student", None, False), ("teacher", None, False),
-    ("teacher", None, True), ("mixture", 0.35, False),
-    ("mixture", 0.35, True)])
+    ("teacher", None, True), ("coin_mixture", 0.35, False),
+    ("coin_mixture", 0.35, True)])
 def test_expected_gradient_from_logits_by_enumeration(
     estimator, policy, lam, given):
   v, tau = 6, 1.3
@@ -176,7 +176,7 @@ def test_expected_gradient_from_logits_by_enumeration(
   u = rs.normal(size=v) * 3.0
   grads, q, p = _closed_form_grads(z, u, tau)
   b = {"student": q, "teacher": p,
-       "mixture": None if lam is None else lam * q + (1 - lam) * p}[policy]
+       "coin_mixture": None if lam is None else lam * q + (1 - lam) * p}[policy]
   tokens = jnp.asarray(np.arange(v)[:, None], jnp.int32)  # row y samples y
   # The rollout's own log b(y) (Rollout.behaviour_logprobs), if given.
   behaviour = jnp.asarray(np.log(b)[:, None], jnp.float32) if given else None
@@ -203,7 +203,7 @@ def test_mixture_importance_weight_is_q_over_behaviour(lam):
   qy, py = rs.random((2, 5)), rs.random((2, 5))
   iw = losses.importance_weights(jnp.asarray(np.log(qy), jnp.float32),
                                  jnp.asarray(np.log(py), jnp.float32),
-                                 "mixture", lam)
+                                 "coin_mixture", lam)
   np.testing.assert_allclose(iw, qy / (lam * qy + (1 - lam) * py), rtol=1e-5)
   np.testing.assert_allclose(  # teacher rollouts: q / p
       losses.importance_weights(jnp.log(qy), jnp.log(py), "teacher"), qy / py,
@@ -218,4 +218,4 @@ def test_sampled_estimators_refuse_dataset_policy():
                                   jnp.ones((1, 2)), estimator="k3",
                                   policy="dataset")
   with pytest.raises(ValueError, match="rollout.lam"):
-    losses.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)), "mixture")
+    losses.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)), "coin_mixture")

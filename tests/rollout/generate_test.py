@@ -74,7 +74,7 @@ def test_mixture_endpoints_fraction_and_logprobs(student, teacher, batch):
   st = rollout.generate(student, teacher, prompts, mask, policy="student", **kw)
   te = rollout.generate(student, teacher, prompts, mask, policy="teacher", **kw)
   mix = lambda lam: rollout.generate(student, teacher, prompts, mask,
-                                     policy="mixture", lam=lam, **kw)
+                                     policy="coin_mixture", lam=lam, **kw)
   m1, m0, m3 = mix(1.0), mix(0.0), mix(0.3)
   for m, pure, frac in ((m1, st, 1.0), (m0, te, 0.0)):
     np.testing.assert_array_equal(m.tokens, pure.tokens)
@@ -191,11 +191,11 @@ def test_pad_prompts_buckets():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(policy="mixture", lam=1.5), "lam"),
-    (dict(policy="mixture", lam=-0.1), "lam"),
-    (dict(policy="mixture"), "lam"),
+    (dict(policy="coin_mixture", lam=1.5), "lam"),
+    (dict(policy="coin_mixture", lam=-0.1), "lam"),
+    (dict(policy="coin_mixture"), "lam"),
     (dict(policy="teacher", teacher=None), "teacher"),
-    (dict(policy="mixture", lam=0.5, teacher=None), "teacher"),
+    (dict(policy="coin_mixture", lam=0.5, teacher=None), "teacher"),
     (dict(policy="beam"), "policy"),
     (dict(max_new_tokens=200), "max_new_tokens"),  # past max positions (128)
     (dict(cache_len=10), "cache_len"),  # prompt 8 + 4 new does not fit

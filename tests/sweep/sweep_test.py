@@ -181,7 +181,7 @@ def test_figures_say_what_is_missing(tmp_path, capsys):
 def test_figures_draw_references_and_binomial_error_bars(tmp_path, capsys,
                                                         monkeypatch):
   rows = [{"name": f"{kl},{lam}", "arm": f"{kl},{lam}", "kl": kl,
-           "policy": "mixture", "lam": lam, "lr": 1e-4, "task": "records",
+           "policy": "coin_mixture", "lam": lam, "lr": 1e-4, "task": "records",
            "seed": 0, "accuracy": acc, "acc/countdown4": 0.0}
           for kl, lam, acc in (("forward", 0.0, 0.4), ("forward", 1.0, 0.5),
                                ("reverse", 0.0, 0.2), ("reverse", 1.0, 0.3))]

@@ -65,7 +65,7 @@ def test_training_rollouts_sample_only_the_real_vocabulary():
 @pytest.mark.slow  # compiles a mixture rollout
 def test_sampled_mixture_batch_carries_the_mixture_logprobs():
   lam = 0.3
-  c, scfg, tcfg, sp, tp, mesh, host = _setup("sampled", "mixture", lam)
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("sampled", "coin_mixture", lam)
   maker = train_batches.SequenceMaker(c, scfg, tcfg, mesh, sharding.DEFAULT_RULES,
                                    vocab_size=REAL)
   b, _ = maker(host, sp, tp, jax.random.key(6))

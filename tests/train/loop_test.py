@@ -62,11 +62,11 @@ def test_loss_goes_down_on_a_fixed_batch(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["dataset", "mixture"])
+@pytest.mark.parametrize("policy", ["dataset", "coin_mixture"])
 def test_sharded_run_matches_single_device(tmp_path, policy):
   """fsdp x tensor on 8 devices == 1 device, after 3 steps."""
   upd = {"total_steps": 3, "ckpt_every": 3, "optim.lr": 1e-3,
-         "rollout.temperature": 1.0, "loss.fused": policy == "mixture"}
+         "rollout.temperature": 1.0, "loss.fused": policy == "coin_mixture"}
   c1 = _config(f"runlocal,policy={policy}", **upd, **{"mesh": {"data": 1}})
   m1 = train_loop.train(c1, str(tmp_path / "one"), devices=ONE_DEVICE)
   c8 = _config(f"runlocal,policy={policy}", **upd,
@@ -167,7 +167,7 @@ def test_bad_configs_fail_before_compute_naming_the_field(tmp_path, field,
                                                           value, match):
   overrides = {field: value}
   if field == "rollout.lam":
-    overrides["rollout.policy"] = "mixture"
+    overrides["rollout.policy"] = "coin_mixture"
   if field == "loss.beta":
     overrides["loss.kind"] = "jsd"
   if field == "student.path":
@@ -180,9 +180,9 @@ def test_bad_configs_fail_before_compute_naming_the_field(tmp_path, field,
 
 
 def test_config_arg_parsing():
-  c = distill_config.get_config("kl=reverse,lr=5e-5,policy=mixture,lam=0.25")
+  c = distill_config.get_config("kl=reverse,lr=5e-5,policy=coin_mixture,lam=0.25")
   assert (c.loss.kind, c.optim.lr, c.rollout.policy, c.rollout.lam) == (
-      "reverse", 5e-5, "mixture", 0.25)
+      "reverse", 5e-5, "coin_mixture", 0.25)
   with pytest.raises(ValueError, match="unknown key 'kll'"):
     config_lib.parse_arg("kll=reverse", kl="forward")
 
@@ -198,7 +198,7 @@ def test_countdown_from_hf_checkpoints_with_padded_vocabularies(tmp_path):
   tiny_hf.make_tiny_checkpoint("qwen2", tmp_path / "teacher", vocab_size=320)
   tiny_hf.make_tiny_checkpoint("qwen2", tmp_path / "student", vocab_size=300,
                                seed=1, hidden_size=32)
-  c = _config("policy=mixture,lam=0.5", **{
+  c = _config("policy=coin_mixture,lam=0.5", **{
       "student.path": str(tmp_path / "student"),
       "teacher.path": str(tmp_path / "teacher"),
       "tokenizer": str(tmp_path / "tok"), "student.dtype": "float32",

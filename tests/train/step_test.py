@@ -102,7 +102,7 @@ def test_loss_sees_the_next_token_and_its_weight(kind):
       kind=kind, beta=0.5, temperature=1.5, estimator="k3", iw_clip=None))
   loss, _ = step_lib.distill_loss(
       sp, tp, batch, student_cfg=scfg, teacher_cfg=tcfg, loss_cfg=loss_cfg,
-      vocab_size=60, policy="mixture", lam=0.4)
+      vocab_size=60, policy="coin_mixture", lam=0.4)
   y = raw["tokens"][:, 1:, None]
   w = raw["loss_mask"][:, 1:].astype(np.float64)
   s = np.asarray(models.apply(scfg, sp, batch["tokens"],
