@@ -12,7 +12,15 @@ KINDS = ("forward", "reverse", "jsd")   # the exact divergences
 SAMPLED = "sampled"                     # single-sample estimators
 CE = "ce"                               # supervised fine-tuning
 LOSS_KINDS = KINDS + (SAMPLED, CE)      # every loss.kind
-ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
+# On the rollout's own tokens (importance-weighted), and the paper's sampled KL
+# (App. A.2): a fresh token per position from the teacher (forward) or the
+# student (reverse).
+ROLLOUT_TOKEN_ESTIMATORS = ("k1", "k2", "k3", "rkl_surrogate")
+FRESH_ESTIMATORS = ("fresh_forward", "fresh_reverse")
+ESTIMATORS = ROLLOUT_TOKEN_ESTIMATORS + FRESH_ESTIMATORS
+# 'sequence_mean' is the paper's (Eq. 1): each completion's mean over its own
+# tokens, then the mean over completions; 'token_mean' averages all tokens of
+# the batch together.
 REDUCTIONS = ("token_mean", "sequence_mean", "sequence_sum", "sum")
 TOPK_VARIANTS = ("renorm", "tail")
 # 'spectrum' is the paper's pi_lambda (lam in [-2, 2]); 'coin_mixture' a

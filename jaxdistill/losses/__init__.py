@@ -20,6 +20,8 @@ from jaxdistill.losses.fused import DEFAULT_CHUNK_SIZE
 from jaxdistill.losses.fused import fused_divergence
 from jaxdistill.losses.fused import fused_topk_divergence
 from jaxdistill.losses.sampled import ESTIMATORS
+from jaxdistill.losses.sampled import FRESH
+from jaxdistill.losses.sampled import fresh_sampled_kl
 from jaxdistill.losses.sampled import importance_weights
 from jaxdistill.losses.sampled import SAMPLED
 from jaxdistill.losses.sampled import sampled_kl
@@ -41,6 +43,7 @@ __all__ = [
     "divergence", "forward_kl", "reverse_kl", "jsd", "token_divergence",
     "logit_gradient", "fused_divergence", "fused_topk_divergence",
     "sampled_kl", "sampled_kl_from_logits", "importance_weights",
+    "fresh_sampled_kl", "FRESH",
     "cross_entropy", "reduction_weights", "check_reduction",
     "KINDS", "LOSS_KINDS", "SAMPLED", "CE", "REDUCTIONS", "ESTIMATORS",
     "DEFAULT_CHUNK_SIZE", "TeacherTopK", "TOPK_VARIANTS", "teacher_topk",

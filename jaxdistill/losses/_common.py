@@ -64,6 +64,17 @@ def check_temperature(temperature) -> float:
   return temperature
 
 
+def check_temperatures(temperature, teacher_temperature) -> tuple[float, float]:
+  """(student tau_S, teacher tau_T): `teacher_temperature` None means tau_S."""
+  ts = check_temperature(temperature)
+  if teacher_temperature is None:
+    return ts, ts
+  tt = static_number(teacher_temperature, "teacher_temperature")
+  if tt <= 0.0:
+    raise ValueError(f"teacher_temperature must be > 0, got {tt}")
+  return ts, tt
+
+
 def check_reduction(reduction) -> str:
   if reduction not in REDUCTIONS:
     raise ValueError(

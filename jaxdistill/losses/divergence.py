@@ -1,11 +1,14 @@
 """Exact token-level divergences between teacher and student logits.
 
 All functions take student logits z and teacher logits u of shape [B, T, V]
-and a response mask [B, T] (prompt and padding positions 0). With
-p = softmax(u / tau) (teacher, no gradient) and q = softmax(z / tau):
+and a response mask [B, T] (prompt and padding positions 0). Each model has
+its own temperature (the paper: tau_S = 1.0, tau_T = 0.5, App. D.2.2):
+`temperature` is the student's tau_S, `teacher_temperature` the teacher's tau_T
+(default tau_S). With p = softmax(u / tau_T) (teacher, no gradient) and
+q = softmax(z / tau_S):
 
-  forward  FKL_t = sum_v p_v (log p_v - log q_v)    grad_z = (q - p) / tau
-  reverse  RKL_t = sum_v q_v (log q_v - log p_v)    grad_z = q (log q - log p - RKL_t) / tau
+  forward  FKL_t = sum_v p_v (log p_v - log q_v)    grad_z = (q - p) / tau_S
+  reverse  RKL_t = sum_v q_v (log q_v - log p_v)    grad_z = q (log q - log p - RKL_t) / tau_S
   jsd      JSD_t(beta) = [beta KL(p||m) + (1-beta) KL(q||m)] / (beta (1-beta)),
            m = beta p + (1-beta) q; JSD(0) = FKL and JSD(1) = RKL exactly.
 
@@ -13,7 +16,7 @@ The JSD convention is GKD's generalised JSD divided by beta (1 - beta). GKD's
 own form tends to 0 at both ends; the division makes the family continuous on
 [0, 1] with the forward and reverse KL as its end points (at beta = 1/2 it is
 4x the usual Jensen-Shannon divergence). The gradient scale includes the 1/tau
-of the chain rule; nothing multiplies the loss by tau^2.
+of the chain rule (the student's); nothing multiplies the loss by tau^2.
 
 Per-token values are reduced with weights from `reduction`:
   token_mean (default): sum of values / number of response tokens,
@@ -47,11 +50,12 @@ from jaxdistill.losses import _common as c
 
 
 def _prepare(student_logits, teacher_logits, mask, kind, beta, temperature,
-             vocab_size):
-  """Validates everything and returns float32 (z / tau, u / tau) over the shared vocab."""
+             teacher_temperature, vocab_size):
+  """Validates everything and returns float32 (z / tau_S, u / tau_T) over the
+  shared vocab."""
   kind = c.check_kind(kind)
   beta = c.check_beta(beta)
-  temperature = c.check_temperature(temperature)
+  ts, tt = c.check_temperatures(temperature, teacher_temperature)
   c.check_float(student_logits, "student_logits", 3)
   c.check_float(teacher_logits, "teacher_logits", 3)
   if student_logits.shape[:2] != teacher_logits.shape[:2]:
@@ -61,8 +65,8 @@ def _prepare(student_logits, teacher_logits, mask, kind, beta, temperature,
   c.check_mask(mask, student_logits.shape[:2])
   v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
                      vocab_size, "student_logits", "teacher_logits")
-  z = student_logits[..., :v].astype(jnp.float32) / temperature
-  u = lax.stop_gradient(teacher_logits[..., :v].astype(jnp.float32)) / temperature
+  z = student_logits[..., :v].astype(jnp.float32) / ts
+  u = lax.stop_gradient(teacher_logits[..., :v].astype(jnp.float32)) / tt
   return z, u, kind, beta
 
 
@@ -145,10 +149,11 @@ _weighted_terms.defvjp(_weighted_fwd, _weighted_bwd)
 
 
 def token_divergence(student_logits, teacher_logits, mask, *, kind="forward",
-                     beta=0.5, temperature=1.0, vocab_size=None):
+                     beta=0.5, temperature=1.0, teacher_temperature=None,
+                     vocab_size=None):
   """Per-token divergence [B, T] (float32) of `kind`; masked positions are 0."""
   z, u, kind, beta = _prepare(student_logits, teacher_logits, mask, kind, beta,
-                              temperature, vocab_size)
+                              temperature, teacher_temperature, vocab_size)
   return _masked_terms(z, u, mask, kind, beta)["loss"]
 
 
@@ -160,19 +165,21 @@ def _check_leading(x, name: str):
 
 
 def logit_gradient(student_logits, teacher_logits, *, kind="forward",
-                   beta=0.5, temperature=1.0, vocab_size=None):
+                   beta=0.5, temperature=1.0, teacher_temperature=None,
+                   vocab_size=None):
   """Closed-form per-position gradient of the divergence w.r.t. the student
   logits: the one `divergence` back-propagates (through its custom VJP).
 
-  For D_t of `kind` between p = softmax(u / tau) and q = softmax(z / tau):
-  forward (q - p) / tau, reverse q (log q - log p - RKL_t) / tau, jsd as in
-  `_common.token_terms` (divided by tau). No mask and no reduction: the
+  For D_t of `kind` between p = softmax(u / tau_T) and q = softmax(z / tau_S):
+  forward (q - p) / tau_S, reverse q (log q - log p - RKL_t) / tau_S, jsd as
+  in `_common.token_terms` (divided by tau_S). No mask and no reduction: the
   gradient of a reduced loss is weights[..., None] * this.
 
   Args:
     student_logits: [..., V_s] student logits (any float dtype).
     teacher_logits: [..., V_t] teacher logits with the same leading shape.
-    kind, beta, temperature, vocab_size: as in `divergence`.
+    kind, beta, temperature, teacher_temperature, vocab_size: as in
+      `divergence`.
 
   Returns:
     (grad, terms): grad [..., V] float32 over the shared vocabulary V, and
@@ -181,7 +188,7 @@ def logit_gradient(student_logits, teacher_logits, *, kind="forward",
   """
   kind = c.check_kind(kind)
   beta = c.check_beta(beta)
-  tau = c.check_temperature(temperature)
+  tau, tau_t = c.check_temperatures(temperature, teacher_temperature)
   _check_leading(student_logits, "student_logits")
   _check_leading(teacher_logits, "teacher_logits")
   if student_logits.shape[:-1] != teacher_logits.shape[:-1]:
@@ -191,7 +198,7 @@ def logit_gradient(student_logits, teacher_logits, *, kind="forward",
   v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
                      vocab_size, "student_logits", "teacher_logits")
   z = student_logits[..., :v].astype(jnp.float32) / tau
-  u = teacher_logits[..., :v].astype(jnp.float32) / tau
+  u = teacher_logits[..., :v].astype(jnp.float32) / tau_t
   terms = c.token_terms(z, u, kind, beta, with_grad=True)
   grad = terms.pop("grad") / tau
   return lax.stop_gradient(grad), {k: lax.stop_gradient(x)
@@ -199,8 +206,8 @@ def logit_gradient(student_logits, teacher_logits, *, kind="forward",
 
 
 def divergence(student_logits, teacher_logits, mask, *, kind="forward",
-               beta=0.5, temperature=1.0, reduction="token_mean",
-               vocab_size=None):
+               beta=0.5, temperature=1.0, teacher_temperature=None,
+               reduction="token_mean", vocab_size=None):
   """Reduced divergence of `kind` ('forward' | 'reverse' | 'jsd').
 
   Args:
@@ -209,7 +216,8 @@ def divergence(student_logits, teacher_logits, mask, *, kind="forward",
     mask: [B, T] response mask (bool, int or float token weights).
     kind: 'forward' = KL(p||q), 'reverse' = KL(q||p), 'jsd' = JSD(beta).
     beta: JSD weight in [0, 1] (0 -> forward, 1 -> reverse); static.
-    temperature: tau > 0 applied to both models; static.
+    temperature: the student's tau_S > 0; static.
+    teacher_temperature: the teacher's tau_T > 0 (None: tau_S); static.
     reduction: 'token_mean' | 'sequence_mean' | 'sequence_sum' | 'sum'.
     vocab_size: shared real vocabulary; required if V_s != V_t.
 
@@ -223,7 +231,7 @@ def divergence(student_logits, teacher_logits, mask, *, kind="forward",
     ValueError naming the offending argument, before any compute.
   """
   z, u, kind, beta = _prepare(student_logits, teacher_logits, mask, kind, beta,
-                              temperature, vocab_size)
+                              temperature, teacher_temperature, vocab_size)
   loss, terms = _weighted_terms(kind, beta, z, u,
                                 c.reduction_weights(mask, reduction),
                                 mask.astype(jnp.float32))
@@ -239,24 +247,29 @@ def divergence(student_logits, teacher_logits, mask, *, kind="forward",
 
 
 def forward_kl(student_logits, teacher_logits, mask, *, temperature=1.0,
-               reduction="token_mean", vocab_size=None):
+               teacher_temperature=None, reduction="token_mean",
+               vocab_size=None):
   """KL(p_teacher || q_student); see `divergence`."""
   return divergence(student_logits, teacher_logits, mask, kind="forward",
-                    temperature=temperature, reduction=reduction,
-                    vocab_size=vocab_size)
+                    temperature=temperature,
+                    teacher_temperature=teacher_temperature,
+                    reduction=reduction, vocab_size=vocab_size)
 
 
 def reverse_kl(student_logits, teacher_logits, mask, *, temperature=1.0,
-               reduction="token_mean", vocab_size=None):
+               teacher_temperature=None, reduction="token_mean",
+               vocab_size=None):
   """KL(q_student || p_teacher); see `divergence`."""
   return divergence(student_logits, teacher_logits, mask, kind="reverse",
-                    temperature=temperature, reduction=reduction,
-                    vocab_size=vocab_size)
+                    temperature=temperature,
+                    teacher_temperature=teacher_temperature,
+                    reduction=reduction, vocab_size=vocab_size)
 
 
 def jsd(student_logits, teacher_logits, mask, *, beta=0.5, temperature=1.0,
-        reduction="token_mean", vocab_size=None):
+        teacher_temperature=None, reduction="token_mean", vocab_size=None):
   """Scaled generalised JSD(beta): 0 -> forward KL, 1 -> reverse KL; see `divergence`."""
   return divergence(student_logits, teacher_logits, mask, kind="jsd",
-                    beta=beta, temperature=temperature, reduction=reduction,
-                    vocab_size=vocab_size)
+                    beta=beta, temperature=temperature,
+                    teacher_temperature=teacher_temperature,
+                    reduction=reduction, vocab_size=vocab_size)

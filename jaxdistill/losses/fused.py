@@ -50,7 +50,8 @@ DEFAULT_CHUNK_SIZE = 48
 class _Static(NamedTuple):
   kind: str
   beta: float
-  temperature: float
+  temperature: float  # the student's tau_S
+  teacher_temperature: float  # tau_T (a given top-k is at it already)
   vocab_size: int
   topk: int | None = None  # None: exact; k: against the teacher's top-k
   variant: str = "renorm"
@@ -104,7 +105,7 @@ def _products(cfg: _Static, hs, ws, ht, wt):
 
 
 def _scaled(cfg: _Static, z, u, m):
-  """The student logits over the shared vocab / tau, and the teacher: its
+  """The student logits over the shared vocab / tau_S, and the teacher: its
   logits likewise, or its top-k (a TeacherTopK), from `_products` (of a
   chunk or of a block of its rows; m is their mask)."""
   # The heads arrive cut to the shared vocabulary rounded up to whole
@@ -117,7 +118,7 @@ def _scaled(cfg: _Static, z, u, m):
     ids = jnp.where(active, ids, jnp.arange(ids.shape[-1], dtype=ids.dtype))
     return z, topk_lib.TeacherTopK(
         ids, jnp.where(active, lp, 0.0), jnp.where(active[..., 0], tail, -1.0))
-  u = lax.stop_gradient(_mask_padding(u, cfg)) / cfg.temperature
+  u = lax.stop_gradient(_mask_padding(u, cfg)) / cfg.teacher_temperature
   if cfg.topk is not None:
     return z, topk_lib.topk_of_scaled(u, cfg.topk)
   return z, u
@@ -403,7 +404,8 @@ def _cpu_loop(cfg, hs, ws, ht, wt, w, m, with_grad):
 
 def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
                      mask, *, kind="forward", beta=0.5, temperature=1.0,
-                     reduction="token_mean", vocab_size=None,
+                     teacher_temperature=None, reduction="token_mean",
+                     vocab_size=None,
                      chunk_size=DEFAULT_CHUNK_SIZE, teacher_topk=None,
                      topk_variant="renorm"):
   """`divergence(hs @ ws, ht @ wt, mask, ...)` without the [B, T, V] logits.
@@ -414,7 +416,8 @@ def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
       passed as its transpose).
     teacher_hidden: [B, T, D_t]; teacher_head: [D_t, V_t]. No gradient flows
       into either.
-    mask, kind, beta, temperature, reduction, vocab_size: as in `divergence`.
+    mask, kind, beta, temperature, teacher_temperature, reduction,
+      vocab_size: as in `divergence`.
     chunk_size: token positions per scan step; peak extra memory is a few
       [B, chunk_size, V] float32 arrays (two on CPU).
     teacher_topk: None (exact), or k: each chunk's teacher logits are cut to
@@ -446,9 +449,10 @@ def fused_divergence(student_hidden, student_head, teacher_hidden, teacher_head,
     topk_lib.check_variant(topk_variant)
   return _run(student_hidden, student_head, lax.stop_gradient(teacher_hidden),
               lax.stop_gradient(teacher_head), mask, kind=kind, beta=beta,
-              temperature=temperature, reduction=reduction, vocab=vocab,
-              chunk_size=chunk_size, topk=teacher_topk, variant=topk_variant,
-              given=False)
+              temperature=temperature,
+              teacher_temperature=teacher_temperature, reduction=reduction,
+              vocab=vocab, chunk_size=chunk_size, topk=teacher_topk,
+              variant=topk_variant, given=False)
 
 
 def fused_topk_divergence(student_hidden, student_head, teacher_ids,
@@ -460,8 +464,10 @@ def fused_topk_divergence(student_hidden, student_head, teacher_ids,
   [B, T, V] student logits: the fused path against a given (cached) top-k.
 
   teacher_ids, teacher_logprobs: [B, T, K]; teacher_tail: [B, T] or None
-  (rebuilt from the log-probs, as in `topk_divergence`). Other arguments as
-  in `fused_divergence`; vocab_size defaults to V_s.
+  (rebuilt from the log-probs, as in `topk_divergence`); the log-probs are
+  at the teacher's temperature already, so only the student's `temperature`
+  is applied. Other arguments as in `fused_divergence`; vocab_size defaults
+  to V_s.
   """
   c.check_float(student_head, "student_head", 2)
   topk_lib.check_topk_inputs(teacher_ids, teacher_logprobs, student_hidden,
@@ -481,17 +487,19 @@ def fused_topk_divergence(student_hidden, student_head, teacher_ids,
   return _run(student_hidden, student_head,
               (teacher_ids.astype(jnp.int32), lp, tail), None, mask,
               kind=kind, beta=beta, temperature=temperature,
-              reduction=reduction, vocab=vocab, chunk_size=chunk_size,
-              topk=teacher_ids.shape[-1], variant=variant, given=True)
+              teacher_temperature=None, reduction=reduction, vocab=vocab,
+              chunk_size=chunk_size, topk=teacher_ids.shape[-1],
+              variant=variant, given=True)
 
 
 def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
-         beta, temperature, reduction, vocab, chunk_size, topk, variant,
-         given):
+         beta, temperature, teacher_temperature, reduction, vocab,
+         chunk_size, topk, variant, given):
   """Checks the shared arguments, then the chunked scan."""
   kind = c.check_kind(kind)
   beta = c.check_beta(beta)
-  temperature = c.check_temperature(temperature)
+  temperature, teacher_temperature = c.check_temperatures(
+      temperature, teacher_temperature)
   c.check_float(student_hidden, "student_hidden", 3)
   if student_head.shape[0] != student_hidden.shape[-1]:
     raise ValueError(
@@ -521,8 +529,8 @@ def _run(student_hidden, student_head, teacher, teacher_head, mask, *, kind,
     teacher_head = teacher_head[:, :w_cols]
   rows = c.cpu_row_block(b * size, w_cols, _CPU_BLOCK_BYTES,
                          _CPU_UNBLOCKED_BYTES)
-  cfg = _Static(kind, beta, temperature, vocab, topk, variant, given, size,
-                rows)
+  cfg = _Static(kind, beta, temperature, teacher_temperature, vocab, topk,
+                variant, given, size, rows)
   loss, sums = _fused(cfg, student_hidden, student_head, teacher,
                       teacher_head, weights, m)
 

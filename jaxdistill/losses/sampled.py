@@ -32,9 +32,13 @@ is 'rkl_surrogate' (or 'k2'), weighted by q/b whenever b is not the student;
 `importance_weights` computes that weight (`sampled_kl_from_logits` applies it
 to every estimator) and refuses rollout.policy='dataset' (fixed text has no
 known b). The
-estimators also assume y ~ softmax(z / tau) at the loss temperature over
-the full vocabulary: config validation refuses a sampled loss with another
-rollout temperature, top-k or top-p. Nothing here differentiates through the
+estimators also assume y ~ softmax(z / tau_S) over the full vocabulary (or
+the teacher's / the policy's distribution, reweighted): config validation
+refuses a sampled loss with a rollout top-k or top-p.
+
+These estimators score the rollout's OWN tokens. The paper's sampled KL (App.
+A.2) is another method: `fresh_sampled_kl` draws a new token at every
+position, from the teacher for forward KL and from the student for reverse KL. Nothing here differentiates through the
 sampling itself.
 
 `importance_weight` [B, T] is treated as a constant (stop-gradient) and
@@ -54,6 +58,8 @@ from jaxdistill.losses import _common as c
 # The loss kind (config loss.kind) of these estimators.
 SAMPLED = choices.SAMPLED
 ESTIMATORS = choices.ESTIMATORS
+# sampled_kl's: on the rollout's own tokens.
+_ON_ROLLOUT = choices.ROLLOUT_TOKEN_ESTIMATORS
 
 
 def _estimates(lq, log_r):
@@ -90,8 +96,10 @@ def sampled_kl(student_logprobs, teacher_logprobs, mask, *,
     estimates when the weighted samples follow q), 'distill/tokens' and, if
     given, 'distill/importance_weight' (token mean). Metrics carry no gradient.
   """
-  if estimator not in ESTIMATORS:
-    raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+  if estimator not in _ON_ROLLOUT:
+    raise ValueError(f"estimator must be one of {_ON_ROLLOUT}, got "
+                     f"{estimator!r} (the fresh-token estimators are "
+                     "fresh_sampled_kl)")
   c.check_float(student_logprobs, "student_logprobs", 2)
   c.check_float(teacher_logprobs, "teacher_logprobs", 2)
   shape = student_logprobs.shape
@@ -145,7 +153,7 @@ def importance_weights(logq, logp, policy, lam=None, behaviour=None):
   'teacher', lam q + (1 - lam) p for 'coin_mixture'.
 
   Args:
-    logq, logp: [B, T] log q(y), log p(y) at the loss temperature.
+    logq, logp: [B, T] log q(y), log p(y), each at its model's temperature.
     policy: the rollout policy: 'student' (no weight: returns None),
       'teacher' or 'coin_mixture'. 'dataset' is refused: fixed text was not
       sampled from any of these, so no q / b weight is known.
@@ -182,7 +190,7 @@ def _gather(logp, ids):
 
 def sampled_kl_from_logits(student_logits, teacher_logits, tokens, mask, *,
                            estimator="rkl_surrogate", temperature=1.0,
-                           policy="student", lam=None,
+                           teacher_temperature=None, policy="student", lam=None,
                            behaviour_logprobs=None, iw_clip=None,
                            reduction="token_mean", vocab_size=None):
   """`sampled_kl` on a rollout's own tokens, from full logits: the log-probs
@@ -195,7 +203,8 @@ def sampled_kl_from_logits(student_logits, teacher_logits, tokens, mask, *,
     tokens: [B, T] int the sampled tokens y_t.
     mask: [B, T] response mask (or token weights).
     estimator: as in `sampled_kl`.
-    temperature: tau > 0, the temperature the tokens were sampled at.
+    temperature: the student's tau_S > 0 (a student rollout samples at it).
+    teacher_temperature: the teacher's tau_T (None: tau_S).
     policy, lam, behaviour_logprobs: the rollout policy, its mixture weight
       and, optionally, its own [B, T] log b(y_t) (`importance_weights`).
     iw_clip: optional cap on the importance weights (None: no cap).
@@ -209,11 +218,11 @@ def sampled_kl_from_logits(student_logits, teacher_logits, tokens, mask, *,
   c.check_float(teacher_logits, "teacher_logits", 3)
   v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
                      vocab_size, "student_logits", "teacher_logits")
-  tau = c.check_temperature(temperature)
+  tau, tau_t = c.check_temperatures(temperature, teacher_temperature)
   logq_all = jax.nn.log_softmax(
       student_logits[..., :v].astype(jnp.float32) / tau, axis=-1)
   logp_all = jax.nn.log_softmax(
-      teacher_logits[..., :v].astype(jnp.float32) / tau, axis=-1)
+      teacher_logits[..., :v].astype(jnp.float32) / tau_t, axis=-1)
   logq, logp = _gather(logq_all, tokens), _gather(logp_all, tokens)  # [B, T]
   logp = lax.stop_gradient(logp)
   iw = importance_weights(logq, logp, policy, lam, behaviour_logprobs)
@@ -221,3 +230,81 @@ def sampled_kl_from_logits(student_logits, teacher_logits, tokens, mask, *,
     iw = jnp.minimum(iw, iw_clip)
   return sampled_kl(logq, logp, mask, estimator=estimator,
                     importance_weight=iw, reduction=reduction)
+
+
+FRESH = choices.FRESH_ESTIMATORS  # loss.estimator names of fresh_sampled_kl
+
+
+def draw_by_cdf(logprobs, u):
+  """[...] index drawn from exp(logprobs) [..., V] by inverse CDF with one
+  uniform u [...] in [0, 1) per row (float32; never a zero-probability id)."""
+  p = jnp.exp(logprobs - jnp.max(logprobs, axis=-1, keepdims=True))
+  cdf = jnp.cumsum(p, axis=-1)
+  idx = jnp.sum(cdf <= (u * cdf[..., -1])[..., None], axis=-1)
+  # Rounding can step past the last token with mass: clamp to it.
+  last = jnp.max(jnp.where(p > 0, jnp.arange(p.shape[-1]), 0), axis=-1)
+  return jnp.minimum(idx, last).astype(jnp.int32)
+
+
+def fresh_sampled_kl(student_logits, teacher_logits, mask, uniforms, *,
+                     direction="forward", temperature=1.0,
+                     teacher_temperature=None, reduction="sequence_mean",
+                     vocab_size=None):
+  """The paper's single-sample KL (App. A.2): a FRESH token per position.
+
+  At every position with mask != 0 one token y is drawn, independently of the
+  rollout's own token: from the teacher p = softmax(u / tau_T) for
+  direction='forward', with per-token loss -log q(y); from the (current,
+  stop-gradient) student q = softmax(z / tau_S) for direction='reverse', with
+  loss sg[log q(y) - log p(y)] * log q(y). Their expected gradients are the
+  exact forward and reverse KL gradients (tests/losses/sampled_test.py checks
+  this by Monte Carlo against the closed forms).
+
+  Args:
+    student_logits: [B, T, V_s]; teacher_logits: [B, T, V_t] (no gradient).
+    mask: [B, T] response mask (or token weights).
+    uniforms: [B, T] float32 in [0, 1): one uniform per position, the draw's
+      randomness (inverse CDF), so the loss stays a pure function.
+    direction: 'forward' | 'reverse' (which model the token is drawn from).
+    temperature, teacher_temperature: tau_S and tau_T (None: tau_S).
+    reduction: as in `divergence` (the paper: 'sequence_mean').
+    vocab_size: shared real vocabulary; required if V_s != V_t.
+
+  Returns:
+    (loss, metrics): 'distill/loss', 'distill/fresh_logq' (mean log q(y)),
+    'distill/fresh_logratio' (mean log q(y) - log p(y); for 'reverse' an
+    unbiased estimate of the reverse KL) and 'distill/tokens'.
+  """
+  if direction not in ("forward", "reverse"):
+    raise ValueError(f"direction: 'forward' or 'reverse', got {direction!r}")
+  c.check_float(student_logits, "student_logits", 3)
+  c.check_float(teacher_logits, "teacher_logits", 3)
+  c.check_mask(mask, student_logits.shape[:2])
+  if tuple(jnp.shape(uniforms)) != tuple(student_logits.shape[:2]):
+    raise ValueError(f"uniforms: expected shape {student_logits.shape[:2]} "
+                     f"([B, T]), got {jnp.shape(uniforms)}")
+  v = c.shared_vocab(student_logits.shape[-1], teacher_logits.shape[-1],
+                     vocab_size, "student_logits", "teacher_logits")
+  tau, tau_t = c.check_temperatures(temperature, teacher_temperature)
+  active = mask != 0
+  z = jnp.where(active[..., None],
+                student_logits[..., :v].astype(jnp.float32) / tau, 0.0)
+  u = jnp.where(active[..., None], lax.stop_gradient(
+      teacher_logits[..., :v].astype(jnp.float32)) / tau_t, 0.0)
+  logq_all = jax.nn.log_softmax(z, axis=-1)
+  logp_all = jax.nn.log_softmax(u, axis=-1)
+  source = logp_all if direction == "forward" else lax.stop_gradient(logq_all)
+  y = draw_by_cdf(source, jnp.asarray(uniforms, jnp.float32))  # [B, T]
+  logq, logp = _gather(logq_all, y), _gather(logp_all, y)
+  log_ratio = lax.stop_gradient(logq - logp)
+  per_token = -logq if direction == "forward" else log_ratio * logq
+  per_token = jnp.where(active, per_token, 0.0)
+  loss = jnp.sum(c.reduction_weights(mask, reduction) * per_token)
+  metrics = {
+      "distill/loss": loss,
+      "distill/fresh_logq": c.token_mean(jnp.where(active, logq, 0.0), mask),
+      "distill/fresh_logratio": c.token_mean(
+          jnp.where(active, log_ratio, 0.0), mask),
+      "distill/tokens": jnp.sum(active.astype(jnp.float32)),
+  }
+  return loss, {k: lax.stop_gradient(x) for k, x in metrics.items()}

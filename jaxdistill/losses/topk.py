@@ -1,7 +1,7 @@
 """Divergences against the teacher's top-k: the truncation real-scale systems use.
 
 The teacher is given by its k most likely token ids and their log-probs,
-log p_v = log softmax(u / tau)_v over the real vocabulary at the loss
+log p_v = log softmax(u / tau_T)_v over the real vocabulary at the teacher's
 temperature (`teacher_topk` produces them; a teacher cache stores them). The
 student's logits z are full. Two variants (`variant`), each then fed to the
 same per-token core as the exact losses (forward KL, reverse KL, JSD(beta)):
@@ -19,9 +19,10 @@ Gradients w.r.t. the full student logits, from the gradient g' of the core
 w.r.t. its k (+ 1) bucket logits (which sums to 0): renorm g'_i at id i and 0
 elsewhere; tail g'_i at id i and g'_tail * q_v / q_tail at every other v.
 
-Temperature: the student's logits are divided by tau here; the teacher's
-log-probs must already be at tau (teacher_topk(..., temperature=tau)), since
-a top-k at one temperature does not determine the tail mass at another.
+Temperatures: the student's logits are divided by its tau_S here
+(`temperature`); the teacher's log-probs must already be at the teacher's
+tau_T (teacher_topk(..., temperature=tau_T)), since a top-k at one
+temperature does not determine the tail mass at another.
 """
 from __future__ import annotations
 
@@ -195,8 +196,8 @@ def topk_logit_gradient(student_logits, teacher_ids, teacher_logprobs, *,
 
   Args:
     student_logits: [..., V_s] student logits.
-    teacher_ids, teacher_logprobs: [..., K] the teacher's top-k at
-      `temperature` (`teacher_topk`), same leading shape.
+    teacher_ids, teacher_logprobs: [..., K] the teacher's top-k at its own
+      temperature (`teacher_topk`), same leading shape.
     kind, beta, temperature, vocab_size, variant, teacher_tail: as in
       `topk_divergence` (teacher_tail [...]).
 
@@ -267,9 +268,10 @@ def topk_divergence(student_logits, teacher_ids, teacher_logprobs, mask, *,
   Args:
     student_logits: [B, T, V_s] student logits.
     teacher_ids: [B, T, K] int teacher top-k ids (< vocab_size).
-    teacher_logprobs: [B, T, K] teacher log-probs at `temperature` (from
-      `teacher_topk`); no gradient flows into them.
-    mask, kind, beta, temperature, reduction: as in `divergence`.
+    teacher_logprobs: [B, T, K] teacher log-probs at the teacher's own
+      temperature (from `teacher_topk`); no gradient flows into them.
+    mask, kind, beta, reduction: as in `divergence`.
+    temperature: the student's tau_S > 0.
     vocab_size: the real vocabulary (default V_s); student columns beyond it
       are padding and are dropped (their gradient is 0).
     variant: 'renorm' | 'tail' (module docstring).

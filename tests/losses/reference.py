@@ -16,10 +16,12 @@ def _kl(a, log_a, log_b):
     return np.sum(np.where(a > 0, a * (log_a - log_b), 0.0), axis=-1)
 
 
-def divergences(z, u, tau=1.0, beta=0.5):
-  """Per-position FKL, RKL and scaled JSD(beta) of teacher u vs student z."""
+def divergences(z, u, tau=1.0, beta=0.5, tau_t=None):
+  """Per-position FKL, RKL and scaled JSD(beta) of teacher u vs student z
+  (student at tau, teacher at tau_t, default tau)."""
+  tau_t = tau if tau_t is None else tau_t
   logq, logp = log_softmax(np.asarray(z, np.float64) / tau), log_softmax(
-      np.asarray(u, np.float64) / tau)
+      np.asarray(u, np.float64) / tau_t)
   q, p = np.exp(logq), np.exp(logp)
   fkl, rkl = _kl(p, logp, logq), _kl(q, logq, logp)
   if beta in (0.0, 1.0):
@@ -50,9 +52,10 @@ def weights(mask, reduction):
   return out / n_seq if n_seq else out
 
 
-def grad_closed_form(z, u, mask, kind, reduction, tau=1.0):
-  """d loss / d z from the closed forms: (q - p)/tau, q (log q - log p - RKL)/tau."""
-  d = divergences(z, u, tau)
+def grad_closed_form(z, u, mask, kind, reduction, tau=1.0, tau_t=None):
+  """d loss / d z from the closed forms: (q - p)/tau, q (log q - log p - RKL)/tau
+  (tau the student's; the teacher at tau_t, default tau)."""
+  d = divergences(z, u, tau, tau_t=tau_t)
   q, p = d["q"], d["p"]
   if kind == "forward":
     g = (q - p) / tau
