@@ -86,8 +86,10 @@ TEACHER = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32)
 STUDENT = dict(hidden_size=96, intermediate_size=288, num_hidden_layers=3,
                num_attention_heads=3, num_key_value_heads=1, head_dim=32)
-SPECTRUM = (("teacher", 0.0), ("lam25", 0.25), ("lam50", 0.5),
-            ("lam75", 0.75), ("student", 1.0))
+# The paper's spectrum pi_lambda (rollout/spectrum.py): -1 the teacher, +1 the
+# student, beyond them the clipped extrapolations.
+SPECTRUM = (("lam-2", -2.0), ("teacher", -1.0), ("lam0", 0.0),
+            ("student", 1.0), ("lam2", 2.0))
 
 
 def get_config(arg=None):
@@ -118,8 +120,12 @@ def get_config(arg=None):
   # On-policy vs off-policy at both ends of the spectrum; --spectrum adds the
   # mixtures in between.
   c.grid = dict(kl=("forward", "reverse"),
-                policy=(("student", 1.0), ("teacher", 0.0)),
-                lrs=(5e-7, 2e-4), steps=320, batch_size=16, temperature=1.0)
+                policy=(("student", 1.0), ("teacher", -1.0)),
+                lrs=(5e-7, 2e-4), steps=320, batch_size=16,
+                # Each model's policy temperature, in rollouts and in the
+                # loss (the paper's: student 1.0, teacher 0.5); sampled
+                # evaluation and RLVR sample the student at its own.
+                student_temperature=1.0, teacher_temperature=0.5)
   c.eval = dict(num_samples=4, ks=(1, 4), batch_size=128, sparsity_atol=1e-5,
                 sparsity_dtype="bfloat16")
   # RLVR after the grid (--rlvr): GRPO on the distillation prompts, rewards

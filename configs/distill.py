@@ -1,10 +1,20 @@
 r"""Distil a teacher into a student: one cell of the study's grid.
 
 Sweepable args (after the colon): kl (forward | reverse | jsd | sampled),
-policy (student | teacher | mixture | dataset), lam, lr, task, seed, topk
-(None = the full teacher, or k: the loss sees only the teacher's top-k),
-runlocal (tiny random models; its defaults task=synthetic, lr=1e-3 apply to
-the args not given).
+policy (student | teacher | spectrum | coin_mixture | dataset), lam (spectrum:
+the paper's lambda in [-2, 2], -1 teacher, +1 student; coin_mixture: the
+probability of a student token), lr, task, seed, topk (None = the full
+teacher, or k: the loss sees only the teacher's top-k), runlocal (tiny random
+models; its defaults task=synthetic, lr=1e-3 apply to the args not given).
+
+The defaults are the paper's Table 3 (arXiv 2609.35259, App. D.3): 150 steps
+of 32 prompts with one completion each, AdamW (0.9, 0.999, eps 1e-8, no weight
+decay), constant LR after 10 linear warm-up steps, clip 1.0, prompts up to
+2,048 tokens, completions up to 512 (Countdown-3; 1,024 for the MCQ tasks),
+teacher temperature 0.5 and student 1.0 in sampling and inside the loss, the
+loss averaged over each completion's tokens and then over completions
+(reduction 'sequence_mean'), seed 42. docs/method.md lists where the project
+still deviates.
 
   # A real run: Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct from the hub
   # (a local directory or another org/name[@revision] overrides a path):
@@ -44,12 +54,12 @@ TINY_STUDENT = dict(TINY_TEACHER, hidden_size=32, intermediate_size=64,
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, kl="forward", policy="student", lam=0.5,
-                             lr=1e-5, task="countdown", seed=0, topk=None,
+  arg = config_lib.parse_arg(arg, kl="forward", policy="student", lam=0.0,
+                             lr=1e-5, task="countdown", seed=42, topk=None,
                              runlocal=False)
   c = ml_collections.ConfigDict()
   c.seed = arg.seed
-  c.total_steps = 200
+  c.total_steps = 150
   c.log_every = 1
   c.eval_every = 50
   c.ckpt_every = 50
@@ -64,12 +74,14 @@ def get_config(arg=None):
   # recomputes whole layers of larger ones, so that every pair of the study
   # fits its slice (README, "Fit on a TPU slice"); or 'none', 'dots',
   # 'dots_no_batch', 'full'.
+  # temperature: each model's policy is softmax(logits / temperature), in its
+  # rollouts and inside the loss (the paper: student 1.0, teacher 0.5).
   c.student = dict(path=STUDENT, preset=config_dict.placeholder(str),
                    init=None, dtype="bfloat16", param_dtype="float32",
-                   remat="auto", overrides={})
+                   remat="auto", temperature=1.0, overrides={})
   c.teacher = dict(path=TEACHER, preset=config_dict.placeholder(str),
                    init=None, dtype="bfloat16", param_dtype="bfloat16",
-                   overrides={})
+                   temperature=0.5, overrides={})
   c.tokenizer = config_dict.placeholder(str)  # default: the student's
 
   # Countdown is generated from data_seed; task='mcq' reads the user's files
@@ -84,15 +96,21 @@ def get_config(arg=None):
                 manual_dir=config_dict.placeholder(str),
                 source=config_dict.placeholder(str),
                 records_file=config_dict.placeholder(str),
-                system=config_dict.placeholder(str), batch_size=64,
-                max_prompt_len=256, fixed_batch=False,
+                system=config_dict.placeholder(str), batch_size=32,
+                max_prompt_len=2048, fixed_batch=False,
                 bucket=config_dict.placeholder(int))
-  c.rollout = dict(policy=arg.policy, lam=arg.lam, max_new_tokens=512,
-                   temperature=1.0, top_k=config_dict.placeholder(int),
+  # Completions: 512 tokens for Countdown-3, 1,024 for the MCQ tasks.
+  c.rollout = dict(policy=arg.policy, lam=arg.lam,
+                   max_new_tokens=512 if arg.task == "countdown" else 1024,
+                   top_k=config_dict.placeholder(int),
                    top_p=config_dict.placeholder(float),
                    eos_token_ids=None)
-  c.loss = dict(kind=arg.kl, beta=0.5, temperature=1.0,
-                reduction="token_mean", estimator="rkl_surrogate",
+  # reduction 'sequence_mean' is the paper's (Eq. 1); 'token_mean' pools all
+  # tokens of the batch. estimator (kind='sampled'): 'fresh_forward' /
+  # 'fresh_reverse' are the paper's (App. A.2), the others score the
+  # rollout's own tokens (docs/method.md).
+  c.loss = dict(kind=arg.kl, beta=0.5,
+                reduction="sequence_mean", estimator="fresh_forward",
                 iw_clip=config_dict.placeholder(float), fused=True,
                 # Positions per step of the fused loss: its working set is a
                 # few [rows per chip, chunk, vocab] float32 blocks (at 8 rows

@@ -15,10 +15,10 @@ Mass is the squared norm, sum_v g_v^2: a gradient w.r.t. logits sums to zero
 by sign, and for g_F the sign is exactly that of q - p: L1 shares would say
 nothing about forward KL.
 Summaries are means over response tokens. Along the rollout spectrum
-(lambda = share of student-sampled tokens) this gives one row per lambda:
+(the paper's pi_lambda, lambda in [-2, 2]: -1 teacher, +1 student) this gives one row per lambda:
 
   python -m jaxdistill.analysis --config configs/distill.py:runlocal \
-      --lams 0,0.25,0.5,0.75,1 --batches 2 --out /tmp/kl_grads
+      --lams=-2,-1,0,1,2 --batches 2 --out /tmp/kl_grads
   python -m jaxdistill.analysis --config configs/distill.py:kl=reverse \
       --config.student.path=/runs/x/hf_student --config.teacher.path=/ckpt/T \
       --out /runs/x/kl_grads
@@ -81,23 +81,25 @@ def _check(student_logits, teacher_logits, vocab_size, temperature):
 
 
 def kl_gradients(student_logits, teacher_logits, *, temperature=1.0,
-                 vocab_size=None) -> dict:
+                 teacher_temperature=None, vocab_size=None) -> dict:
   """Closed-form per-token gradients w.r.t. the student logits (those the
   losses back-propagate: losses.logit_gradient).
 
   [..., V] logits -> {'fkl_grad', 'rkl_grad': [..., V'], 'q', 'p': [..., V'],
-  'fkl', 'rkl': [...]}, V' = the shared vocabulary; float32.
+  'fkl', 'rkl': [...]}, V' = the shared vocabulary; float32. The student at
+  `temperature`, the teacher at `teacher_temperature` (default the same).
   """
   v = _check(student_logits, teacher_logits, vocab_size, temperature)
   tau = float(temperature)
-  kw = dict(temperature=tau, vocab_size=v)
+  tau_t = tau if teacher_temperature is None else float(teacher_temperature)
+  kw = dict(temperature=tau, teacher_temperature=tau_t, vocab_size=v)
   g_f, terms = losses.logit_gradient(student_logits, teacher_logits,
                                      kind="forward", **kw)
   g_r, _ = losses.logit_gradient(student_logits, teacher_logits,
                                  kind="reverse", **kw)
   # The two distributions, for the statistics that compare them (q < p).
-  q, p = (jnp.exp(jax.nn.log_softmax(x[..., :v].astype(jnp.float32) / tau, -1))
-          for x in (student_logits, teacher_logits))
+  q, p = (jnp.exp(jax.nn.log_softmax(x[..., :v].astype(jnp.float32) / t, -1))
+          for x, t in ((student_logits, tau), (teacher_logits, tau_t)))
   return {"fkl_grad": g_f, "rkl_grad": g_r, "q": q, "p": p,
           "fkl": terms["fkl"], "rkl": terms["rkl"]}
 
@@ -116,12 +118,14 @@ def _cos(a, b):
 
 
 def topk_gradients(student_logits, teacher_logits, *, k, variant="renorm",
-                   temperature=1.0, vocab_size=None) -> dict:
+                   temperature=1.0, teacher_temperature=None,
+                   vocab_size=None) -> dict:
   """Closed-form per-token gradients of the top-k forward and reverse KL
   (losses.topk) w.r.t. the student logits: {'fkl_grad', 'rkl_grad'} [..., V']."""
   v = _check(student_logits, teacher_logits, vocab_size, temperature)
   tau = float(temperature)
-  t = losses.teacher_topk(teacher_logits[..., :v], int(k), temperature=tau)
+  tau_t = tau if teacher_temperature is None else float(teacher_temperature)
+  t = losses.teacher_topk(teacher_logits[..., :v], int(k), temperature=tau_t)
   return {name: losses.topk_logit_gradient(
               student_logits, t.ids, t.logprobs, kind=kind, temperature=tau,
               vocab_size=v, variant=variant, teacher_tail=t.tail)[0]
@@ -129,10 +133,12 @@ def topk_gradients(student_logits, teacher_logits, *, k, variant="renorm",
 
 
 def token_stats(student_logits, teacher_logits, *, temperature=1.0,
-                vocab_size=None, topk=None, topk_variant="renorm") -> dict:
+                teacher_temperature=None, vocab_size=None, topk=None,
+                topk_variant="renorm") -> dict:
   """Per-token statistics ([...] each, keys STATS, and TOPK_STATS when `topk`
   is set) of the two gradients."""
   g = kl_gradients(student_logits, teacher_logits, temperature=temperature,
+                   teacher_temperature=teacher_temperature,
                    vocab_size=vocab_size)
   gf, gr = g["fkl_grad"], g["rkl_grad"]
   under, over = g["q"] < g["p"], g["q"] > g["p"]
@@ -145,6 +151,7 @@ def token_stats(student_logits, teacher_logits, *, temperature=1.0,
   if topk is not None:
     gk = topk_gradients(student_logits, teacher_logits, k=topk,
                         variant=topk_variant, temperature=temperature,
+                        teacher_temperature=teacher_temperature,
                         vocab_size=vocab_size)
     for d, exact in (("fkl", gf), ("rkl", gr)):
       cos_k, n_k, n_e = _cos(gk[f"{d}_grad"], exact)
@@ -163,8 +170,8 @@ def summarize(stats: dict, mask) -> dict:
 
 
 def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
-                  temperature=1.0, vocab_size=None, topk=None,
-                  topk_variant="renorm") -> dict:
+                  temperature=1.0, teacher_temperature=None, vocab_size=None,
+                  topk=None, topk_variant="renorm") -> dict:
   """Summary statistics of one rollout batch.
 
   student / teacher: (ModelConfig, params). tokens, attention_mask,
@@ -184,8 +191,10 @@ def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
     tok, att = args
     z = models.apply(scfg, sp, tok[None], att[None])[0, :-1]  # [L-1, V_s]
     u = models.apply(tcfg, tp, tok[None], att[None])[0, :-1]  # [L-1, V_t]
-    return token_stats(z, u, temperature=temperature, vocab_size=vocab_size,
-                       topk=topk, topk_variant=topk_variant)
+    return token_stats(z, u, temperature=temperature,
+                       teacher_temperature=teacher_temperature,
+                       vocab_size=vocab_size, topk=topk,
+                       topk_variant=topk_variant)
 
   stats = jax.lax.map(row, (tokens, jnp.asarray(attention_mask)))  # [B, L-1]
   return {k: float(v) for k, v in jax.device_get(summarize(stats, mask)).items()}
@@ -194,18 +203,21 @@ def analyze_batch(student, teacher, tokens, attention_mask, loss_mask, *,
 def _check_lams(lams) -> None:
   if not lams:
     raise ValueError("lams: need at least one lambda")
-  bad = [l for l in lams if not 0.0 <= float(l) <= 1.0]
+  bad = [l for l in lams if not -2.0 <= float(l) <= 2.0]
   if bad:
-    raise ValueError(f"lams: must lie in [0, 1], got {bad}")
+    raise ValueError(f"lams: the paper's lambda lies in [-2, 2] (-1 teacher, "
+                     f"+1 student), got {bad}")
 
 
 def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
                     lams: Sequence[float], rng, max_new_tokens: int,
-                    temperature: float = 1.0, loss_temperature: float = 1.0,
+                    temperature: float = 1.0, teacher_temperature=None,
                     vocab_size=None, eos_token_ids=None,
                     pad_token_id: int = 0, topk=None,
                     topk_variant: str = "renorm") -> list[dict]:
-  """One row per lambda: rollouts from the lambda-mixture on the same prompts.
+  """One row per lambda: rollouts from the paper's pi_lambda (policy
+  'spectrum') on the same prompts, each model at its own temperature (also
+  inside the statistics).
 
   prompt_batches: host batches with 'prompt' and 'prompt_mask' ([B, P]).
   Rows hold the token-weighted means of STATS over all batches, the realised
@@ -221,12 +233,14 @@ def lambda_spectrum(student, teacher, prompt_batches: Sequence[dict], *,
       # Same key per batch across lambdas: arms differ only in lambda.
       r = rollout_lib.generate(
           student, teacher, jnp.asarray(b["prompt"]), jnp.asarray(b["prompt_mask"]),
-          rng=jax.random.fold_in(rng, i), policy="coin_mixture", lam=float(lam),
+          rng=jax.random.fold_in(rng, i), policy="spectrum", lam=float(lam),
           max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+          teacher_temperature=teacher_temperature,
           eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
           return_logprobs=False, vocab_size=vocab_size)
       s = analyze_batch(student, teacher, r.tokens, r.attention_mask,
-                        r.loss_mask, temperature=loss_temperature,
+                        r.loss_mask, temperature=temperature,
+                        teacher_temperature=teacher_temperature,
                         vocab_size=vocab_size, topk=topk,
                         topk_variant=topk_variant)
       n = s["tokens"]
@@ -333,8 +347,8 @@ def run(config, lams: Sequence[float], *, batches: int = 1, out_dir: str | None 
   rows = lambda_spectrum(
       (scfg, sp), (tcfg, tp), [data[i] for i in range(int(batches))], lams=lams,
       rng=jax.random.fold_in(key, 7), max_new_tokens=int(config.rollout.max_new_tokens),
-      temperature=float(config.rollout.temperature),
-      loss_temperature=float(config.loss.temperature), vocab_size=vocab,
+      temperature=config_lib.temperatures(config)[0],
+      teacher_temperature=config_lib.temperatures(config)[1], vocab_size=vocab,
       eos_token_ids=rollout_lib.eos_ids(scfg, tcfg, tokenizer=tok),
       pad_token_id=getattr(tok, "pad_token_id", None) or 0,
       topk=config.loss.get("teacher_topk"),
@@ -361,7 +375,7 @@ def _define_flags():
   config_flags.DEFINE_config_file(
       "config", None, "Training config (student, teacher, prompts, sampler).",
       lock_config=True)
-  flags.DEFINE_string("lams", "0,0.25,0.5,0.75,1", "Comma-separated lambdas.")
+  flags.DEFINE_string("lams", "-2,-1,0,1,2", "Comma-separated lambdas of the paper's spectrum (-1 teacher, +1 student).")
   flags.DEFINE_integer("batches", 1, "Prompt batches per lambda.")
   flags.DEFINE_string("out", None, "Directory for the CSV, Markdown and PNG.")
   flags.mark_flags_as_required(["config"])

@@ -175,27 +175,43 @@ def _err(field: str, msg: str):
   raise ValueError(f"config.{field}: {msg}")
 
 
+def temperatures(config) -> tuple[float, float]:
+  """(student, teacher) temperatures of a training config: config.student.
+  temperature and config.teacher.temperature (1.0 where a config names none)."""
+  out = []
+  for name in ("student", "teacher"):
+    node = config.get(name) or {}
+    t = node.get("temperature", 1.0)
+    try:
+      t = float(t)
+    except (TypeError, ValueError):
+      _err(f"{name}.temperature", f"must be a number > 0, got {t!r}")
+    if not 0 < t < float("inf"):
+      _err(f"{name}.temperature", f"must be > 0 and finite, got {t}")
+    out.append(t)
+  return out[0], out[1]
+
+
 def _check_sampled_rollout(loss, ro) -> None:
-  """The sampled estimators assume y ~ softmax(z / loss.temperature) over the
-  full vocabulary (reweighted from the teacher or the mixture when the policy
-  is not the student): refuse rollouts drawn from anything else."""
+  """The estimators on the rollout's own tokens assume y ~ softmax(z / tau_S)
+  over the full vocabulary (reweighted from the teacher or the policy when it
+  is not the student): refuse rollouts drawn from anything else. The paper's
+  fresh-token estimators draw their own tokens: any rollout will do."""
+  if loss.estimator in choices.FRESH_ESTIMATORS:
+    return
   if ro.policy == "dataset":
     _err("rollout.policy", "loss.kind='sampled' needs tokens sampled from the "
          "student, the teacher or their mixture (importance weights q/b); "
          "policy='dataset' text has no known sampling distribution: use an "
          "exact loss (loss.kind='forward'/'reverse'/'jsd') or another policy")
-  if float(ro.temperature) != float(loss.temperature):
-    _err("rollout.temperature", f"{ro.temperature} differs from "
-         f"loss.temperature={loss.temperature}: with loss.kind='sampled' the "
-         "estimators assume the tokens were drawn at the loss temperature")
   if ro.get("top_k") is not None:
     _err("rollout.top_k", f"{ro.top_k}: with loss.kind='sampled' the "
          "estimators assume sampling over the full vocabulary at "
-         "loss.temperature; set rollout.top_k=None")
+         "the models' temperatures; set rollout.top_k=None")
   if ro.get("top_p") is not None and float(ro.top_p) < 1.0:
     _err("rollout.top_p", f"{ro.top_p}: with loss.kind='sampled' the "
          "estimators assume sampling over the full vocabulary at "
-         "loss.temperature; set rollout.top_p=None (or 1.0)")
+         "the models' temperatures; set rollout.top_p=None (or 1.0)")
 
 
 def _check_topk(loss, ro) -> None:
@@ -241,8 +257,13 @@ def validate(config) -> None:
   if loss.reduction not in choices.REDUCTIONS:
     _err("loss.reduction", f"reduction must be one of {choices.REDUCTIONS}, "
          f"got {loss.reduction!r}")
-  if not float(loss.temperature) > 0:
-    _err("loss.temperature", f"must be > 0, got {loss.temperature}")
+  if "temperature" in loss:
+    _err("loss.temperature", "the temperatures are each model's own: set "
+         "student.temperature and teacher.temperature")
+  if "temperature" in config.rollout:
+    _err("rollout.temperature", "rollouts sample each model at its own "
+         "temperature: set student.temperature and teacher.temperature")
+  temperatures(config)
   _check_topk(loss, config.rollout)
 
   ro = config.rollout
@@ -253,11 +274,19 @@ def validate(config) -> None:
          f"fixed sequences: use policy='dataset', got {ro.policy!r}")
   if ro.policy == "coin_mixture":
     if ro.lam is None or not 0.0 <= float(ro.lam) <= 1.0:
-      _err("rollout.lam", f"must be in [0, 1] for policy='coin_mixture', got {ro.lam}")
+      _err("rollout.lam", f"must be in [0, 1] for policy='coin_mixture' (the "
+           f"probability of a student token), got {ro.lam}")
+  if ro.policy == "spectrum":
+    if ro.lam is None or not -2.0 <= float(ro.lam) <= 2.0:
+      _err("rollout.lam", f"must be in [-2, 2] for policy='spectrum' (the "
+           f"paper's lambda: -1 teacher, +1 student), got {ro.lam}")
+    if ro.get("top_k") is not None or (ro.get("top_p") is not None
+                                       and float(ro.top_p) < 1.0):
+      _err("rollout.top_p", "policy='spectrum' samples pi_lambda over the "
+           "whole vocabulary (the paper: top-p 1.0): set rollout.top_k and "
+           "rollout.top_p to None")
   if ro.policy != "dataset" and int(ro.max_new_tokens) <= 0:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
-  if float(ro.temperature) < 0:
-    _err("rollout.temperature", f"must be >= 0, got {ro.temperature}")
   if loss.kind == choices.SAMPLED:
     _check_sampled_rollout(loss, ro)
 

@@ -106,11 +106,12 @@ def _prompts(shapes: dict, seed: int = 0) -> np.ndarray:
 
 def _config(n: int) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      rollout=dict(policy="student", lam=1.0, max_new_tokens=n,
-                   temperature=1.0, eos_token_ids=None),
+      # Both models at temperature 1.0 (config_lib.temperatures' default),
+      # as TRL's GKDTrainer here.
+      rollout=dict(policy="student", lam=None, max_new_tokens=n,
+                   eos_token_ids=None),
       data=dict(),
-      loss=dict(kind="reverse", beta=1.0, temperature=1.0,
-                reduction="token_mean"),
+      loss=dict(kind="reverse", beta=1.0, reduction="token_mean"),
       optim=dict(lr=LR, schedule="constant", warmup_steps=0, weight_decay=0.0,
                  b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0, grad_accum=1)))
 

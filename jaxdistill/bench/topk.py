@@ -74,7 +74,7 @@ def _batch(args):
 
 def _step_fn(scfg, tcfg, args, topk, cached):
   loss_cfg = ml_collections.ConfigDict(dict(
-      kind="reverse", beta=0.5, temperature=1.0, fused=True,
+      kind="reverse", beta=0.5, fused=True,
       chunk_size=args.chunk_size, teacher_topk=topk, topk_variant=args.variant))
   loss_fn = functools.partial(step_lib.distill_loss, student_cfg=scfg,
                               teacher_cfg=tcfg, loss_cfg=loss_cfg,

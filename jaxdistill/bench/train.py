@@ -99,7 +99,7 @@ def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
            "loss_mask": jnp.asarray(lm)}
   batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
   loss_cfg = ml_collections.ConfigDict(dict(
-      kind="forward", beta=0.5, temperature=1.0, fused=fused, chunk_size=512))
+      kind="forward", beta=0.5, fused=fused, chunk_size=512))
   loss_fn = functools.partial(step_lib.distill_loss, student_cfg=s,
                               teacher_cfg=t, loss_cfg=loss_cfg,
                               vocab_size=s.vocab_size)

@@ -163,7 +163,7 @@ def grpo_config(cfg, *, tok_dir: str, records: str):
                 max_prompt_len=int(cfg.max_prompt_len), bucket=8)
   c.rollout.update(group_size=int(r.group_size),
                    max_new_tokens=int(cfg.max_new_tokens),
-                   temperature=float(cfg.grid.temperature))
+                   temperature=float(cfg.grid.student_temperature))
   c.grpo.update(num_minibatches=int(r.minibatches))
   c.optim.update(lr=float(r.lr), warmup_steps=0, grad_accum=1)
   c.mesh = dict(data=1, fsdp=1, tensor=1)

@@ -89,15 +89,17 @@ def check_config(cfg) -> None:
          f"got {g.policy!r}")
   for name, lam in g.policy:
     if (isinstance(lam, bool) or not isinstance(lam, (int, float)) or
-        not 0.0 <= lam <= 1.0):
-      _err("grid.policy", f"{name!r}: lambda must be in [0, 1], got {lam!r}")
+        not -2.0 <= lam <= 2.0):
+      _err("grid.policy", f"{name!r}: lambda must be in [-2, 2] (the paper's "
+           f"spectrum: -1 teacher, +1 student), got {lam!r}")
   lrs = tuple(g.lrs)
   if not lrs or any(isinstance(x, bool) or not isinstance(x, (int, float)) or
                     not math.isfinite(x) or x <= 0 for x in lrs):
     _err("grid.lrs", f"learning rates must be finite numbers > 0, got {lrs!r}")
   _int(cfg, "grid.steps")
   _int(cfg, "grid.batch_size")
-  _number(cfg, "grid.temperature", open_lo=False)
+  _number(cfg, "grid.student_temperature", open_lo=False)
+  _number(cfg, "grid.teacher_temperature", open_lo=False)
 
   e = cfg.eval
   _int(cfg, "eval.num_samples", 0)
@@ -118,9 +120,9 @@ def check_config(cfg) -> None:
       _int(cfg, f"rlvr.{f}")
     _int(cfg, "rlvr.group_size", 2)  # a group's advantages need 2 samples
     _number(cfg, "rlvr.lr")
-    if not g.temperature > 0:  # GRPO's ratio needs a sampling distribution
-      _err("grid.temperature", f"must be > 0 with rlvr (GRPO samples at it), "
-           f"got {g.temperature}")
+    if not g.student_temperature > 0:  # GRPO's ratio needs a distribution
+      _err("grid.student_temperature", f"must be > 0 with rlvr (GRPO samples "
+           f"at it), got {g.student_temperature}")
     if (r.prompts * r.group_size) % r.minibatches:
       _err("rlvr.minibatches", f"{r.minibatches} does not divide the "
            f"{r.prompts} x {r.group_size} samples of an iteration")

@@ -96,7 +96,8 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
   common = dict(max_new_tokens=int(cfg.max_new_tokens),
                 batch_size=int(e.batch_size), seed=seed,
                 max_prompt_len=int(cfg.max_prompt_len), prompt_bucket=8,
-                progress=False, temperature=float(cfg.grid.temperature))
+                progress=False,
+                temperature=float(cfg.grid.student_temperature))
   flat = core.evaluate_model(
       mcfg, params, tokenizer, {k: suites[k] for k in ID},
       num_samples=int(e.num_samples), ks=tuple(e.ks), **common)
@@ -136,15 +137,18 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
   base.ckpt_every = int(g.steps)
   base.log_every = 1
   base.track_sparsity = False  # measured by the evaluation, in bfloat16 too
-  base.rollout.update(temperature=float(g.temperature), lam=0.5)
+  base.student.temperature = float(g.student_temperature)
+  base.teacher.temperature = float(g.teacher_temperature)
+  base.rollout.update(lam=0.0)
   base.optim.update(warmup_steps=0, clip_norm=1.0)
   grid = ml_collections.ConfigDict()
   grid.base = base
   grid.base_spec = "configs/distill.py"
-  # Preset names are the rollout policy; a mixture's name carries its lambda.
+  # Preset names are the rollout policy; a spectrum point's carries its
+  # lambda (the paper's: -1 the teacher, +1 the student).
   grid.presets = {"policy": {
-      name: {"rollout": {"policy": {0.0: "teacher", 1.0: "student"}.get(
-          float(lam), "coin_mixture"), "lam": float(lam)}}
+      name: {"rollout": {"policy": {-1.0: "teacher", 1.0: "student"}.get(
+          float(lam), "spectrum"), "lam": float(lam)}}
       for name, lam in g.policy}}
   grid.axes = (("kl", "loss.kind", tuple(g.kl)),
                ("policy", None, tuple(grid.presets.policy.keys())),

@@ -50,7 +50,8 @@ def rollout_flops(student: ModelConfig, teacher: ModelConfig | None,
                   policy: str, tokens: float, seq_len: float) -> float:
   """Sampling `tokens` tokens (prompt prefill + decode) with `policy`."""
   models = {"student": (student,), "teacher": (teacher,),
-            "coin_mixture": (student, teacher), "dataset": ()}
+            "coin_mixture": (student, teacher),
+            "spectrum": (student, teacher), "dataset": ()}
   if policy not in models:
     raise ValueError(f"policy: unknown {policy!r}; choose from {sorted(models)}")
   # The average token attends to half the sequence under a KV cache.

@@ -13,10 +13,13 @@ fixed dataset, by placing the stored sequences on the mesh.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
@@ -49,6 +52,13 @@ class SyntheticPrompts:
     return out
 
 
+@functools.partial(jax.jit, static_argnames=("shape", "shard"))
+def _uniforms(key, shape, shard):
+  """[B, L] float32 uniforms in [0, 1), rows over the batch axes."""
+  u = jax.random.uniform(key, shape)
+  return u if shard is None else jax.lax.with_sharding_constraint(u, shard)
+
+
 def make_batches(config, tokenizer, vocab):
   d = config.data
   if d.task == "synthetic":
@@ -78,7 +88,13 @@ class SequenceMaker:
     # Only the sampled estimators' importance weights need the mixture's
     # log-probs (exact KLs take the full vocabulary at every prefix).
     self.behaviour = (config.loss.kind == losses.SAMPLED
+                      and config.loss.estimator not in losses.FRESH
                       and config.rollout.policy != "student")
+    # The paper's sampled KL draws a fresh token at every position: one
+    # uniform per position, made here so that the loss stays pure.
+    self.fresh = (config.loss.kind == losses.SAMPLED
+                  and config.loss.estimator in losses.FRESH)
+    self.temps = config_lib.temperatures(config)
     self.scfg, self.tcfg = student_cfg, teacher_cfg
     self.mesh, self.rules = mesh, rules
     # Pad with what the data pipeline pads with; stop on the models' EOS ids
@@ -95,6 +111,15 @@ class SequenceMaker:
         x, sharding.batch_sharding(self.mesh, np.ndim(x), self.rules))
 
   def __call__(self, host_batch, params, teacher_params, rng):
+    batch, stats = self._sequences(host_batch, params, teacher_params, rng)
+    if self.fresh:
+      shard = (None if self.mesh is None
+               else sharding.batch_sharding(self.mesh, 2, self.rules))
+      batch["fresh_uniforms"] = _uniforms(
+          jax.random.fold_in(rng, 0xF5E5), tuple(batch["tokens"].shape), shard)
+    return batch, stats
+
+  def _sequences(self, host_batch, params, teacher_params, rng):
     ro = self.ro
     if ro.policy == "dataset":
       batch = {"tokens": self.put(host_batch["tokens"]),
@@ -110,7 +135,8 @@ class SequenceMaker:
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
         rng=rng, policy=ro.policy,
         lam=rollout_lib.policy_lam(ro),
-        max_new_tokens=int(ro.max_new_tokens), temperature=float(ro.temperature),
+        max_new_tokens=int(ro.max_new_tokens), temperature=self.temps[0],
+        teacher_temperature=self.temps[1],
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
         return_logprobs=self.behaviour, vocab_size=self.vocab)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdistill import compile_only
+from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
@@ -52,17 +53,20 @@ def batch_struct(shape, dtype, mesh, rules):
 
 def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
                     *, rows, policy, prompt_len, max_new_tokens, temperature,
-                    top_k=None, top_p=None, lam=None, resident=0):
+                    teacher_temperature=None, top_k=None, top_p=None, lam=None,
+                    resident=0):
   """compile_only.Program of rollout.generate: `rows` prompts of
   `prompt_len` tokens, `max_new_tokens` more; `student`/`teacher` abstract
   params (None when the policy does not sample from it)."""
   p, n = int(prompt_len), int(max_new_tokens)
   prompts = batch_struct((rows, p), jnp.int32, mesh, rules)
-  used = {"student": (scfg,), "teacher": (tcfg,), "coin_mixture": (scfg, tcfg)}[policy]
+  used = {"student": (scfg,), "teacher": (tcfg,), "coin_mixture": (scfg, tcfg),
+          "spectrum": (scfg, tcfg)}[policy]
   fn, args, kwargs = rollout_lib.program(
       (scfg, student) if student is not None else None,
       (tcfg, teacher) if teacher is not None else None, prompts, prompts,
       policy=policy, lam=lam, max_new_tokens=n, temperature=float(temperature),
+      teacher_temperature=teacher_temperature,
       top_k=top_k, top_p=top_p, mesh=mesh, rules=rules, vocab_size=vocab,
       eos_token_ids=(0,))
   # Per decode step (and the prefill): every weight of each sampling model,
@@ -122,7 +126,9 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
     out.append(rollout_program(
         "rollout", scfg, tcfg, s_in, t_in, mesh, rules, vocab, rows=b,
         policy=ro.policy, prompt_len=d.max_prompt_len,
-        max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+        max_new_tokens=ro.max_new_tokens,
+        temperature=config_lib.temperatures(config)[0],
+        teacher_temperature=config_lib.temperatures(config)[1],
         top_k=ro.get("top_k"), top_p=ro.get("top_p"),
         lam=rollout_lib.policy_lam(ro),
         resident=run_b - size(s_in) - size(t_in)))
@@ -130,8 +136,11 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
   batch = {k: batch_struct((b, seq), jnp.int32, mesh, rules)
            for k in ("tokens", "attention_mask", "loss_mask")}
   batch["weights"] = batch_struct((b, seq), jnp.float32, mesh, rules)
-  if config.loss.kind == losses.SAMPLED and ro.policy != "student":
-    batch["behaviour_logprobs"] = batch_struct((b, seq), jnp.float32, mesh, rules)
+  if config.loss.kind == losses.SAMPLED:
+    name = ("fresh_uniforms" if config.loss.estimator in losses.FRESH
+            else "behaviour_logprobs" if ro.policy != "student" else None)
+    if name:
+      batch[name] = batch_struct((b, seq), jnp.float32, mesh, rules)
   if cached:
     k = int(config.loss.teacher_topk)
     ids, lps, tail = step_lib.CACHE_KEYS

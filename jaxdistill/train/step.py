@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
@@ -50,7 +51,8 @@ CACHE_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs", "teacher_topk_tail")
 
 
 def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
-                 loss_cfg, vocab_size, policy="student", lam=None, shard=None):
+                 loss_cfg, vocab_size, policy="student", lam=None, shard=None,
+                 temperatures=(1.0, 1.0)):
   """Weighted divergence over the batch's response positions -> (loss, metrics).
 
   `batch['weights']` ([B, L]) must already hold
@@ -62,7 +64,11 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   None) pins both models' activations to the mesh (models.apply) and gathers
   the output heads the fused loss multiplies by (FSDP: weights are gathered
   where they are used, activations stay split over the batch).
+  `temperatures`: (student, teacher), each model's distribution inside the
+  loss (config_lib.temperatures). With loss.estimator 'fresh_forward' /
+  'fresh_reverse' the batch holds 'fresh_uniforms' [B, L] (SequenceMaker).
   """
+  ts, tt = temperatures
   apply = functools.partial(models.apply, shard=shard)
   if shard is not None:  # rows over the batch axes (also each micro-batch's)
     batch = {k: shard(x, "batch", "seq", *([None] * (x.ndim - 2)))
@@ -83,7 +89,7 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   fused = bool(loss_cfg.get("fused", False)) and kind != losses.SAMPLED
   k = loss_cfg.get("teacher_topk") if kind != losses.SAMPLED else None
   variant = loss_cfg.get("topk_variant", "renorm")
-  kw = dict(kind=kind, beta=loss_cfg.beta, temperature=loss_cfg.temperature,
+  kw = dict(kind=kind, beta=loss_cfg.beta, temperature=ts,
             reduction="sum", vocab_size=vocab_size)
   chunk = loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE)
   if CACHE_KEYS[0] in batch and kind != losses.SAMPLED:
@@ -104,12 +110,18 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   s_full = apply(student_cfg, params, tokens, attn,
                         return_hidden=fused)
   t_out, s_out = t_full[:, :-1], s_full[:, :-1]
-  if kind == losses.SAMPLED:
+  if kind == losses.SAMPLED and loss_cfg.estimator in losses.FRESH:
+    # The paper's sampled KL: a fresh token at every position (App. A.2).
+    loss, metrics = losses.fresh_sampled_kl(
+        s_out, t_out, w, batch["fresh_uniforms"][:, :-1],
+        direction=loss_cfg.estimator.split("_", 1)[1], temperature=ts,
+        teacher_temperature=tt, reduction="sum", vocab_size=vocab_size)
+  elif kind == losses.SAMPLED:
     # Single-sample estimators on the rollout's own tokens (docs/method.md).
     behaviour = batch.get("behaviour_logprobs")
     loss, metrics = losses.sampled_kl_from_logits(
         s_out, t_out, tokens[:, 1:], w, estimator=loss_cfg.estimator,
-        temperature=loss_cfg.temperature, policy=policy, lam=lam,
+        temperature=ts, teacher_temperature=tt, policy=policy, lam=lam,
         behaviour_logprobs=None if behaviour is None else behaviour[:, 1:],
         iw_clip=loss_cfg.get("iw_clip"), reduction="sum",
         vocab_size=vocab_size)
@@ -118,10 +130,10 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
         head(teacher_cfg, teacher_params))
     loss, metrics = losses.fused_divergence(
         s_out, head(student_cfg, params), t_out, t_head, w,
-        chunk_size=chunk, teacher_topk=k, topk_variant=variant, **kw)
+        chunk_size=chunk, teacher_topk=k, topk_variant=variant,
+        teacher_temperature=tt, **kw)
   elif k is not None:
-    t = losses.teacher_topk(t_out, k, temperature=loss_cfg.temperature,
-                            vocab_size=vocab_size)
+    t = losses.teacher_topk(t_out, k, temperature=tt, vocab_size=vocab_size)
     loss, metrics = losses.topk_divergence(
         s_out, t.ids, t.logprobs, w, teacher_tail=t.tail, variant=variant, **kw)
   else:
@@ -129,7 +141,7 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
     # the same sum, without copying both [B, L, V] logits to [B, L-1, V] and
     # padding the gradient back.
     loss, metrics = losses.divergence(s_full, t_full, jnp.pad(w, ((0, 0), (0, 1))),
-                                      **kw)
+                                      teacher_temperature=tt, **kw)
   # The losses' means weight tokens by w: the weight of this micro-batch.
   return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
 
@@ -267,4 +279,5 @@ def make_loss_fn(config, student_cfg, teacher_cfg, vocab_size, shard=None):
   return functools.partial(
       distill_loss, student_cfg=student_cfg, teacher_cfg=teacher_cfg,
       loss_cfg=config.loss, vocab_size=vocab_size, policy=ro.policy,
-      lam=rollout_lib.policy_lam(ro), shard=shard)
+      lam=rollout_lib.policy_lam(ro), shard=shard,
+      temperatures=config_lib.temperatures(config))

@@ -171,12 +171,12 @@ def describe(config, tokenizer, vocab: int) -> dict:
   """What a cache is made from, grouped by what a mismatch is named as: the
   data and rollout settings with the data files' digests, the seed, the
   tokenizer (and chat template), the teacher's config and weights, k, the
-  loss temperature and the real vocabulary."""
+  teacher's temperature and the real vocabulary."""
   ro = config.rollout
   data = config.data.to_dict()
   rollout = dict(policy=ro.policy)
   if ro.policy != "dataset":
-    rollout.update(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+    rollout.update(max_new_tokens=ro.max_new_tokens,
                    top_k=ro.get("top_k"), top_p=ro.get("top_p"),
                    eos_token_ids=ro.get("eos_token_ids"))
   teacher = {k: v for k, v in config.teacher.to_dict().items()}
@@ -197,7 +197,7 @@ def describe(config, tokenizer, vocab: int) -> dict:
       "teacher_weights": (weights_fingerprint(path)
                           if path and os.path.isdir(path) else None),
       "k": int(config.loss.teacher_topk),
-      "temperature": float(config.loss.temperature),
+      "temperature": config_lib.temperatures(config)[1],
       "vocab": int(vocab),
   }
   # As meta.json will read back (tuples become lists).
@@ -358,7 +358,7 @@ def topk_fn(config, tcfg, vocab, shard=None):
     if shard is not None:  # FSDP: gathered where it is used
       head = shard(head, None, "vocab")
     return topk_from_hidden(h, head, k=k,
-                            temperature=float(config.loss.temperature),
+                            temperature=config_lib.temperatures(config)[1],
                             vocab=vocab,
                             chunk=int(config.loss.get("chunk_size") or 128))
   return jax.jit(teacher_topk)
@@ -376,7 +376,9 @@ def programs(config, scfg, tcfg, vocab, mesh, rules):
     out.append(train_programs.rollout_program(
         "rollout", scfg, tcfg, None, teacher, mesh, rules, vocab, rows=b,
         policy="teacher", prompt_len=config.data.max_prompt_len,
-        max_new_tokens=ro.max_new_tokens, temperature=ro.temperature,
+        max_new_tokens=ro.max_new_tokens,
+        temperature=config_lib.temperatures(config)[0],
+        teacher_temperature=config_lib.temperatures(config)[1],
         top_k=ro.get("top_k"), top_p=ro.get("top_p")))
   tokens = train_programs.batch_struct((b, seq), jnp.int32, mesh, rules)
   out.append(compile_only.Program(
