@@ -104,7 +104,11 @@ def get_config(arg=None):
                    max_new_tokens=512 if arg.task == "countdown" else 1024,
                    top_k=config_dict.placeholder(int),
                    top_p=config_dict.placeholder(float),
-                   eos_token_ids=None)
+                   eos_token_ids=None,
+                   # policy='spectrum' only: both models' temperature inside
+                   # pi_lambda (None: each its own); the paper's spectrum
+                   # runs used 1.0 (configs/grid_spectrum.py).
+                   spectrum_temperature=config_dict.placeholder(float))
   # reduction 'sequence_mean' is the paper's (Eq. 1); 'token_mean' pools all
   # tokens of the batch. estimator (kind='sampled'): 'fresh_forward' /
   # 'fresh_reverse' are the paper's (App. A.2), the others score the

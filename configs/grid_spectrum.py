@@ -1,12 +1,23 @@
-r"""The rollout spectrum: lambda in {0, .25, .5, .75, 1} x forward / reverse KL.
+r"""The paper's rollout-policy spectrum (Sec. 5.2, App. D.5): lambda x forward /
+reverse KL on Countdown-3.
 
-Rollouts are a token-level mixture (policy='coin_mixture'): each token comes from
-the student with probability lambda, else from the teacher; lambda = 1 is
-on-policy, 0 teacher-generated. One family and task (Countdown-3 by default):
+Rollouts are drawn from pi_lambda (policy='spectrum', rollout/spectrum.py):
+lambda = -1 is the teacher (off-policy), +1 the student (on-policy), 0 their
+normalised geometric midpoint, and beyond +-1 the clipped, plausibility-masked
+extrapolations (alpha 0.2, c = 2 log 3). The paper does not list the lambdas
+it ran; this grid takes the nine points -2, -1.5, ..., 2 (steps of 0.5), and
+the paper's learning rates 1e-5 and 5e-5 x seeds 42, 43, 44 with seeds=3.
+
+Temperatures: the paper mixes the two policies with both at temperature 1.0
+for the spectrum (App. A.12: at lambda = +-1 its spectrum runs are OnPD and
+OffPD with both generation temperatures 1.0), while the KL keeps the teacher
+at 0.5 and the student at 1.0: rollout.spectrum_temperature = 1.0 here, the
+loss at student.temperature / teacher.temperature (Table 3).
+
 Qwen2.5-7B-Instruct -> Qwen2.5-0.5B-Instruct from the hub (configs/distill.py's;
 --config.base.student.path=/ckpt/... overrides either):
 
-  python -m jaxdistill.sweep --config configs/grid_spectrum.py:lr=1e-5,seeds=3 \
+  python -m jaxdistill.sweep --config configs/grid_spectrum.py:seeds=3 \
     --workdir /runs/spectrum        # add --print_commands for a cluster
 
   python -m jaxdistill.sweep --config configs/grid_spectrum.py:runlocal --workdir /tmp/spec
@@ -16,21 +27,24 @@ import ml_collections
 from jaxdistill import config_lib
 from jaxdistill.sweep import grid as grid_lib
 
+LAMS = (-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
+
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, lr=1e-5, task="countdown", seeds=1,
-                             runlocal=False)
+  arg = config_lib.parse_arg(arg, task="countdown", seeds=1, runlocal=False)
   c = ml_collections.ConfigDict()
-  c.base_spec = f"configs/distill.py:policy=coin_mixture,lr={arg.lr!r},task={arg.task}"
+  c.base_spec = f"configs/distill.py:policy=spectrum,task={arg.task}"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.rollout.spectrum_temperature = 1.0
   c.axes = (("kl", "loss.kind", ("forward", "reverse")),
-            ("lam", "rollout.lam", (0.0, 0.25, 0.5, 0.75, 1.0)))
-  c.seeds = tuple(range(int(arg.seeds)))
+            ("lam", "rollout.lam", LAMS),
+            ("lr", "optim.lr", (1e-5, 5e-5)))
+  c.seeds = tuple(42 + i for i in range(int(arg.seeds)))
   c.eval = dict(spec=f"configs/eval.py:task={arg.task}", baseline=True,
                 updates={})
   if arg.runlocal:
     c.axes = (("kl", "loss.kind", ("forward", "reverse")),
-              ("lam", "rollout.lam", (0.0, 0.5, 1.0)))
+              ("lam", "rollout.lam", (-2.0, 0.0, 1.0)))
     grid_lib.make_runlocal(c, arg)
-    c.base.rollout.policy = "coin_mixture"
+    c.base.rollout.policy = "spectrum"
   return c

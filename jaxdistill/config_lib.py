@@ -192,6 +192,19 @@ def temperatures(config) -> tuple[float, float]:
   return out[0], out[1]
 
 
+def rollout_temperatures(config) -> tuple[float, float]:
+  """(student, teacher) temperatures the rollouts sample at: the models' own
+  (`temperatures`), or rollout.spectrum_temperature for both under
+  policy='spectrum' when it is set (the paper's spectrum runs: 1.0)."""
+  ro = config.rollout
+  t = ro.get("spectrum_temperature")
+  if ro.get("policy") == "spectrum" and t is not None:
+    if not 0 < float(t) < float("inf"):
+      _err("rollout.spectrum_temperature", f"must be > 0 and finite, got {t}")
+    return float(t), float(t)
+  return temperatures(config)
+
+
 def _check_sampled_rollout(loss, ro) -> None:
   """The estimators on the rollout's own tokens assume y ~ softmax(z / tau_S)
   over the full vocabulary (reweighted from the teacher or the policy when it
@@ -263,7 +276,7 @@ def validate(config) -> None:
   if "temperature" in config.rollout:
     _err("rollout.temperature", "rollouts sample each model at its own "
          "temperature: set student.temperature and teacher.temperature")
-  temperatures(config)
+  rollout_temperatures(config)
   _check_topk(loss, config.rollout)
 
   ro = config.rollout

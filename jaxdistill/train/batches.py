@@ -94,7 +94,7 @@ class SequenceMaker:
     # uniform per position, made here so that the loss stays pure.
     self.fresh = (config.loss.kind == losses.SAMPLED
                   and config.loss.estimator in losses.FRESH)
-    self.temps = config_lib.temperatures(config)
+    self.temps = config_lib.rollout_temperatures(config)
     self.scfg, self.tcfg = student_cfg, teacher_cfg
     self.mesh, self.rules = mesh, rules
     # Pad with what the data pipeline pads with; stop on the models' EOS ids
