@@ -126,8 +126,10 @@ def get_config(arg=None):
                 # loss (the paper's: student 1.0, teacher 0.5); sampled
                 # evaluation and RLVR sample the student at its own.
                 student_temperature=1.0, teacher_temperature=0.5)
-  c.eval = dict(num_samples=4, ks=(1, 4), batch_size=128, sparsity_atol=1e-5,
-                sparsity_dtype="bfloat16")
+  # Update sparsity: the paper's S_tau (float32, strict <) at each tau, and
+  # the former |delta| <= sparsity_atol in bf16 / f32 (docs/method.md).
+  c.eval = dict(num_samples=4, ks=(1, 4), batch_size=128,
+                sparsity_taus=(1e-6, 1e-8), sparsity_atol=1e-5)
   # RLVR after the grid (--rlvr): GRPO on the distillation prompts, rewards
   # from the arithmetic verifier, `prompts` x `group_size` samples per
   # iteration; from the best arm of each group of `per` (all its seeds).

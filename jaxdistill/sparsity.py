@@ -5,19 +5,32 @@ one tensor at a time); and their flat sparsity/* metrics
 (metrics_from_result; the training loop's: metrics_from_params).
 Definitions: docs/method.md.
 
-Entries are compared after both are rounded to the comparison dtype:
-`sparsity` counts |theta1 - theta0| <= atol, `exact_sparsity` counts
-theta1 == theta0 under IEEE equality (so -0.0 equals 0.0; it is not a
-comparison of bit patterns). Both are defined for finite weights only: an inf
-or nan in either tree or checkpoint (after rounding) is a ValueError naming
-the parameter, since IEEE arithmetic would count it as changed (nan != nan,
-inf - inf = nan) and report a sparsity that means nothing.
+The figure reported is the paper's S_tau (App. D.4):
+
+  S_tau = (1/P) * sum_i 1[|theta1_i - theta0_i| < tau],  tau in TAUS
+
+STRICT less-than, over all P parameters of the model (tied embeddings once),
+computed in float32: both values are widened to float32 exactly as they are
+(the float32 values training produced, or a checkpoint's stored values, e.g.
+bfloat16, upcast), their difference is taken in float32 and compared with
+float32(tau), as `(a.float() - b.float()).abs() < tau` does in PyTorch.
+Its column is named `S_{tau}_f32` (`S_1e-6_f32`).
+
+The project's former figures stay under names of their own, whole model only:
+`unchanged_{atol}_{dt}` counts |theta1 - theta0| <= atol after both are
+ROUNDED to dt (bf16 or f32; atol 1e-5), `equal_{dt}` counts theta1 == theta0
+after that rounding under IEEE equality (-0.0 equals 0.0; not a comparison of
+bit patterns). All are defined for finite weights only: an inf or nan in either
+tree or checkpoint (in float32, or after rounding to dt) is a ValueError
+naming the parameter, since IEEE arithmetic would count it as changed
+(nan != nan, inf - inf = nan) and report a sparsity that means nothing.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 import functools
 import json
+import math
 import os
 import pathlib
 import re
@@ -28,8 +41,64 @@ import numpy as np
 
 from jaxdistill import sharding
 from jaxdistill.models import checkpoint as ckpt_lib
-from jaxdistill.models import hub
 from jaxdistill.models import safetensors_io as st
+
+TAUS = (1e-6, 1e-8)  # App. D.4 (main results) and App. A.6 (ablation)
+ATOL = 1e-5  # the former figure's tolerance
+FORMER_DTYPES = ("bfloat16", "float32")
+
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16",
+          "float64": "f64"}
+
+
+def number_name(x: float) -> str:
+  """1e-06 -> '1e-6', 2.5e-07 -> '2.5e-7': the tau / atol part of a column."""
+  mant, _, exp = f"{float(x):g}".partition("e")
+  return f"{mant}e{int(exp)}" if exp else mant
+
+
+def dtype_name(dtype) -> str:
+  """'bfloat16' -> 'bf16', 'float32' -> 'f32': the dtype part of a column."""
+  name = jnp.dtype(dtype).name
+  return _SHORT.get(name, name)
+
+
+def check_taus(taus, where: str = "taus") -> tuple[float, ...]:
+  """The taus as floats; ValueError unless a non-empty sequence of finite
+  taus > 0 with distinct column names."""
+  try:
+    out = tuple(float(t) for t in taus)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{where}: expected a sequence of numbers, got {taus!r}") from e
+  if not out or not all(math.isfinite(t) and t > 0 for t in out):
+    raise ValueError(f"{where}: expected one or more finite taus > 0, got {taus!r}")
+  if len({number_name(t) for t in out}) != len(out):
+    raise ValueError(f"{where}: two taus share a column name: {taus!r}")
+  return out
+
+
+def columns(taus=TAUS, atol=ATOL, former=FORMER_DTYPES) -> tuple[str, ...]:
+  """The names of the figures update_sparsity reports, in order: S_{tau}_f32
+  for each tau, then unchanged_{atol}_{dt} and equal_{dt} for each dt."""
+  return (tuple(f"S_{number_name(t)}_f32" for t in taus)
+          + tuple(c for d in former for c in
+                  (f"unchanged_{number_name(atol)}_{dtype_name(d)}",
+                   f"equal_{dtype_name(d)}")))
+
+
+def s_columns(taus=TAUS) -> tuple[str, ...]:
+  """The paper's figures among columns(): S_{tau}_f32, one per tau."""
+  return columns(taus, former=())
+
+
+def _check_args(taus, atol, former):
+  taus = check_taus(taus)
+  if not atol >= 0:
+    raise ValueError(f"atol must be >= 0, got {atol}")
+  former = tuple(jnp.dtype(d).name for d in former)
+  if any(not jnp.issubdtype(d, jnp.floating) for d in former):
+    raise ValueError(f"former dtypes must be floating, got {former}")
+  return taus, float(atol), former
 
 # ------------------------------------------------------------ update sparsity
 
@@ -56,95 +125,99 @@ def _layer_info(path: Sequence[str], layer_key: str):
   return False, None, "/".join(path)
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "atol", "axis"))
-def _row_counts(a, b, *, dtype, atol, axis):
-  """int32 [rows] counts of |a - b| <= atol and of a == b (IEEE), per index
-  of `axis`, and the int32 counts of non-finite entries of a and of b.
+def _nonfinite(x):
+  return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
 
-  Both operands are first rounded to `dtype`, then widened exactly to float32
-  so the difference itself is not rounded to a coarse (bf16) grid.
+
+@functools.partial(jax.jit, static_argnames=("taus", "atol", "former", "axis"))
+def _row_counts(a, b, *, taus, atol, former, axis):
+  """int32 [len(columns), rows]: the hits of each column of columns(taus,
+  atol, former) per index of `axis`; and int32 [1 + len(former), 2]: the
+  non-finite entries of a and of b in float32, then rounded to each former
+  dtype.
+
+  S_tau: both widened to float32 (exact), the difference in float32, strict <
+  float32(tau). Former: both rounded to the dtype, then widened exactly to
+  float32 so the difference itself is not rounded to a coarse (bf16) grid.
   """
-  a, b = a.astype(dtype), b.astype(dtype)
-  bad = tuple(jnp.sum(~jnp.isfinite(x), dtype=jnp.int32) for x in (a, b))
-  if a.ndim == 0:
-    a, b = a[None], b[None]
-  else:
-    a, b = jnp.moveaxis(a, axis, 0), jnp.moveaxis(b, axis, 0)
-  red = tuple(range(1, a.ndim))
-  exact = jnp.sum(a == b, axis=red, dtype=jnp.int32)
-  if jnp.issubdtype(a.dtype, jnp.floating):
-    close = jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)) <= atol
-  else:
-    close = a == b
-  return jnp.sum(close, axis=red, dtype=jnp.int32), exact, *bad
+  def rows(hit):
+    if hit.ndim == 0:
+      return hit[None].astype(jnp.int32)
+    hit = jnp.moveaxis(hit, axis, 0)
+    return jnp.sum(hit, axis=tuple(range(1, hit.ndim)), dtype=jnp.int32)
 
-
-def _summary(total, close, exact) -> dict:
-  return {"num_params": int(total), "sparsity": close / total if total else 0.0,
-          "exact_sparsity": exact / total if total else 0.0}
+  a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+  diff = jnp.abs(b32 - a32)
+  hits = [rows(diff < np.float32(t)) for t in taus]
+  bad = [(_nonfinite(a32), _nonfinite(b32))]
+  for d in former:
+    ad, bd = a.astype(d), b.astype(d)
+    hits.append(rows(jnp.abs(ad.astype(jnp.float32) - bd.astype(jnp.float32))
+                     <= atol))
+    hits.append(rows(ad == bd))
+    bad.append((_nonfinite(ad), _nonfinite(bd)))
+  return jnp.stack(hits), jnp.asarray(bad)
 
 
 class _Tally:
-  """Accumulates (entries, close, exact) counts whole-model, per layer, per group."""
+  """Accumulates [entries, hits per column] whole-model, per layer, per group."""
 
-  def __init__(self):
-    self.whole = [0, 0, 0]
-    self.per_layer: dict[int, list[int]] = {}
-    self.per_group: dict[str, list[int]] = {}
-    self.dtypes: set[str] = set()
+  def __init__(self, cols):
+    self.cols = cols
+    self.whole = np.zeros(1 + len(cols), np.int64)
+    self.per_layer: dict[int, np.ndarray] = {}
+    self.per_group: dict[str, np.ndarray] = {}
 
-  @staticmethod
-  def _add(acc, n, c, e):
-    acc[0], acc[1], acc[2] = acc[0] + n, acc[1] + c, acc[2] + e
+  def add(self, n, hits, *, group, layer=None):
+    v = np.concatenate([[n], np.asarray(hits, np.int64)])
+    self.whole += v
+    for acc, k in ((self.per_group, group), (self.per_layer, layer)):
+      if k is not None:
+        acc[k] = acc.get(k, 0) + v
 
-  def add(self, n, c, e, *, group, layer=None):
-    self._add(self.whole, n, c, e)
-    self._add(self.per_group.setdefault(group, [0, 0, 0]), n, c, e)
-    if layer is not None:
-      self._add(self.per_layer.setdefault(layer, [0, 0, 0]), n, c, e)
+  def _summary(self, v) -> dict:
+    n = int(v[0])
+    return {"num_params": n,
+            **{c: (int(h) / n if n else 0.0) for c, h in zip(self.cols, v[1:])}}
 
-  def result(self, atol) -> dict:
-    out = {"atol": float(atol),
-           "dtype": (next(iter(self.dtypes)) if len(self.dtypes) == 1
-                     else ",".join(sorted(self.dtypes))),
-           **_summary(*self.whole)}
-    out["per_layer"] = {i: _summary(*self.per_layer[i])
-                        for i in sorted(self.per_layer)}
-    out["per_group"] = {k: _summary(*self.per_group[k])
-                        for k in sorted(self.per_group)}
-    return out
-
-
-def _counts(a, b, dtype, atol, axis=0, *, name):
-  """int64 NumPy (close, exact) counts per index of `axis`; see _row_counts.
-  ValueError naming the parameter `name` if a or b holds inf or nan."""
-  # Sharded leaves give sharded counts; on several hosts they are gathered.
-  c_rows, e_rows, bad0, bad1 = map(sharding.to_host, _row_counts(
-      a, b, dtype=dtype, atol=float(atol), axis=axis))
-  _check_finite(name, int(bad0), int(bad1), dtype, "params0", "params1")
-  return c_rows.astype(np.int64), e_rows.astype(np.int64)
+  def result(self, taus, atol, former, values_dtypes) -> dict:
+    return {"taus": list(taus), "atol": atol, "former_dtypes": list(former),
+            "columns": list(self.cols),
+            "values_dtype": ",".join(sorted(values_dtypes)),
+            **self._summary(self.whole),
+            "per_layer": {i: self._summary(self.per_layer[i])
+                          for i in sorted(self.per_layer)},
+            "per_group": {k: self._summary(self.per_group[k])
+                          for k in sorted(self.per_group)}}
 
 
-def _check_finite(name, bad0, bad1, dtype, where0, where1):
-  for bad, where in ((bad0, where0), (bad1, where1)):
-    if bad:
-      raise ValueError(
-          f"{name}: {bad} non-finite value(s) (inf or nan) in {where} "
-          f"(compared in {jnp.dtype(dtype).name}); update sparsity is defined "
-          "for finite weights only")
+def _check_finite(name, bad, dtypes, where0, where1):
+  """bad: [len(dtypes), 2] non-finite counts of (a, b) in float32 (dtypes[0])
+  and rounded to each former dtype (see _row_counts)."""
+  for dt, row in zip(dtypes, np.asarray(bad)):
+    for n, where in zip(row, (where0, where1)):
+      if n:
+        how = ("in float32" if dt is None
+               else f"rounded to {jnp.dtype(dt).name}")
+        raise ValueError(
+            f"{name}: {int(n)} non-finite value(s) (inf or nan) in {where} "
+            f"({how}); update sparsity is defined for finite weights only")
 
 
-def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
-                    tied: bool = False, layer_key: str = "layers",
-                    layer_axis: int = 0) -> dict:
-  """Fraction of parameter entries left unchanged by training.
+def update_sparsity(params0, params1, *, taus=TAUS, atol: float = ATOL,
+                    former=FORMER_DTYPES, tied: bool = False,
+                    layer_key: str = "layers", layer_axis: int = 0) -> dict:
+  """Update sparsity of params1 against params0 (the module docstring's
+  definitions): the paper's S_tau for each of `taus`, in float32 on the
+  values as they are (a bf16 tree, e.g. restored from a bf16 Orbax
+  checkpoint, is upcast, never rounded), and the former figures in each of
+  `former` (() for none; atol for their |delta| <= atol).
 
-  An entry counts as unchanged when |theta1 - theta0| <= atol after both are
-  rounded to the storage dtype (`dtype`, or else each leaf's dtype in
-  `params0`, i.e. the checkpoint's); `exact_sparsity` counts entries equal
-  under IEEE comparison (-0.0 == 0.0). Reported whole-model, per layer and per
-  parameter group. An inf or nan in either tree (after rounding) raises a
-  ValueError naming the leaf.
+  Returns {'taus', 'atol', 'former_dtypes', 'columns', 'values_dtype' (the
+  leaves' dtypes in params0), 'num_params', one fraction per column name
+  (columns(taus, atol, former)), 'per_layer': {i: {'num_params', column:
+  fraction}}, 'per_group': {name: ...}}. An inf or nan in either tree raises
+  a ValueError naming the leaf.
 
   Layers are found in two layouts: leaves under a `layer_key` entry are
   STACKED along `layer_axis` ([L, ...], one count per index), while keys like
@@ -156,6 +229,7 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
   Leaves are reduced one at a time by a jitted counter on their own devices
   (sharded leaves stay sharded), so peak memory is one leaf's temporaries.
   """
+  taus, atol, former = _check_args(taus, atol, former)
   flat0 = jax.tree_util.tree_flatten_with_path(params0)[0]
   flat1, def1 = jax.tree_util.tree_flatten_with_path(params1)
   def0 = jax.tree_util.tree_structure(params0)
@@ -163,43 +237,35 @@ def update_sparsity(params0, params1, *, atol: float = 1e-5, dtype=None,
     raise ValueError("params0 and params1 have different tree structures")
   if not flat0:
     raise ValueError("params0 has no leaves")
-  if not atol >= 0:
-    raise ValueError(f"atol must be >= 0, got {atol}")
-  tally = _Tally()
+  tally, dtypes = _Tally(columns(taus, atol, former)), set()
   for (path, a), (_, b) in zip(flat0, flat1):
     names = tuple(_key_str(k) for k in path)
     if tied and "lm_head" in names:
       continue
+    name = "/".join(names)
     if a.shape != b.shape:
-      raise ValueError(f"{'/'.join(names)}: shape {a.shape} vs {b.shape}")
-    leaf_dtype = jnp.dtype(dtype if dtype is not None else a.dtype)
-    tally.dtypes.add(leaf_dtype.name)
+      raise ValueError(f"{name}: shape {a.shape} vs {b.shape}")
+    dtypes.add(jnp.dtype(a.dtype).name)
     stacked, layer, group = _layer_info(names, layer_key)
     axis = layer_axis if stacked else 0
     if stacked and not -a.ndim <= layer_axis < a.ndim:
-      raise ValueError(f"{'/'.join(names)}: no layer axis {layer_axis} in {a.shape}")
-    c_rows, e_rows = _counts(a, b, leaf_dtype, atol, axis,
-                             name="/".join(names))
+      raise ValueError(f"{name}: no layer axis {layer_axis} in {a.shape}")
+    # Sharded leaves give sharded counts; on several hosts they are gathered.
+    hits, bad = map(sharding.to_host, _row_counts(
+        a, b, taus=taus, atol=atol, former=former, axis=axis))
+    _check_finite(name, bad, (None,) + former, "params0", "params1")
+    hits = hits.astype(np.int64)  # [columns, rows]
     if stacked:
-      per_row = int(np.prod(a.shape)) // max(len(c_rows), 1)
-      for i in range(len(c_rows)):
-        tally.add(per_row, int(c_rows[i]), int(e_rows[i]), group=group, layer=i)
+      per_row = int(np.prod(a.shape)) // max(hits.shape[1], 1)
+      for i in range(hits.shape[1]):
+        tally.add(per_row, hits[:, i], group=group, layer=i)
     else:
-      tally.add(int(np.prod(a.shape)), int(c_rows.sum()), int(e_rows.sum()),
-                group=group, layer=layer)
-  return tally.result(atol)
+      tally.add(int(np.prod(a.shape)), hits.sum(axis=1), group=group,
+                layer=layer)
+  return tally.result(taus, atol, former, dtypes)
 
 
 # ------------------------------------------------------ sparsity of checkpoints
-
-SPARSITY_DTYPES = ("bfloat16", "float32")
-
-
-def other_sparsity_dtype(dtype) -> str:
-  """The dtype reported beside `dtype`: float32 beside anything else, and
-  bfloat16 beside float32 (the study's checkpoints are bfloat16)."""
-  return "bfloat16" if jnp.dtype(dtype) == jnp.float32 else "float32"
-
 
 def checkpoint_dtype(path: str) -> str:
   """The dtype a Hugging Face checkpoint's floating-point tensors are stored in
@@ -234,50 +300,55 @@ def _hf_tensors(path: str) -> tuple[dict, bool]:
           if not k.endswith(ckpt_lib.IGNORED_SUFFIXES)}, tied
 
 
-def _host_counts(a: np.ndarray, b: np.ndarray, dtype, atol,
-                 where) -> tuple[int, int]:
-  """(close, exact) counts of host arrays rounded to `dtype`, like _row_counts;
-  ValueError if either holds inf or nan (`where`: the tensor and both paths).
+def _host_counts(a: np.ndarray, b: np.ndarray, taus, atol, former,
+                 where) -> np.ndarray:
+  """int64 [columns] hits of host arrays, as _row_counts counts them (S_tau
+  in float32; the former figures' difference in float64, exact for every
+  storage dtype we read); ValueError if either holds inf or nan (`where`: the
+  tensor and both paths).
 
   Blocks read from files are already on the host, where NumPy needs no
-  compilation per tensor shape; the difference is taken in float64, exact
-  for every storage dtype we read.
+  compilation per tensor shape.
   """
-  a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
-  exact = int(np.count_nonzero(a == b))
-  if not jnp.issubdtype(dtype, jnp.floating):  # (NumPy's misses bfloat16.)
-    return exact, exact
-  _check_finite(where[0], int(np.count_nonzero(~np.isfinite(a))),
-                int(np.count_nonzero(~np.isfinite(b))), dtype, *where[1:])
-  diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-  return int(np.count_nonzero(diff <= atol)), exact
+  def finite(x, y, dt):  # before any arithmetic on them (no RuntimeWarning)
+    bad = [(np.count_nonzero(~np.isfinite(x)), np.count_nonzero(~np.isfinite(y)))]
+    _check_finite(where[0], bad, (dt,), *where[1:])
+
+  a32, b32 = a.astype(np.float32), b.astype(np.float32)
+  finite(a32, b32, None)
+  diff = np.abs(b32 - a32)  # float32, as in _row_counts
+  hits = [np.count_nonzero(diff < np.float32(t)) for t in taus]
+  for d in former:
+    ad, bd = a.astype(d, copy=False), b.astype(d, copy=False)
+    finite(ad, bd, d)
+    hits.append(np.count_nonzero(
+        np.abs(ad.astype(np.float64) - bd.astype(np.float64)) <= atol))
+    hits.append(np.count_nonzero(ad == bd))
+  return np.asarray(hits, np.int64)
 
 
-def update_sparsity_from_checkpoints(path0: str, path1: str, *,
-                                     atol: float = 1e-5, dtype=None,
+def update_sparsity_from_checkpoints(path0: str, path1: str, *, taus=TAUS,
+                                     atol: float = ATOL, former=FORMER_DTYPES,
                                      chunk_bytes: int = 64 << 20) -> dict:
-  """`update_sparsity` between two Hugging Face directories (before, after).
+  """`update_sparsity` between two Hugging Face directories (before, after),
+  on the values as stored: S_tau compares the stored values widened to
+  float32 (a bf16 checkpoint's bf16 values, upcast), the former figures round
+  both to each of `former` first.
 
   Tensors are read straight from the safetensors files in the dtype they are
   stored in, a block of rows at a time, so host memory holds a few times
-  chunk_bytes (the blocks and their float64 difference) whatever the model
-  size. Both are rounded to `dtype` before comparing; by default that is the
-  stored dtype of each tensor of `path0`, the BASE checkpoint (docs/method.md:
-  compare in the dtype the checkpoint is stored in). A float32 export of a
-  bfloat16 base is then compared on the bfloat16 grid, where updates smaller
-  than a bf16 step leave an entry unchanged, as they would in a bf16 release;
-  pass dtype='float32' for the finer comparison (jaxdistill.evaluate reports
-  both). A tensor holding inf or nan in either checkpoint is a ValueError
-  naming it and the checkpoint.
+  chunk_bytes (the blocks, their float32 copies and differences) whatever the
+  model size. A tensor holding inf or nan in either checkpoint is a
+  ValueError naming it and the checkpoint; the files are closed either way.
 
   Per-layer figures use the HF layer index ('model.layers.3.' -> 3); groups
   are tensor names without it ('model.layers.self_attn.q_proj.weight').
   Tied embeddings count once: lm_head.weight is skipped when either config
-  ties it. Returns update_sparsity's dict plus 'stored_dtype' {'before',
-  'after'} (a comma-joined list if a checkpoint mixes dtypes).
+  ties it. Returns update_sparsity's dict ('values_dtype': the stored dtypes
+  of path0) plus 'stored_dtype' {'before', 'after'} (a comma-joined list if a
+  checkpoint mixes dtypes).
   """
-  if not atol >= 0:
-    raise ValueError(f"atol must be >= 0, got {atol}")
+  taus, atol, former = _check_args(taus, atol, former)
   if chunk_bytes <= 0:
     raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
   infos0, tied0 = _hf_tensors(path0)
@@ -291,7 +362,8 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
                      f"{only0[:3]}, only in {path1}: {only1[:3]}")
   if not infos0:
     raise ValueError(f"{path0}: no tensors")
-  tally, stored0, stored1 = _Tally(), set(), set()
+  tally, stored0, stored1 = _Tally(columns(taus, atol, former)), set(), set()
+  former_np = tuple(np.dtype(jnp.dtype(d)) for d in former)
   files = {}
   try:
     for name in sorted(infos0):
@@ -301,15 +373,13 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
                          f"{i1.shape} in {path1}")
       stored0.add(np.dtype(i0.dtype).name)
       stored1.add(np.dtype(i1.dtype).name)
-      cmp_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else i0.dtype))
-      tally.dtypes.add(cmp_dtype.name)
       m = _HF_LAYER.search(name)
       layer = int(m.group(2)) if m else None
       group = _HF_LAYER.sub(r"\1layers.", name, count=1) if m else name
       rows = i0.shape[0] if i0.shape else 1
       row_bytes = max(i0.nbytes, i1.nbytes) // max(rows, 1)
       step = max(1, chunk_bytes // max(row_bytes, 1))
-      n = c = e = 0
+      n, hits = 0, 0
       for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         for i in (i0, i1):  # once per file, not per block
@@ -317,74 +387,48 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *,
             files[i.file] = open(i.file, "rb")
         a = st.read_rows(i0, r0, r1, f=files[i0.file])
         b = st.read_rows(i1, r0, r1, f=files[i1.file])
-        dc, de = _host_counts(a, b, cmp_dtype, atol,
-                              (f"tensor {name!r}", path0, path1))
-        n, c, e = n + a.size, c + dc, e + de
-      tally.add(n, c, e, group=group, layer=layer)
+        hits = hits + _host_counts(a, b, taus, atol, former_np,
+                                   (f"tensor {name!r}", path0, path1))
+        n += a.size
+      tally.add(n, hits, group=group, layer=layer)
   finally:
     for f in files.values():
       f.close()
-  out = tally.result(atol)
+  out = tally.result(taus, atol, former, stored0)
   out["stored_dtype"] = {"before": ",".join(sorted(stored0)),
                          "after": ",".join(sorted(stored1))}
   return out
 
 
-
-def base_dtype(mcfg, cfg) -> str:
-  """The dtype the base student is stored in: its checkpoint's (config.student
-  .path, a directory or hub name, unless a preset or init is given), else the params dtype of a from-scratch init. Sparsity is compared
-  in it by default (docs/method.md)."""
-  spec = hub.weights_spec(mcfg)
-  if spec:
-    return checkpoint_dtype(hub.resolve(spec)[0])
-  return jnp.dtype(cfg.param_dtype).name
-
-
-def metrics_from_result(res, other=None, *, detail: bool = True) -> dict:
+def metrics_from_result(res, *, detail: bool = True) -> dict:
   """Flat sparsity/* numbers of an update_sparsity(_from_checkpoints) result:
   the one naming rule of the sparsity/* keys.
 
-    sparsity/whole, sparsity/whole_exact   `res`, compared in the default dtype
-    sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}   `res` and `other`
-                                (the same comparison in another dtype), each
-                                named by the dtype it was compared in
-    sparsity/layer_{i:02d}      per layer
+    sparsity/{column}     whole model, every column of res ('S_1e-6_f32',
+                          'S_1e-8_f32', 'unchanged_1e-5_bf16', 'equal_bf16', ...)
+    sparsity/layer_{i:02d}/S_{tau}_f32   per layer, the paper's figures only
   and with `detail` (evaluation; the training loop logs without it):
-    sparsity/num_params, sparsity/layer_{i:02d}_exact,
-    sparsity/{tensor group}[_exact] (the group without 'model.' / '.weight')
+    sparsity/num_params,
+    sparsity/{tensor group}/S_{tau}_f32 (the group without 'model.' / '.weight')
   """
-  out = {"sparsity/whole": float(res["sparsity"]),
-         "sparsity/whole_exact": float(res["exact_sparsity"])}
+  cols = list(res["columns"])
+  s_cols = [c for c in cols if c.startswith("S_")]
+  out = {f"sparsity/{c}": float(res[c]) for c in cols}
   if detail:
     out["sparsity/num_params"] = float(res["num_params"])
-  for r in (res, other):
-    if r is not None:
-      out[f"sparsity/whole_{r['dtype']}"] = float(r["sparsity"])
-      out[f"sparsity/whole_exact_{r['dtype']}"] = float(r["exact_sparsity"])
   for i, v in res["per_layer"].items():
-    out[f"sparsity/layer_{int(i):02d}"] = float(v["sparsity"])
-    if detail:
-      out[f"sparsity/layer_{int(i):02d}_exact"] = float(v["exact_sparsity"])
+    for c in s_cols:
+      out[f"sparsity/layer_{int(i):02d}/{c}"] = float(v[c])
   if detail:
     for g, v in res["per_group"].items():
       g = g.removeprefix("model.").removesuffix(".weight")
-      out[f"sparsity/{g}"] = float(v["sparsity"])
-      out[f"sparsity/{g}_exact"] = float(v["exact_sparsity"])
+      for c in s_cols:
+        out[f"sparsity/{g}/{c}"] = float(v[c])
   return out
 
 
-def metrics_from_params(params0, params1, cfg, dtype=None) -> dict:
-  """The training loop's sparsity/* of params1 against the initial student
-  params0 (docs/method.md definition; keys: metrics_from_result without
-  detail).
-
-  Compared in `dtype` (pass base_dtype(...): the base checkpoint's stored
-  dtype; default the params dtype), and the whole-model figures also in the
-  other of bfloat16 / float32.
-  """
-  dtype = jnp.dtype(dtype if dtype is not None else cfg.param_dtype).name
-  res = update_sparsity(params0, params1, atol=1e-5, dtype=dtype)
-  other = update_sparsity(params0, params1, atol=1e-5,
-                          dtype=other_sparsity_dtype(dtype))
-  return metrics_from_result(res, other, detail=False)
+def metrics_from_params(params0, params1) -> dict:
+  """The training loop's sparsity/* of params1 (the float32 values training
+  produced) against the initial student params0: metrics_from_result without
+  detail, at the default TAUS and the former figures in bf16 and f32."""
+  return metrics_from_result(update_sparsity(params0, params1), detail=False)

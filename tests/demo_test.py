@@ -267,7 +267,7 @@ def test_every_shipped_variant_passes_the_checks(arg):
     ("max_new_tokens", 250, "exceeds the models' 256 positions"),
     ("vocab_size", 263, "integer >= 264"),  # 256 bytes + 7 special tokens
     ("eval.ks", (1, 3), "1 <= k <= eval.num_samples=2"),
-    ("eval.sparsity_dtype", "float16", "('bfloat16', 'float32')"),
+    ("eval.sparsity_taus", (1e-6, 0.0), "finite taus > 0"),
 ])
 def test_bad_settings_are_refused_by_name_before_any_work(tmp_path, field,
                                                           value, says):
@@ -295,7 +295,8 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
   assert len(rows) == 2 and {r["kl"] for r in rows} == {"forward", "reverse"}
   for r in rows:
     for key in (f"acc/{ID}", f"acc/{HARD}", "acc/addition", "coverage",
-                "forgetting_pp", "sparsity", "sparsity_f32"):
+                "forgetting_pp", "sparsity", "sparsity_S_1e-8_f32",
+                "sparsity_unchanged_1e-5_bf16"):
       assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r)
       assert -100 <= r[key] <= 100
   for ev in (summary["teacher"], summary["student"]):

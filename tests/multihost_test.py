@@ -241,7 +241,7 @@ def test_distributed_train_matches_one_process_and_resumes_after_sigkill(
   ref_lines = [json.loads(l) for l in
                (ref_dir / "metrics.jsonl").read_text().splitlines()]
   for key in ("rollout/student_fraction", "rollout/tokens", "train/loss",
-              "sparsity/whole"):
+              "sparsity/S_1e-6_f32"):
     np.testing.assert_allclose([r[key] for r in lines if r["step"] == 2],
                                [ref_lines[-1][key]], rtol=1e-4, err_msg=key)
 

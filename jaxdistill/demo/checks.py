@@ -110,9 +110,10 @@ def check_config(cfg) -> None:
     _err("eval.ks", f"pass@k needs 1 <= k <= eval.num_samples="
          f"{e.num_samples}, got {ks!r}")
   _number(cfg, "eval.sparsity_atol", open_lo=False)
-  if e.sparsity_dtype not in sparsity.SPARSITY_DTYPES:
-    _err("eval.sparsity_dtype", f"one of {sparsity.SPARSITY_DTYPES}, got "
-         f"{e.sparsity_dtype!r}")
+  try:
+    sparsity.check_taus(e.sparsity_taus, "taus")
+  except ValueError as err:
+    _err("eval.sparsity_taus", str(err).removeprefix("taus: "))
 
   r = cfg.rlvr
   if r.enabled:

@@ -7,16 +7,18 @@ Keys added next to the per-suite ones of evaluation.core:
   baseline/{suite}/{metric}   the baseline model's figures
   forgetting/{suite}_pp       100 * (baseline - checkpoint) accuracy, per OOD
   forgetting/mean_pp          suite, and their mean (positive = forgotten)
-  sparsity/whole              fraction of entries with |after - before| <= atol,
-                              compared in the default dtype (the base
-                              checkpoint's stored dtype; result['sparsity']
-                              ['dtype'] names it)
-  sparsity/whole_exact        fraction equal in that dtype (IEEE ==, so
-                              -0.0 equals 0.0)
-  sparsity/layer_{i:02d}[_exact], sparsity/{tensor group}[_exact]   the same
-  sparsity/whole_{dtype}, sparsity/whole_exact_{dtype}   whole model, named by
-                              the comparison dtype: the default one and the
-                              other (bfloat16 / float32) side by side
+  sparsity/S_{tau}_f32        the paper's update sparsity (App. D.4): fraction
+                              of entries with |after - before| < tau (strict),
+                              on the stored values upcast to float32, whole
+                              model, per tau of config.sparsity.taus
+                              (sparsity/S_1e-6_f32, sparsity/S_1e-8_f32)
+  sparsity/layer_{i:02d}/S_{tau}_f32, sparsity/{tensor group}/S_{tau}_f32
+                              the same per layer and per tensor group
+  sparsity/unchanged_{atol}_{bf16,f32}   the former figure, whole model:
+                              |after - before| <= atol after both are rounded
+                              to that dtype (sparsity/unchanged_1e-5_bf16)
+  sparsity/equal_{bf16,f32}   equal after that rounding (IEEE ==, so -0.0
+                              equals 0.0)
   sparsity/num_params
 (the sparsity/* keys: jaxdistill.sparsity.metrics_from_result)
 """
@@ -135,22 +137,23 @@ def format_report(result: Mapping) -> str:
                      for k in fkeys])
   sp = result.get("sparsity")
   if sp:
-    d, o = sp["dtype"], sp.get("other_dtype")
-    lines += ["", f"## update sparsity (compared in {d}, the baseline's stored "
-              f"dtype unless configured{f', and in {o}' if o else ''}; atol "
-              f"{sp['atol']:g}; stored: checkpoint {sp['stored_dtype']['after']}, "
+    cols = sp["columns"]
+    s_cols = [c for c in cols if c.startswith("S_")]
+    lines += ["", "## update sparsity (S_tau: share of parameters with "
+              "|after - before| < tau, strict, on the stored values upcast to "
+              f"float32; stored: checkpoint {sp['stored_dtype']['after']}, "
               f"baseline {sp['stored_dtype']['before']}; "
               f"{int(m['sparsity/num_params']):,} parameters)", ""]
-    header = ["part", f"|delta| <= {sp['atol']:g} ({d})", f"exact ({d})"]
-    rows = [["whole model", _fmt(m["sparsity/whole"], True),
-             _fmt(m["sparsity/whole_exact"], True)]]
-    if o:
-      header += [f"|delta| <= {sp['atol']:g} ({o})", f"exact ({o})"]
-      rows[0] += [_fmt(m.get(f"sparsity/whole_{o}"), True),
-                  _fmt(m.get(f"sparsity/whole_exact_{o}"), True)]
-    layers = sorted(k for k in m if k.startswith("sparsity/layer_")
-                    and not k.endswith("_exact"))
-    rows += [[k.split("/")[1], _fmt(m[k], True), _fmt(m[k + "_exact"], True)]
-             + (["-", "-"] if o else []) for k in layers]
-    lines += _table(header, rows)
+    rows = [["whole model", *(_fmt(m[f"sparsity/{c}"], True) for c in s_cols)]]
+    layers = sorted({k.split("/")[1] for k in m
+                     if k.startswith("sparsity/layer_")})
+    rows += [[k, *(_fmt(m.get(f"sparsity/{k}/{c}"), True) for c in s_cols)]
+             for k in layers]
+    lines += _table(["part", *s_cols], rows)
+    former = [c for c in cols if not c.startswith("S_")]
+    if former:
+      lines += ["", "Former figures, whole model (unchanged_<atol>_<dtype>: "
+                "|after - before| <= atol after both are rounded to <dtype>; "
+                "equal_<dtype>: equal after that rounding):", ""]
+      lines += _table(former, [[_fmt(m[f"sparsity/{c}"], True) for c in former]])
   return "\n".join(lines)

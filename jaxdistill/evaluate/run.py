@@ -22,11 +22,13 @@ With --baseline (the student before training):
                greedily unless config.forgetting asks otherwise, and the drop in
                accuracy is reported in percentage points per suite and mean.
   sparsity     both checkpoints are read tensor by tensor in their stored
-               dtypes (sparsity.update_sparsity_from_checkpoints), whole model
-               and per layer, |delta| <= atol and exact, compared in the
-               baseline's stored dtype (config.sparsity.dtype overrides it),
-               and whole-model also in the other of bfloat16 / float32;
-               the keys sparsity/whole_{dtype} name the dtype.
+               dtypes (sparsity.update_sparsity_from_checkpoints): the paper's
+               S_tau (|delta| < tau, strict, on the stored values upcast to
+               float32) at each of config.sparsity.taus, whole model, per
+               layer and per tensor group (sparsity/S_1e-6_f32, ...); and the
+               former figures, whole model, |delta| <= config.sparsity.atol
+               and equal after rounding both to bfloat16 / float32
+               (sparsity/unchanged_1e-5_bf16, sparsity/equal_bf16, ...).
 """
 from __future__ import annotations
 
@@ -104,6 +106,7 @@ def check_config(config) -> tuple[str, ...]:
                      f"got {f.baseline_suites!r}")
   if not float(config.sparsity.atol) >= 0:
     raise ValueError(f"config.sparsity.atol: must be >= 0, got {config.sparsity.atol}")
+  sparsity.check_taus(config.sparsity.taus, "config.sparsity.taus")
   return names
 
 
@@ -204,17 +207,12 @@ def run(config, checkpoint: str, baseline: str | None = None,
   flat = {}
   if baseline:
     # Cheap next to evaluation, and it checks that the two models match.
-    # In the baseline's stored dtype (unless configured), and in the other
-    # of bfloat16 / float32 beside it: the two can differ several-fold.
-    atol = float(config.sparsity.atol)
     sp = sparsity.update_sparsity_from_checkpoints(
-        baseline, checkpoint, atol=atol, dtype=config.sparsity.get("dtype"))
-    other = sparsity.update_sparsity_from_checkpoints(
-        baseline, checkpoint, atol=atol,
-        dtype=sparsity.other_sparsity_dtype(sp["dtype"].split(",")[0]))
-    flat.update(sparsity.metrics_from_result(sp, other))
-    result["sparsity"] = {"dtype": sp["dtype"], "other_dtype": other["dtype"],
-                          "atol": sp["atol"], "stored_dtype": sp["stored_dtype"]}
+        baseline, checkpoint, taus=tuple(config.sparsity.taus),
+        atol=float(config.sparsity.atol))
+    flat.update(sparsity.metrics_from_result(sp))
+    result["sparsity"] = {k: sp[k] for k in (
+        "taus", "atol", "former_dtypes", "columns", "stored_dtype")}
 
   s = config.sampler
   flat.update(_evaluate("checkpoint", checkpoint, config, mesh, rules, factory,

@@ -123,8 +123,9 @@ def accuracy_vs_lambda(rows, out_dir, refs=None, n_test=None) -> str | None:
 
 
 def lr_sparsity_forgetting(rows, out_dir) -> str | None:
-  panels = [(k, label) for k, label in (("sparsity", "update sparsity (%)"),
-                                        ("forgetting_pp", "forgetting (pp)"))
+  panels = [(k, label) for k, label in (
+      ("sparsity", "update sparsity S_1e-6, f32 (%)"),
+      ("forgetting_pp", "forgetting (pp)"))
             if len({r["lr"] for r in _vals(rows, k)}) >= 2]
   if not panels:
     _say("lr_sparsity_forgetting: skipped (needs 'sparsity' or "

@@ -7,13 +7,17 @@ the metrics below (None when a run has no such figure):
   accuracy        in-distribution greedy accuracy (evaluation 'id/greedy_acc')
   coverage        in-distribution pass@k at the largest k evaluated
   forgetting_pp   mean accuracy drop on the OOD suites, percentage points
-  sparsity_bfloat16, sparsity_float32   update sparsity, whole model,
-                  |delta| <= atol, compared in that dtype (evaluation on the
-                  stored checkpoints; else the training loop's figure)
-  sparsity_exact_bfloat16, sparsity_exact_float32   the same, equal under
-                  IEEE comparison (-0.0 == 0.0)
-  sparsity, sparsity_exact   row fields only (figures): the same in the
-                  run's default dtype, the base checkpoint's stored one
+  sparsity_S_1e-6_f32, sparsity_S_1e-8_f32   update sparsity as the paper
+                  defines it (App. D.4), whole model: share of parameters
+                  with |delta| < tau (strict), compared in float32
+                  (evaluation on the stored checkpoints; else the training
+                  loop's figure on its float32 weights)
+  sparsity_unchanged_1e-5_bf16, sparsity_unchanged_1e-5_f32   the project's
+                  former figure: |delta| <= 1e-5 after both are rounded to
+                  that dtype
+  sparsity_equal_bf16, sparsity_equal_f32   equal after that rounding
+                  (IEEE ==, so -0.0 == 0.0)
+  sparsity        row field only (figures): sparsity_S_1e-6_f32
   harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
   acc/<suite>     greedy accuracy per suite
   tokens_generated, flops   compute of the run (runner.compute_record)
@@ -39,10 +43,12 @@ import numpy as np
 RLVR_DIR = "rlvr"
 
 STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
-SPARSITY_DTYPES = ("bfloat16", "float32")
-METRICS = ("accuracy", "coverage", "forgetting_pp",
-           *(f"sparsity_{d}" for d in SPARSITY_DTYPES),
-           *(f"sparsity_exact_{d}" for d in SPARSITY_DTYPES),
+# Whole-model sparsity/<column> of the evaluation (else of training), as
+# sparsity_<column>; jaxdistill/sparsity.py names the columns.
+SPARSITY = tuple(f"sparsity_{c}" for c in (
+    "S_1e-6_f32", "S_1e-8_f32", "unchanged_1e-5_bf16", "unchanged_1e-5_f32",
+    "equal_bf16", "equal_f32"))
+METRICS = ("accuracy", "coverage", "forgetting_pp", *SPARSITY,
            "harder_acc", "tokens_generated", "flops")
 
 
@@ -66,13 +72,10 @@ def row_of(result: Mapping) -> dict:
   row["accuracy"] = ev.get("id/greedy_acc")
   row["coverage"] = _pass_at_max_k(ev)
   row["forgetting_pp"] = ev.get("forgetting/mean_pp")
-  row["sparsity"] = ev.get("sparsity/whole", tr.get("sparsity/whole"))
-  row["sparsity_exact"] = ev.get("sparsity/whole_exact",
-                                 tr.get("sparsity/whole_exact"))
-  for d in SPARSITY_DTYPES:  # named by the comparison dtype
-    for part in ("", "exact_"):
-      key = f"sparsity/whole_{part}{d}"
-      row[f"sparsity_{part}{d}"] = ev.get(key, tr.get(key))
+  for col in SPARSITY:
+    key = col.replace("_", "/", 1)
+    row[col] = ev.get(key, tr.get(key))
+  row["sparsity"] = row["sparsity_S_1e-6_f32"]
   row["harder_acc"] = ev.get("harder/greedy_acc")
   for k, v in sorted(ev.items()):
     suite, _, metric = k.partition("/")
@@ -226,9 +229,11 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
             else "one seed per arm, so no spread is shown")
   lines += ["", "Accuracy, coverage (pass@k) and sparsity in %, forgetting in "
             f"percentage points (positive = forgotten); {spread}. "
-            "sparsity_<dtype>: share of parameter entries with |change| <= "
-            "atol after both are rounded to <dtype> (sparsity_exact_<dtype>: "
-            "equal, IEEE ==, so -0.0 equals 0.0)."]
+            "sparsity_S_<tau>_f32: update sparsity as the paper defines it, "
+            "share of parameters with |change| < tau (strict), compared in "
+            "float32; sparsity_unchanged_1e-5_<dtype>: the former figure, "
+            "|change| <= 1e-5 after both are rounded to <dtype> "
+            "(sparsity_equal_<dtype>: equal, IEEE ==, so -0.0 equals 0.0)."]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path

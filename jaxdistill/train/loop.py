@@ -191,8 +191,6 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   its checkpoint), closing the checkpointer and log, and the final
   <workdir>/hf_student export (config.export_hf).
   """
-  if params0 is not None:  # compared in the dtype the base student is stored in
-    sparsity_dtype = sparsity.base_dtype(config.student, scfg)
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
                          log_every=config.log_every, prefix=name)
@@ -213,8 +211,8 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
       done = step + 1
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
-        metrics.update(sparsity.metrics_from_params(params0, state["params"],
-                                                     scfg, sparsity_dtype))
+        # S_tau on the float32 values training produced (docs/method.md).
+        metrics.update(sparsity.metrics_from_params(params0, state["params"]))
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point

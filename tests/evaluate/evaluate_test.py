@@ -1,7 +1,8 @@
 """The `jaxdistill.evaluate` command: end to end, forgetting, sparsity, errors.
 
-References: update sparsity is counted in float64 NumPy over the tensors that
-`safetensors.numpy` reads from the two files; forgetting is the difference of
+References: update sparsity is counted in NumPy over the tensors that
+`safetensors.numpy` reads from the two files (the paper's S_tau: float32
+difference, strict <; the former figure: float64, <= 1e-5); forgetting is the difference of
 the two accuracies in the JSON, and, with a stub generator whose correct
 answers are chosen by the test, the hand-computed drop.
 """
@@ -49,18 +50,23 @@ def perturbed(tiny_ckpt, tmp_path_factory):
 
 
 def numpy_sparsity(dir0, dir1):
+  """sparsity/<key> -> value: S_1e-6 and S_1e-8 in float32 (strict <), whole
+  model and per layer; the former float32 figures, whole model."""
   a, b = (load_file(str(pathlib.Path(d) / "model.safetensors")) for d in (dir0, dir1))
   assert set(a) == set(b) and "lm_head.weight" not in a  # tied: counted once
   out = {}
-  def count(names):
+  def s_tau(names, tau):
     n = sum(a[k].size for k in names)
-    diff = [np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)) for k in names]
-    return (sum(int((d <= ATOL).sum()) for d in diff) / n,
-            sum(int((d == 0).sum()) for d in diff) / n)
-  out["whole"], out["whole_exact"] = count(list(a))
-  for i in range(2):
-    out[f"layer_{i:02d}"], out[f"layer_{i:02d}_exact"] = count(
-        [k for k in a if f".layers.{i}." in k])
+    return sum(int((np.abs(b[k].astype(np.float32) - a[k].astype(np.float32))
+                    < np.float32(tau)).sum()) for k in names) / n
+  for tau, name in ((1e-6, "S_1e-6_f32"), (1e-8, "S_1e-8_f32")):
+    out[name] = s_tau(list(a), tau)
+    for i in range(2):
+      out[f"layer_{i:02d}/{name}"] = s_tau([k for k in a if f".layers.{i}." in k], tau)
+  n = sum(v.size for v in a.values())
+  diff = [np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)) for k in a]
+  out["unchanged_1e-5_f32"] = sum(int((d <= ATOL).sum()) for d in diff) / n
+  out["equal_f32"] = sum(int((d == 0).sum()) for d in diff) / n
   return out
 
 
@@ -94,8 +100,10 @@ def test_cli_end_to_end(tiny_ckpt, perturbed, tmp_path):
   want = {f"{s}/{k}" for s in ("countdown3", "countdown5") for k in per_suite}
   want |= {f"baseline/countdown5/{k}" for k in per_suite[:7]}
   want |= {"forgetting/countdown5_pp", "forgetting/mean_pp", "id/greedy_acc",
-           "ood/greedy_acc", "sparsity/whole", "sparsity/whole_exact",
-           "sparsity/layer_00", "sparsity/layer_01_exact", "sparsity/num_params"}
+           "ood/greedy_acc", "sparsity/S_1e-6_f32", "sparsity/S_1e-8_f32",
+           "sparsity/layer_00/S_1e-6_f32", "sparsity/layer_01/S_1e-8_f32",
+           "sparsity/unchanged_1e-5_bf16", "sparsity/equal_bf16",
+           "sparsity/num_params"}
   assert want <= set(m), sorted(want - set(m))
   assert all(isinstance(v, float) for v in m.values())
   assert m["countdown3/num_problems"] == 3 and m["countdown5/num_problems"] == 2
@@ -104,22 +112,22 @@ def test_cli_end_to_end(tiny_ckpt, perturbed, tmp_path):
   assert m["forgetting/countdown5_pp"] == pytest.approx(
       100 * (m["baseline/countdown5/greedy_acc"] - m["countdown5/greedy_acc"]))
   assert m["forgetting/mean_pp"] == m["forgetting/countdown5_pp"]
-  # Sparsity equals a NumPy count over the two files, in their stored dtype.
+  # Sparsity equals a NumPy count over the two files, as stored.
   ref = numpy_sparsity(perturbed, tiny_ckpt)
   for k, v in ref.items():
     assert m[f"sparsity/{k}"] == pytest.approx(v, abs=1e-12), k
-  assert 0 < ref["whole_exact"] < ref["whole"] < 1
-  assert res["sparsity"]["dtype"] == "float32"
-  # The other dtype beside it, named in the keys and the table.
-  assert res["sparsity"]["other_dtype"] == "bfloat16"
-  assert m["sparsity/whole_float32"] == m["sparsity/whole"]
-  assert 0 <= m["sparsity/whole_exact_bfloat16"] <= m["sparsity/whole_bfloat16"] <= 1
-  assert "exact (bfloat16)" in proc.stdout
+  # The 1e-6 moves: in float32 some come out below 1e-6 and some not.
+  assert 0 < ref["equal_f32"] == ref["S_1e-8_f32"] < ref["S_1e-6_f32"]
+  assert ref["S_1e-6_f32"] < ref["unchanged_1e-5_f32"] < 1
+  assert 0 <= m["sparsity/equal_bf16"] <= m["sparsity/unchanged_1e-5_bf16"] <= 1
+  assert res["sparsity"]["taus"] == [1e-6, 1e-8]
   assert res["sparsity"]["stored_dtype"] == {"before": "float32", "after": "float32"}
   # The readable tables.
   assert "## countdown3 (id, 3 problems)" in proc.stdout
   assert re.search(r"\| greedy accuracy +\| [\d.]+ % +\| [\d.]+ % +\|", proc.stdout)
-  assert "update sparsity (compared in float32" in proc.stdout
+  assert "update sparsity (S_tau: share of parameters" in proc.stdout
+  assert "| S_1e-6_f32 | S_1e-8_f32 |" in proc.stdout
+  assert "unchanged_1e-5_bf16" in proc.stdout
 
 
 def stub_factory(tokenizer_answers):

@@ -77,7 +77,7 @@ def test_cli_resumes_where_an_uninterrupted_run_goes(tmp_path):
   assert [r["step"] for r in recs] == [1, 2, 3]
   for key in ("rl/reward_mean", "rl/reward_std", "rl/zero_var_groups",
               "rl/format", "rl/clip_frac", "rl/kl_ref", "rl/entropy",
-              "rollout/len", "train/loss", "sparsity/whole"):
+              "rollout/len", "train/loss", "sparsity/S_1e-6_f32"):
     assert key in recs[-1], key
   # Same data position, RNG streams and state after the resume.
   for key in ("rollout/tokens", "rl/entropy", "rl/kl_ref", "train/update_norm"):

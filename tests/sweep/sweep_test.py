@@ -25,6 +25,7 @@ from jaxdistill.sweep import figures
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import rlvr
 from jaxdistill.sweep import runner
+from jaxdistill.sweep import table as table_lib
 from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -117,9 +118,9 @@ def test_runlocal_sweep_table_figures_skip_and_resume(tmp_path, capsys):
     np.testing.assert_allclose(float(row["accuracy_mean"]), ev["id/greedy_acc"])
     np.testing.assert_allclose(float(row["forgetting_pp_mean"]),
                                ev["forgetting/mean_pp"])
-    for dt in ("bfloat16", "float32"):  # both dtypes, named
-      np.testing.assert_allclose(float(row[f"sparsity_{dt}_mean"]),
-                                 ev[f"sparsity/whole_{dt}"])
+    for col in table_lib.SPARSITY:  # S_tau and the former figures, named
+      np.testing.assert_allclose(float(row[f"{col}_mean"]),
+                                 ev[col.replace("_", "/", 1)])
     assert row["accuracy_n"] == "1"
     recs = [json.loads(l) for l in (work / d / "metrics.jsonl").read_text().split("\n") if l]
     res = json.loads((work / d / "results.json").read_text())
