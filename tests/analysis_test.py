@@ -143,10 +143,10 @@ def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
   batch = {"prompt": rs.integers(3, 64, (2, 4)).astype(np.int32),
            "prompt_mask": np.ones((2, 4), np.int32)}
   rows = analysis.lambda_spectrum((scfg, sp), (tcfg, tp), [batch],
-                                  lams=(0.0, 1.0), rng=jax.random.key(0),
+                                  lams=(-1.0, 1.0), rng=jax.random.key(0),
                                   max_new_tokens=3, eos_token_ids=(2,),
                                   topk=8)
-  assert [r["lam"] for r in rows] == [0.0, 1.0]
+  assert [r["lam"] for r in rows] == [-1.0, 1.0]
   for r in rows:  # the top-k gradient against the exact one, per direction
     assert -1 <= r["rkl_topk_cos"] <= 1 and r["fkl_topk_norm_ratio"] > 0
   assert rows[0]["student_fraction"] == 0.0 and rows[1]["student_fraction"] == 1.0
@@ -157,7 +157,7 @@ def test_spectrum_on_tiny_models_writes_table_and_figure(tmp_path):
   assert all((tmp_path / p).exists() for p in paths)
   assert "rkl_topk_norm_ratio" in (tmp_path / "kl_gradients.csv").read_text()
   with pytest.raises(ValueError, match="lams"):
-    analysis.lambda_spectrum((scfg, sp), (tcfg, tp), [batch], lams=(1.5,),
+    analysis.lambda_spectrum((scfg, sp), (tcfg, tp), [batch], lams=(2.5,),
                              rng=jax.random.key(0), max_new_tokens=3)
 
 

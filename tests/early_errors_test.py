@@ -44,8 +44,15 @@ def _positions(model):
     ({"rollout.max_new_tokens": 600}, _positions("student")),
     ({"optim.lr": math.inf}, r"config\.optim\.lr: must be a finite number, "
      "got inf"),
-    ({"rollout.temperature": math.inf}, r"config\.rollout\.temperature: must "
-     "be a finite number, got inf"),
+    ({"teacher.temperature": math.inf}, r"config\.teacher\.temperature: must "
+     "be"),
+    # The temperatures are each model's own: the old shared fields are refused.
+    ({"rollout.temperature": 1.0}, r"config\.rollout\.temperature: rollouts "
+     "sample each model at its own temperature"),
+    ({"loss.temperature": 1.0}, r"config\.loss\.temperature: the "
+     "temperatures are each model's own"),
+    ({"rollout.policy": "spectrum", "rollout.lam": 2.5},
+     r"config\.rollout\.lam: must be in \[-2, 2\] for policy='spectrum'"),
 ])
 def test_train_refuses_before_building_anything(tmp_path, monkeypatch,
                                                 updates, match):

@@ -37,7 +37,7 @@ def test_names_are_deterministic_and_filesystem_safe():
   runs = grid_lib.expand(g)
   assert len(runs) == 3 * 3 * 2 * 2 * 2
   assert runs[0].name == ("family=llama,task=science,kl=forward,policy=student,"
-                          "lr=1e-05,seed=0")
+                          "lr=1e-05,seed=42")
   assert [r.name for r in grid_lib.expand(g)] == [r.name for r in runs]
   assert grid_lib.safe_name("a=x/y z") == "a=x_y_z"
   assert all("/" not in r.dirname for r in runs)
@@ -49,8 +49,8 @@ def test_arms_that_differ_outside_the_axes_are_refused():
   g = config_lib.load_config("configs/grid_spectrum.py:runlocal")
   runs = grid_lib.expand(g)
   # Expansion is fine; now make one arm sample differently.
-  runs[1].config.rollout.temperature = 0.5
-  with pytest.raises(ValueError, match="rollout.temperature"):
+  runs[1].config.rollout.top_p = 0.5
+  with pytest.raises(ValueError, match="rollout.top_p"):
     grid_lib.check_arms(runs, g)
   g.axes = (("kl", "loss.kindd", ("forward",)),)
   with pytest.raises(ValueError, match="loss.kindd"):

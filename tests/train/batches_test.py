@@ -66,14 +66,16 @@ def test_training_rollouts_sample_only_the_real_vocabulary():
 def test_sampled_mixture_batch_carries_the_mixture_logprobs():
   lam = 0.3
   c, scfg, tcfg, sp, tp, mesh, host = _setup("sampled", "coin_mixture", lam)
+  c.loss.estimator = "k3"  # on the rollout's own tokens, weighted by q / b
   maker = train_batches.SequenceMaker(c, scfg, tcfg, mesh, sharding.DEFAULT_RULES,
                                    vocab_size=REAL)
   b, _ = maker(host, sp, tp, jax.random.key(6))
   tokens, attn = b["tokens"], b["attention_mask"]
   m = np.asarray(b["loss_mask"])[:, 1:] > 0
-  t = float(c.rollout.temperature)
-  want = np.logaddexp(np.log(lam) + _logp(scfg, sp, tokens, attn, t),
-                      np.log1p(-lam) + _logp(tcfg, tp, tokens, attn, t))
+  ts, tt = c.student.temperature, c.teacher.temperature  # 1.0 and 0.5
+  assert ts != tt
+  want = np.logaddexp(np.log(lam) + _logp(scfg, sp, tokens, attn, ts),
+                      np.log1p(-lam) + _logp(tcfg, tp, tokens, attn, tt))
   got = np.asarray(b["behaviour_logprobs"])[:, 1:]
   np.testing.assert_allclose(got[m], want[m], atol=2e-4)
   np.testing.assert_array_equal(got[~m], 0.0)

@@ -67,7 +67,7 @@ def test_loss_goes_down_on_a_fixed_batch(tmp_path):
 def test_sharded_run_matches_single_device(tmp_path, policy):
   """fsdp x tensor on 8 devices == 1 device, after 3 steps."""
   upd = {"total_steps": 3, "ckpt_every": 3, "optim.lr": 1e-3,
-         "rollout.temperature": 1.0, "loss.fused": policy == "coin_mixture"}
+         "student.temperature": 1.0, "loss.fused": policy == "coin_mixture"}
   c1 = _config(f"runlocal,policy={policy}", **upd, **{"mesh": {"data": 1}})
   m1 = train_loop.train(c1, str(tmp_path / "one"), devices=ONE_DEVICE)
   c8 = _config(f"runlocal,policy={policy}", **upd,

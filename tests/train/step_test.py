@@ -45,10 +45,11 @@ def _batch(seed=0, b=4, l=12, v=64):
           "loss_mask": loss.astype(np.int32)}
 
 
-def _fkl_reference(s_logits, t_logits, w, tau):
-  """Forward KL written out directly (independent of jaxdistill.losses)."""
+def _fkl_reference(s_logits, t_logits, w, tau, tau_t=None):
+  """Forward KL written out directly (independent of jaxdistill.losses); the
+  teacher at tau_t (default tau)."""
   logq = jax.nn.log_softmax(s_logits / tau, -1)
-  logp = jax.nn.log_softmax(t_logits / tau, -1)
+  logp = jax.nn.log_softmax(t_logits / (tau if tau_t is None else tau_t), -1)
   per_tok = (jnp.exp(logp) * (logp - logq)).sum(-1)
   return (per_tok * w).sum()
 
@@ -59,10 +60,10 @@ def test_step_gradient_equals_full_batch_reference(grad_accum, fused):
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   batch["weights"] = losses.reduction_weights(batch["loss_mask"], "token_mean")
   loss_cfg = ml_collections.ConfigDict(dict(
-      kind="forward", beta=0.5, temperature=2.0, fused=fused, chunk_size=8))
+      kind="forward", beta=0.5, fused=fused, chunk_size=8))
   loss_fn = functools.partial(
       step_lib.distill_loss, student_cfg=scfg, teacher_cfg=tcfg,
-      loss_cfg=loss_cfg, vocab_size=64)
+      loss_cfg=loss_cfg, vocab_size=64, temperatures=(2.0, 0.5))
   sgd = optax.sgd(1.0)  # new params = params - grad
   state = {"params": sp, "opt_state": sgd.init(sp), "step": jnp.int32(0)}
   new, metrics = jax.jit(functools.partial(
@@ -73,7 +74,7 @@ def test_step_gradient_equals_full_batch_reference(grad_accum, fused):
   def ref_loss(p):
     s = models.apply(scfg, p, batch["tokens"], batch["attention_mask"])[:, :-1]
     t = models.apply(tcfg, tp, batch["tokens"], batch["attention_mask"])[:, :-1]
-    return _fkl_reference(s, t, batch["weights"][:, 1:], 2.0)
+    return _fkl_reference(s, t, batch["weights"][:, 1:], 2.0, 0.5)
   ref_val, ref_grad = jax.value_and_grad(ref_loss)(sp)
   np.testing.assert_allclose(metrics["train/loss"], ref_val, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4,
@@ -99,10 +100,10 @@ def test_loss_sees_the_next_token_and_its_weight(kind):
   batch["behaviour_logprobs"] = batch["behaviour_logprobs"].astype(jnp.float32)
   batch["weights"] = losses.reduction_weights(batch["loss_mask"], "sum")
   loss_cfg = ml_collections.ConfigDict(dict(
-      kind=kind, beta=0.5, temperature=1.5, estimator="k3", iw_clip=None))
+      kind=kind, beta=0.5, estimator="k3", iw_clip=None))
   loss, _ = step_lib.distill_loss(
       sp, tp, batch, student_cfg=scfg, teacher_cfg=tcfg, loss_cfg=loss_cfg,
-      vocab_size=60, policy="coin_mixture", lam=0.4)
+      vocab_size=60, policy="coin_mixture", lam=0.4, temperatures=(1.5, 1.5))
   y = raw["tokens"][:, 1:, None]
   w = raw["loss_mask"][:, 1:].astype(np.float64)
   s = np.asarray(models.apply(scfg, sp, batch["tokens"],
@@ -122,7 +123,10 @@ def test_loss_sees_the_next_token_and_its_weight(kind):
 
 
 def _distill_config(**over):
+  # The estimators on the rollout's own tokens (the fresh-token ones draw
+  # their own tokens and accept any rollout).
   c = config_lib.load_config("configs/distill.py:runlocal,kl=sampled")
+  c.loss.estimator = "k3"
   for k, val in over.items():
     node, leaf = k.rsplit(".", 1)
     c[node][leaf] = val
@@ -131,7 +135,6 @@ def _distill_config(**over):
 
 @pytest.mark.parametrize("over,field", [
     ({"rollout.policy": "dataset"}, "rollout.policy"),
-    ({"rollout.temperature": 0.7}, "rollout.temperature"),
     ({"rollout.top_k": 20}, "rollout.top_k"),
     ({"rollout.top_p": 0.9}, "rollout.top_p"),
 ])
@@ -139,12 +142,13 @@ def test_config_refuses_sampled_loss_with_mismatched_rollouts(over, field):
   config_lib.validate(_distill_config())  # the base is fine
   with pytest.raises(ValueError, match=f"config.{field}") as e:
     config_lib.validate(_distill_config(**over))
-  other = {"rollout.policy": "dataset", "rollout.temperature": "loss.temperature",
-           "rollout.top_k": "loss.temperature",
-           "rollout.top_p": "loss.temperature"}[field]
+  other = {"rollout.policy": "dataset", "rollout.top_k": "models' temperatures",
+           "rollout.top_p": "models' temperatures"}[field]
   assert other in str(e.value)
-  # The exact losses accept the same rollouts.
+  # The exact losses and the paper's fresh-token estimators accept them.
   config_lib.validate(_distill_config(**over, **{"loss.kind": "forward"}))
+  config_lib.validate(_distill_config(**over, **{"loss.estimator":
+                                                 "fresh_forward"}))
 
 
 # ------------------------------------------------ metrics under grad_accum
@@ -245,11 +249,11 @@ def test_step_with_teacher_topk_matches_reference(fused, variant, cached):
   else:
     tp_in = tp
   loss_cfg = ml_collections.ConfigDict(dict(
-      kind="reverse", beta=0.5, temperature=2.0, fused=fused, chunk_size=8,
+      kind="reverse", beta=0.5, fused=fused, chunk_size=8,
       teacher_topk=8, topk_variant=variant))
   loss_fn = functools.partial(
       step_lib.distill_loss, student_cfg=scfg, teacher_cfg=tcfg,
-      loss_cfg=loss_cfg, vocab_size=64)
+      loss_cfg=loss_cfg, vocab_size=64, temperatures=(2.0, 2.0))
   (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
       sp, tp_in, batch)
 
