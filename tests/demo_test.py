@@ -258,7 +258,7 @@ def test_every_shipped_variant_passes_the_checks(arg):
     ("grid.lrs", (), "learning rates"),
     ("grid.steps", 0, "integer >= 1"),
     ("grid.kl", ("forward", "sampled"), "('forward', 'reverse', 'jsd')"),
-    ("grid.policy", (("student", 1.5),), "lambda must be in [0, 1]"),
+    ("grid.policy", (("student", 2.5),), "lambda must be in [-2, 2]"),
     ("teacher.lr", float("nan"), "finite number"),
     ("teacher.warmup", 1.5, "finite number in [0, 1]"),
     ("student.arch.num_key_value_heads", 2, "multiple of num_key_value_heads"),

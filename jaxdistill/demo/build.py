@@ -124,6 +124,7 @@ def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
                 max_prompt_len=int(cfg.max_prompt_len), bucket=8)
   c.rollout.update(max_new_tokens=int(cfg.max_new_tokens))
   c.loss.update(chunk_size=256, fused=False)
+  c.optim.update(grad_accum=1)  # one device: micro-batches would only cost time
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   return c
 
@@ -136,6 +137,9 @@ def sft_config(cfg, *, init: dict, tok_dir: str, records: str, steps: int,
   c.student.update(path=None, init=init)
   c.teacher.update(path=None)
   c.loss.kind = "ce"
+  # Every demonstration token weighs the same (the distillation grid keeps
+  # the paper's per-completion mean).
+  c.loss.reduction = "token_mean"
   c.rollout.policy = "dataset"
   c.total_steps = int(steps)
   c.progress = True  # minutes of training: show step, loss and ETA

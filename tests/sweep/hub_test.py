@@ -67,8 +67,8 @@ def test_arms_naming_one_repo_at_different_commits_are_refused(hf_cache, tmp_pat
     inputs.plan(g, str(tmp_path), log=lambda m: None)
   assert str(e.value) == (
       "grid: arms 'family=qwen05b,task=countdown,kl=forward,policy=student,"
-      "lr=1e-05,seed=0' and 'family=qwen15b,task=countdown,kl=forward,"
-      f"policy=student,lr=1e-05,seed=0' name {QWEN05} at different commits "
+      "lr=1e-05,seed=42' and 'family=qwen15b,task=countdown,kl=forward,"
+      f"policy=student,lr=1e-05,seed=42' name {QWEN05} at different commits "
       f"({hf_cache['models'][QWEN05]} and {hf_cache['revised']}): one summary "
       "needs one revision of each checkpoint; give the same org/name@revision")
 
