@@ -186,10 +186,12 @@ def evaluate_suites(generate: Generator, tokenizer,
                       "are not scored", name, batches.num_dropped, len(records),
                       max_prompt_len)
     task_ids = np.asarray([tasks.task_of(records[i]) for i in kept])
+    num_options = [len(records[i]["options"]) if t == tasks.MCQ else None
+                   for i, t in zip(kept, task_ids)]
     out[f"{name}/num_problems"] = float(len(kept))
     out[f"{name}/num_dropped"] = float(batches.num_dropped)
     for k, v in summarize(task_ids, runs.get("greedy"), runs.get("sampled"),
-                          ks if num_samples else ()).items():
+                          ks if num_samples else (), num_options).items():
       out[f"{name}/{k}"] = v
   return out
 
@@ -235,14 +237,24 @@ def _run(generate, batches, *, n, temperature, rng, desc, progress) -> dict:
   return out
 
 
-def _answer_key(task: int):
+def _answer_key(task: int, num_options: int | None = None):
+  # MCQ keys use the question's own letters, as the reward does: a correct
+  # "C ... The answer is: E" (E not offered) is the answer C, not a second one.
+  if task == tasks.MCQ:
+    return lambda text: mcq.extract_answer(text, num_options)
   return {tasks.COUNTDOWN: countdown.normalize_answer,
-          tasks.ARITH: arith.extract_answer}.get(task, mcq.extract_answer)
+          tasks.ARITH: arith.extract_answer}[task]
 
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,
-              sampled: Mapping | None, ks: Sequence[int]) -> dict:
-  """Suite metrics (unprefixed keys) from per-problem results of `_run`."""
+              sampled: Mapping | None, ks: Sequence[int],
+              num_options: Sequence[int | None] | None = None) -> dict:
+  """Suite metrics (unprefixed keys) from per-problem results of `_run`.
+
+  `num_options[p]` is problem p's number of options (MCQ; None: all 26).
+  """
+  if num_options is None:
+    num_options = [None] * len(task_ids)
   out = {}
   for mode, res in (("greedy", greedy), ("sampled", sampled)):
     if res is None:
@@ -256,7 +268,8 @@ def summarize(task_ids: np.ndarray, greedy: Mapping | None,
   if sampled is not None:
     correct = sampled["reward"] > 0.5
     out.update(metrics.mean_pass_at_k(correct, ks))
-    distinct = [metrics.distinct_correct([t], [c], normalize=_answer_key(task))[0]
-                for t, c, task in zip(sampled["texts"], correct, task_ids)]
+    distinct = [metrics.distinct_correct([t], [c], normalize=_answer_key(task, k))[0]
+                for t, c, task, k in zip(sampled["texts"], correct, task_ids,
+                                         num_options)]
     out["distinct_correct"] = float(np.mean(distinct))
   return out
