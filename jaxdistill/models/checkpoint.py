@@ -112,7 +112,7 @@ def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
   dtype = _DTYPE_NAMES.get(str(d.get("dtype") or d.get("torch_dtype")),
                            "float32")
   try:
-    return ModelConfig(
+    cfg = ModelConfig(
         family=family,
         vocab_size=d["vocab_size"],
         hidden_size=d["hidden_size"],
@@ -134,8 +134,10 @@ def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
         dtype=dtype,
         param_dtype=dtype,
     )
+    cfg.check_token_ids()
   except (ValueError, TypeError) as e:
     raise ValueError(f"{source}: {e}") from e
+  return cfg
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
