@@ -46,6 +46,10 @@ def _positions(model):
      "got inf"),
     ({"rollout.temperature": math.inf}, r"config\.rollout\.temperature: must "
      "be a finite number, got inf"),
+    # Forward KL ignores beta, but its loss function still checks it.
+    ({"loss.kind": "forward", "loss.beta": 1.5},
+     r"config\.loss\.beta: must be in \[0, 1\], got 1\.5"),
+    ({"loss.kind": "reverse", "loss.beta": -0.1}, r"config\.loss\.beta"),
 ])
 def test_train_refuses_before_building_anything(tmp_path, monkeypatch,
                                                 updates, match):

@@ -82,7 +82,9 @@ def test_length_filter_matches_independent_count(tiny_tokenizer):
   batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
                                          max_prompt_len=limit, seed=0)
   assert batches.num_dropped == sum(n > limit for n in lengths)
-  with pytest.raises(ValueError, match="no example left"):
+  with pytest.raises(ValueError, match=(
+      rf"max_prompt_len=3: all {len(recs)} prompts are longer \(the shortest "
+      rf"has {min(lengths)} tokens\)")):
     pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
                                  max_prompt_len=3, seed=0)
 
@@ -226,6 +228,23 @@ def test_batches_from_config(tiny_tokenizer, tmp_path):
   assert seq[0]["tokens"].shape == (4, P + 128)
   config.data.task = "gsm8k"
   with pytest.raises(ValueError, match="data.task"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+
+
+def test_batches_from_config_names_the_limit_no_record_fits(tiny_tokenizer):
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 128},
+      "data": {"task": "countdown", "n_numbers": 3, "batch_size": 4,
+               "max_prompt_len": 3, "num_problems": 40, "data_dir": None}})
+  with pytest.raises(ValueError, match=r"^config\.data\.max_prompt_len: "
+                     r"max_prompt_len=3: all 40 prompts are longer"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+  config.rollout.policy = "dataset"
+  with pytest.raises(ValueError, match=r"^config\.data\.max_prompt_len"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+  config.data.max_prompt_len, config.rollout.max_new_tokens = P, 2
+  with pytest.raises(ValueError, match=r"^config\.rollout\.max_new_tokens: "
+                     r"max_response_len=2: all 40 responses"):
     pipeline.batches_from_config(config, tiny_tokenizer)
 
 
