@@ -360,6 +360,21 @@ def _donated_writer(out_sharding):
   return jax.jit(write, donate_argnums=0, out_shardings=out_sharding)
 
 
+def check_pretrained(path) -> None:
+  """What load_pretrained checks before reading a tensor (config.json, and
+  every tensor's presence, shape and byte range within its file: a
+  truncated download), without reading one, so that a command can refuse a
+  bad checkpoint before it writes anything. Errors name the directory."""
+  path = pathlib.Path(path)
+  cfg = read_config(path)
+  try:
+    _plan(cfg, index_tensors(path), 1 << 30)
+  except (ValueError, FileNotFoundError) as e:
+    if str(path) in str(e):
+      raise
+    raise type(e)(f"{path}: {e}") from None
+
+
 def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,
                     rules=None, chunk_bytes: int = 16 << 20):
   """Reads a Hugging Face checkpoint; returns (ModelConfig, params).

@@ -309,6 +309,9 @@ def _train(config, workdir, overwrite, mesh, rules):
   revisions = train_setup.revisions(
       config, ("student", "tokenizer") if sft or cached else
       ("student", "teacher", "tokenizer"))
+  if not (sft or cached):
+    train_setup.check_weights(config.teacher, "teacher")
+  train_setup.check_weights(config.student, "student")
   if jax.process_index() == 0:
     prepare_workdir(config, workdir, overwrite, revisions)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))
