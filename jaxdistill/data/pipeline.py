@@ -468,11 +468,19 @@ def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
                 system=data.get("system"), bucket=data.get("bucket"))
   try:
     if config.rollout.policy == "dataset":
-      return make_sequence_batches(
+      batches = make_sequence_batches(
           recs, tokenizer, max_response_len=int(config.rollout.max_new_tokens),
           **common)
-    return make_prompt_batches(recs, tokenizer, **common)
+    else:
+      batches = make_prompt_batches(recs, tokenizer, **common)
   except TooLong as e:
     field = {"max_prompt_len": "data.max_prompt_len",
              "max_response_len": "rollout.max_new_tokens"}[e.arg]
     raise ValueError(f"config.{field}: {e}") from None
+  if data.get("task") == "records" and len(batches.keep) < batches.global_batch_size:
+    # A batch would repeat records: the user's file is too small to train on.
+    raise ValueError(
+        f"config.data.batch_size: {batches.global_batch_size} is more than the "
+        f"{len(batches.keep)} usable records of {data.records_file} (a batch "
+        "would repeat them); lower it or give more records")
+  return batches

@@ -44,6 +44,7 @@ from tqdm import tqdm
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import tasks
 from jaxdistill.data import pipeline
+from jaxdistill.data import sources
 from jaxdistill.evaluate import metrics
 from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
@@ -155,7 +156,8 @@ def evaluate_suites(generate: Generator, tokenizer,
       raise ValueError(f"suites[{name!r}]: no problems")
     for i, r in enumerate(records):
       try:
-        tasks.task_of(r)
+        if tasks.task_of(r) == tasks.MCQ:  # null options are not the text "None"
+          sources.validate_record(r["question"], r["options"], r["answer"])
       except ValueError as e:
         raise ValueError(f"suites[{name!r}][{i}]: {e}") from None
     if len(records) * max(num_samples, 1) >= 2**31:

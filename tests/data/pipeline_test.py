@@ -269,6 +269,25 @@ def test_records_task_reads_a_mixed_file(tiny_tokenizer, tmp_path):
     pipeline.batches_from_config(config, tiny_tokenizer)
 
 
+def test_records_task_with_fewer_records_than_the_batch_is_refused(
+    tiny_tokenizer, tmp_path):
+  """A batch of 4 from 2 records used to repeat them without a word."""
+  recs = [{"numbers": [3, 4, 5], "target": 27, "solution": "(4+5)*3"},
+          {"numbers": [2, 3, 4], "target": 10, "solution": "2*3+4"}]
+  path = tmp_path / "mine.jsonl"
+  pipeline.write_records(recs, str(path))
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 64},
+      "data": {"task": "records", "records_file": str(path), "batch_size": 4,
+               "max_prompt_len": P}})
+  with pytest.raises(ValueError, match=(
+      rf"^config\.data\.batch_size: 4 is more than the 2 usable records of "
+      rf"{path}")):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+  config.data.batch_size = 2
+  assert len(pipeline.batches_from_config(config, tiny_tokenizer)[0]["index"]) == 2
+
+
 @pytest.mark.parametrize("line, match", [
     ('{"numbers": [1, 2], "target": "x"}', "integer"),
     ('{"question": "q", "options": ["a"], "answer": "A"}', "options"),

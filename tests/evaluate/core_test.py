@@ -232,3 +232,13 @@ def test_mcq_distinct_correct_uses_the_questions_options(tokenizer):
                              prompt_bucket=16, progress=False)
   assert got["mc/sampled_acc"] == 1.0
   assert got["mc/distinct_correct"] == 1.0
+
+
+def test_mcq_records_with_null_options_name_the_suite_and_record(tokenizer):
+  bad = dict(MCQ[1], options=[None, "Liver", "Lung", "Kidney"])
+  with pytest.raises(ValueError, match=(
+      r"suites\['mc'\]\[1\]: 'options'\[0\] \(option A\) must be text, got "
+      "null")):
+    core.evaluate_suites(Stub(tokenizer), tokenizer, {"mc": [MCQ[0], bad]},
+                         batch_size=2, seed=0, num_samples=0, ks=(),
+                         progress=False)
