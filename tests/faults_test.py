@@ -419,6 +419,18 @@ def test_bad_student_weights_are_refused_before_the_workdir(tmp_path, damage):
   assert not (tmp_path / "w" / "config.json").exists()
 
 
+def test_a_truncated_kl_reference_is_refused_before_the_workdir(tmp_path):
+  ckpt = tmp_path / "reference"
+  tiny_hf.make_tiny_checkpoint("llama", ckpt, vocab_size=320)
+  weights = ckpt / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:-100])
+  c = _rl_config(**{"kl.reference": str(ckpt), "kl.coef": 0.1})
+  with pytest.raises(ValueError, match=(
+      rf"^config\.kl\.reference: {weights}: tensor .* byte range")):
+    rl_train.train(c, str(tmp_path / "w"), devices=ONE_DEVICE)
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
 def test_tokenizer_errors_name_the_directory_or_file(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="empty: no tokenizer files"):

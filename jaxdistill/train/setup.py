@@ -103,10 +103,11 @@ def check_weights(mcfg, name: str = "student") -> None:
   path = checkpoint_path(mcfg, name)
   if not path:
     return
+  field = name if name == "kl.reference" else f"{name}.path"  # as revisions
   try:
     models.checkpoint.check_pretrained(path)
   except (ValueError, FileNotFoundError) as e:
-    raise ValueError(f"config.{name}.path: {e}") from None
+    raise ValueError(f"config.{field}: {e}") from None
 
 
 def revisions(config, names) -> dict:
