@@ -38,8 +38,9 @@ _OPEN = (r"(?:[\s*_`\"'‘(\[{$]|\\[(\[]|"
          r"\s?\{){0,12}")
 _CLOSE = r"(?:[*_`\"'’)\]}$]|\\[)\]]){0,12}"
 _LETTER = re.compile(f"(?P<open>{_OPEN})(?P<letter>[A-Za-z])(?P<close>{_CLOSE})")
-# What may follow a bare lower-case letter for it to be an answer, not a word.
-_ENDS = re.compile(r"[ \t]{0,4}(?:\Z|\n|[.,;!?](?:\s|\Z))")
+# What may follow a bare lower-case letter for it to be an answer, not a word
+# (also MedMCQA's "Ans. is b i.e. Thiamine").
+_ENDS = re.compile(r"(?i)[ \t]{0,4}(?:\Z|\n|[.,;!?](?:\s|\Z)|i\.?\s?e\.?(?![a-z]))")
 # A second letter after these makes a statement ambiguous.
 _ALTERNATIVE = re.compile(
     r"(?i)[ \t]{0,4}(?:and\s{0,2}/\s{0,2}or|(?:or|and)(?![a-z])|/|&|\+|,)")
@@ -230,8 +231,8 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
      "the answer is option B").
   4. Lower-case letters count where they cannot be an English word: wrapped
      in markup ((b), **b**, 'b', \\boxed{b}), an option label ("b) Thiamine")
-     or ending the statement ("the answer is b.", "Answer: c"); "the answer is
-     a bit unclear" has no answer.
+     or ending the statement ("the answer is b.", "Answer: c", "Ans. is b i.e.
+     ..."); "the answer is a bit unclear" has no answer.
   5. A statement naming two letters ("B or C", "B/C", "A, C", "A and/or D")
      is no answer, and neither is a negated one ("the answer is not B"); as
      the last statement either leaves the completion without an answer.

@@ -157,6 +157,8 @@ REALISTIC = [
     ("Ans. (a) Hepatitis B virus", 4, "A"),
     ("Ans. D. Oxytocin", 4, "D"),
     ("Ans is 'd' ie Pernicious anemia", 4, "D"),
+    ("Ans. is b i.e. Thiamine", 4, "B"),
+    ("Ans. is a ie. Iron", 4, "A"),
     ("Correct Answer - A\nThe thyroid is the gland involved.", 4, "A"),
     ("Ans: c", 4, "C"),
     # Both cases, markdown, LaTeX.
