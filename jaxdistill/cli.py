@@ -291,3 +291,17 @@ def define_compile_only_flags(flag_values=flags.FLAGS) -> None:
       "pip install -e '.[tpu]'.", flag_values=flag_values)
   flags.DEFINE_bool("json", False, "--compile_only: print the report as one "
                     "JSON object.", flag_values=flag_values)
+  flags.register_validator("compile_only", _check_slice, flag_values=flag_values)
+
+
+def _check_slice(name) -> bool:
+  """Refuses a slice at parse time: an empty `--compile_only=` would
+  otherwise be falsy and run the command for real."""
+  if name is None:
+    return True
+  from jaxdistill import compile_only  # pylint: disable=import-outside-toplevel
+  try:
+    compile_only.parse_slice(name)
+  except ValueError as e:
+    raise flags.ValidationError(str(e)) from None
+  return True

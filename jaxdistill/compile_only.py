@@ -117,6 +117,9 @@ def parse_slice(name: str) -> tuple[Chip, str, int]:
   """'v5e-8' (a slice as Cloud TPU names it) or 'v5e:2x4' (a topology) ->
   (chip, topology, chips). Raises ValueError naming what it accepts."""
   known = ", ".join(sorted(CHIPS))
+  if not isinstance(name, str) or not name.strip():
+    raise ValueError(f"--compile_only: no slice given ({name!r}); give a Cloud "
+                     "TPU slice like v5e-8 or a topology like v5e:2x4")
   m = re.fullmatch(r"(v\d+[a-z]?)([-:])(\S+)", name.strip().lower())
   if not m or m.group(1) not in CHIPS:
     raise ValueError(f"--compile_only: unknown slice {name!r}; give a Cloud TPU "
@@ -128,7 +131,13 @@ def parse_slice(name: str) -> tuple[Chip, str, int]:
     if len(dims) != chip.dims or not all(d.isdigit() and int(d) > 0 for d in dims):
       raise ValueError(f"--compile_only: topology {name!r} needs {chip.dims} "
                        f"positive dimensions for {chip.name}")
-    return chip, f"{chip.name}:{m.group(3)}", math.prod(int(d) for d in dims)
+    # Refused here, not by libtpu, whose error would read as a missing install.
+    shapes = (_SHAPES_3D if chip.dims == 3 else _SHAPES_2D).values()
+    topology = "x".join(str(int(d)) for d in dims)
+    if topology not in shapes:
+      raise ValueError(f"--compile_only: {chip.name} has no topology "
+                       f"{topology!r}; known: {', '.join(shapes)}")
+    return chip, f"{chip.name}:{topology}", math.prod(int(d) for d in dims)
   if not m.group(3).isdigit():
     raise ValueError(f"--compile_only: {name!r}: expected {chip.name}-N")
   n = int(m.group(3))

@@ -262,7 +262,9 @@ def validate(config) -> None:
   if loss.kind not in choices.LOSS_KINDS:
     _err("loss.kind", f"unknown loss {loss.kind!r}; choose from "
          f"{choices.LOSS_KINDS}")
-  if loss.kind == "jsd" and not 0.0 <= float(loss.beta) <= 1.0:
+  # Every divergence's loss function checks beta, whatever the kind: refused
+  # here, not after the models are built and the workdir written.
+  if loss.kind != choices.CE and not 0.0 <= _number(config, "loss.beta") <= 1.0:
     _err("loss.beta", f"must be in [0, 1], got {loss.beta}")
   if loss.kind == choices.SAMPLED and loss.estimator not in choices.ESTIMATORS:
     _err("loss.estimator", f"unknown estimator {loss.estimator!r}; choose "

@@ -255,6 +255,31 @@ def test_sweep_help_and_readme_examples_parse(monkeypatch):
     assert grid_lib.expand(grid, fv.only), args
 
 
+@pytest.mark.parametrize("value,words", [
+    ("", "no slice given"), ("v5e:3x3", "v5e has no topology '3x3'")])
+def test_compile_only_slice_is_refused_when_parsed(value, words):
+  """train, sweep, evaluate and teacher_cache share these flags: an empty
+  --compile_only= used to run the command for real, v5e:3x3 to be blamed
+  on libtpu after the config was built."""
+  fv = flags.FlagValues()
+  cli.define_compile_only_flags(flag_values=fv)
+  with pytest.raises(flags.IllegalFlagValueError, match=words) as e:
+    fv(["prog", f"--compile_only={value}"])
+  assert "\n" not in str(e.value)
+  fv(["prog", "--compile_only=v5e:2x4"])
+  assert fv.compile_only == "v5e:2x4"
+
+
+@pytest.mark.slow  # a subprocess importing jaxdistill.train (several seconds)
+def test_empty_compile_only_is_one_line_before_the_run(tmp_path):
+  r = _run(["jaxdistill.train", "--config", "configs/distill.py:runlocal",
+            "--workdir", "w", "--compile_only="], cwd=tmp_path)
+  assert r.returncode == 1
+  lines = _lines(r.stderr)
+  assert len(lines) == 1 and "no slice given" in lines[0], r.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_conftest_appends_the_device_count_to_existing_xla_flags(tmp_path):
   env = dict(os.environ, XLA_FLAGS="--xla_dump_hlo_as_text=false",
              JAX_PLATFORMS="cpu")

@@ -28,7 +28,8 @@ def test_parse_slice(name, topology, chips):
 @pytest.mark.parametrize("name,words", [
     ("v7-8", "unknown slice"), ("v5e-3", "no v5e slice of size 3"),
     ("v5p-5", "no v5p slice of size 5"), ("v5e:2x2x2", "needs 2 positive"),
-    ("tpu", "unknown slice")])
+    ("tpu", "unknown slice"), ("v5e:3x3", "v5e has no topology '3x3'"),
+    ("v4:3x3x3", "v4 has no topology"), ("", "no slice given")])
 def test_parse_slice_refuses_in_one_line(name, words):
   with pytest.raises(ValueError, match=words) as e:
     compile_only.parse_slice(name)

@@ -430,6 +430,23 @@ def test_a_failing_worker_is_named_after_the_others_finish(tmp_path):
   assert "run the same command to resume" in msg
 
 
+def test_a_worker_killed_by_a_signal_is_reported_as_such():
+  """A worker killed by the OOM killer prints nothing: the message used to
+  say 'exited with status -9 (its error is above)' with no error above."""
+  from jaxdistill.demo import workers  # pylint: disable=g-import-not-at-top
+  with pytest.raises(RuntimeError) as e:
+    workers.check_codes([0, -9], ["arms [1]", "arms [2]"])
+  msg = str(e.value)
+  assert msg.startswith("worker 2 (arms [2]) was killed by SIGKILL (out of "
+                        "memory?); what finished is kept"), msg
+  assert "above" not in msg and "worker 1" not in msg
+  with pytest.raises(RuntimeError, match=r"worker 1 \(a\) was killed by "
+                     r"SIGTERM; worker 2 \(b\) exited with status 1 \(its "
+                     "error is above\)"):
+    workers.check_codes([-15, 1], ["a", "b"])
+  workers.check_codes([0, 0], ["a", "b"])
+
+
 def _copy_models(workdir, dest):
   """The quick demo's tokenizer, teacher and student (cached), no arms."""
   shutil.copytree(workdir / "models", dest / "models")

@@ -53,6 +53,10 @@ def _positions(model):
      "temperatures are each model's own"),
     ({"rollout.policy": "spectrum", "rollout.lam": 2.5},
      r"config\.rollout\.lam: must be in \[-2, 2\] for policy='spectrum'"),
+    # Forward KL ignores beta, but its loss function still checks it.
+    ({"loss.kind": "forward", "loss.beta": 1.5},
+     r"config\.loss\.beta: must be in \[0, 1\], got 1\.5"),
+    ({"loss.kind": "reverse", "loss.beta": -0.1}, r"config\.loss\.beta"),
 ])
 def test_train_refuses_before_building_anything(tmp_path, monkeypatch,
                                                 updates, match):

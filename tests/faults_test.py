@@ -396,6 +396,41 @@ def test_garbled_safetensors_header_names_the_file(tmp_path):
     st.read_header(str(p))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "shape"])
+def test_bad_student_weights_are_refused_before_the_workdir(tmp_path, damage):
+  """A truncated model.safetensors, or tensors that do not match config.json,
+  used to be found by load_params, after the workdir was written."""
+  ckpt = tmp_path / "student"
+  tiny_hf.make_tiny_checkpoint("llama", ckpt, vocab_size=320)
+  weights = ckpt / "model.safetensors"
+  if damage == "truncated":
+    weights.write_bytes(weights.read_bytes()[:-100])
+    match = rf"config\.student\.path: {weights}: tensor .* byte range"
+  else:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    match = (rf"config\.student\.path: {ckpt}: tensor .* has shape "
+             r"\(128, 64\), expected \(96, 64\)")
+  c = _config(**{"student.path": str(ckpt), "student.init": None,
+                 "student.dtype": "float32", "student.param_dtype": "float32"})
+  with pytest.raises(ValueError, match=match):
+    train_loop.train(c, str(tmp_path / "w"), devices=ONE_DEVICE)
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
+def test_a_truncated_kl_reference_is_refused_before_the_workdir(tmp_path):
+  ckpt = tmp_path / "reference"
+  tiny_hf.make_tiny_checkpoint("llama", ckpt, vocab_size=320)
+  weights = ckpt / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:-100])
+  c = _rl_config(**{"kl.reference": str(ckpt), "kl.coef": 0.1})
+  with pytest.raises(ValueError, match=(
+      rf"^config\.kl\.reference: {weights}: tensor .* byte range")):
+    rl_train.train(c, str(tmp_path / "w"), devices=ONE_DEVICE)
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
 def test_tokenizer_errors_name_the_directory_or_file(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="empty: no tokenizer files"):

@@ -61,7 +61,8 @@ cfg = dataclasses.replace(
     models.get_preset('llama-3.1-8b'), vocab_size=32000, hidden_size=hidden,
     intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
     num_attention_heads=hidden // 128, num_key_value_heads=max(1, hidden // 512),
-    head_dim=128, dtype=dtype, param_dtype=dtype)
+    head_dim=128, dtype=dtype, param_dtype=dtype, bos_token_id=1,
+    eos_token_id=(2,))
 rng = np.random.default_rng(0)
 params = jax.tree.map(
     lambda s: (0.02 * rng.standard_normal(s.shape, np.float32)).astype(s.dtype),

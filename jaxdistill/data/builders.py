@@ -248,24 +248,76 @@ def record_path(data_dir: str, name: str) -> str:
   return os.path.join(os.path.expanduser(data_dir), RECORDS, f"{name}.json")
 
 
+# What a record must hold, by data set kind, for prepare and the runs to use it.
+_RECORD_FIELDS = {"hub": {"repo": str, "commit": str, "records": dict},
+                  "countdown": {"configs": list}}
+
+
 def read_record(data_dir: str, name: str) -> dict | None:
-  """What DIR/prepared/NAME.json says of a prepared data set, or None."""
+  """What DIR/prepared/NAME.json says of a prepared data set, or None.
+  ValueError naming the file if it is not JSON or lacks a field."""
   path = record_path(data_dir, name)
   if not os.path.isfile(path):
     return None
+  again = f"prepare {name} again with --overwrite"
   try:
     with open(path) as f:
-      return json.load(f)
+      record = json.load(f)
   except ValueError as e:
-    raise ValueError(f"{path}: not valid JSON ({e}); prepare {name} again "
-                     "with --overwrite") from None
+    raise ValueError(f"{path}: not valid JSON ({e}); {again}") from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path}: not a JSON object; {again}")
+  kind = "countdown" if name == "countdown" else "hub"
+  for field, typ in _RECORD_FIELDS[kind].items():
+    if not isinstance(record.get(field), typ):
+      raise ValueError(f"{path}: field {field!r} missing or not a "
+                       f"{typ.__name__} ({record.get(field)!r:.40}); {again}")
+  return record
+
+
+def _info_file(data_dir: str, name: str) -> str:
+  return os.path.join(os.path.expanduser(data_dir), McqFiles.name, name,
+                      str(McqFiles.VERSION), "dataset_info.json")
 
 
 def is_prepared(data_dir: str, name: str) -> bool:
   """DIR holds data set NAME as `python -m jaxdistill.data.prepare` left it:
-  its record and its mcq_files builder directory."""
-  return bool(read_record(data_dir, name)) and os.path.isdir(
-      os.path.join(os.path.expanduser(data_dir), "mcq_files", name))
+  its record and its mcq_files builder's prepared version (the directory the
+  damaged-data error says to delete)."""
+  return bool(read_record(data_dir, name)) and os.path.isfile(
+      _info_file(data_dir, name))
+
+
+def damage(data_dir: str, name: str) -> str | None:
+  """Why prepared hub data set NAME under DIR is not whole, or None: its
+  splits' record counts differ from its record's, or an array_record shard
+  is missing or cannot be read to its last record (a truncated file).
+  Reads every record: what a run would read."""
+  if not is_prepared(data_dir, name):
+    return f"{_info_file(data_dir, name)} is missing"
+  want = read_record(data_dir, name)["records"]
+  try:
+    splits = McqFiles(data_dir=os.path.expanduser(data_dir), config=name,
+                      file_format="array_record").info.splits
+  except Exception as e:  # pylint: disable=broad-except
+    return f"{_info_file(data_dir, name)}: {_first_line(e)}"
+  have = {k: int(splits[k].num_examples) for k in splits}
+  if have != want:
+    return f"its splits hold {have} records, its record says {want}"
+  for k in splits:
+    for path, n in zip(splits[k].filepaths, splits[k].shard_lengths):
+      try:
+        shard = array_record_data_source.ArrayRecordDataSource([os.fspath(path)])
+        if len(shard) != n:
+          return f"{path}: {len(shard)} records, {n} expected"
+        shard.__getitems__(range(n))
+      except Exception as e:  # pylint: disable=broad-except
+        return f"{path}: {_first_line(e)}"
+  return None
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def prepare_command(name: str, data_dir: str) -> str:

@@ -62,6 +62,15 @@ from jaxdistill.tasks import mcq
 MAX_NUMBERS = 6
 
 
+class TooLong(ValueError):
+  """No record fits a length limit; `arg` names the limit's argument."""
+
+  def __init__(self, arg: str, limit: int, what: str, lengths: Sequence[int]):
+    super().__init__(f"{arg}={limit}: all {len(lengths)} {what} are longer "
+                     f"(the shortest has {min(lengths)} tokens)")
+    self.arg = arg
+
+
 class _Batches:
   """Shared machinery: record metadata, id shuffling, fixed-size batches."""
 
@@ -190,6 +199,8 @@ class PromptBatches(_Batches):
     _check_bucket(bucket)
     ids = _prompt_ids(records, tokenizer, system)
     keep = [i for i, s in enumerate(ids) if len(s) <= max_prompt_len]
+    if ids and not keep:
+      raise TooLong("max_prompt_len", max_prompt_len, "prompts", list(map(len, ids)))
     self._ids = [ids[i] for i in keep]
     self.max_prompt_len, self._bucket = max_prompt_len, bucket
     self.pad_id = int(tokenizer.pad_token_id)
@@ -222,6 +233,14 @@ class SequenceBatches(_Batches):
     keep = [i for i in range(len(records))
             if len(prompts[i]) <= max_prompt_len
             and len(responses[i]) <= max_response_len]
+    if records and not keep:
+      fit = [i for i in range(len(records)) if len(prompts[i]) <= max_prompt_len]
+      if not fit:
+        raise TooLong("max_prompt_len", max_prompt_len, "prompts",
+                      list(map(len, prompts)))
+      raise TooLong("max_response_len", max_response_len,
+                    "responses of the prompts that fit",
+                    [len(responses[i]) for i in fit])
     self._prompts = [prompts[i] for i in keep]
     self._responses = [responses[i] for i in keep]
     self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len
@@ -447,8 +466,21 @@ def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
   common = dict(batch_size=int(data.batch_size),
                 max_prompt_len=int(data.max_prompt_len), seed=int(config.seed),
                 system=data.get("system"), bucket=data.get("bucket"))
-  if config.rollout.policy == "dataset":
-    return make_sequence_batches(
-        recs, tokenizer, max_response_len=int(config.rollout.max_new_tokens),
-        **common)
-  return make_prompt_batches(recs, tokenizer, **common)
+  try:
+    if config.rollout.policy == "dataset":
+      batches = make_sequence_batches(
+          recs, tokenizer, max_response_len=int(config.rollout.max_new_tokens),
+          **common)
+    else:
+      batches = make_prompt_batches(recs, tokenizer, **common)
+  except TooLong as e:
+    field = {"max_prompt_len": "data.max_prompt_len",
+             "max_response_len": "rollout.max_new_tokens"}[e.arg]
+    raise ValueError(f"config.{field}: {e}") from None
+  if data.get("task") == "records" and len(batches.keep) < batches.global_batch_size:
+    # A batch would repeat records: the user's file is too small to train on.
+    raise ValueError(
+        f"config.data.batch_size: {batches.global_batch_size} is more than the "
+        f"{len(batches.keep)} usable records of {data.records_file} (a batch "
+        "would repeat them); lower it or give more records")
+  return batches

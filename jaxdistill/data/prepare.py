@@ -27,6 +27,8 @@ complete. Countdown is generated as a run would generate it
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import fnmatch
 import json
 import os
@@ -71,13 +73,17 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
   spec = data.repo + (f"@{revision}" if revision else "")
   snapshot, info = hub.resolve(spec, repo_type="dataset",
                                allow_patterns=data.files)
-  old = builders.read_record(data_dir, name)
+  old = _old_record(data_dir, name, overwrite)
   target = os.path.join(data_dir, "mcq_files", name)
-  same = bool(old) and old.get("commit") == info["commit"]
-  if same and builders.is_prepared(data_dir, name):
-    log(f"{name}: already prepared in {data_dir} from {data.repo} at commit "
-        f"{info['commit']}; nothing to do")
-    return old
+  same = bool(old) and old["commit"] == info["commit"]
+  if same:
+    damage = builders.damage(data_dir, name)
+    if damage is None:
+      log(f"{name}: already prepared in {data_dir} from {data.repo} at commit "
+          f"{info['commit']}; nothing to do")
+      return old
+    log(f"{name}: the data prepared in {target} is not whole ({damage}); "
+        "preparing it again")
   if old and not same and not overwrite:
     raise ValueError(
         f"--data_dir {data_dir} holds {name} from {old['repo']} at commit "
@@ -112,6 +118,48 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
   return record
 
 
+def _old_record(data_dir, name, overwrite) -> dict | None:
+  """The data set's record; with `overwrite`, a broken one counts as none
+  (what the error of read_record asks for)."""
+  try:
+    return builders.read_record(data_dir, name)
+  except ValueError:
+    if overwrite:
+      return None
+    raise
+
+
+def _check_data_dir(data_dir: str) -> None:
+  """Refuses a --data_dir that is a file or cannot be written, naming it
+  (the first write is otherwise into an internal temporary path)."""
+  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+    raise ValueError(f"--data_dir {data_dir}: exists and is not a directory")
+  try:
+    os.makedirs(data_dir, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"--data_dir {data_dir}: cannot create it "
+                     f"({os.strerror(e.errno) if e.errno else e})") from None
+  if not os.access(data_dir, os.W_OK | os.X_OK):
+    raise ValueError(f"--data_dir {data_dir}: not writable")
+
+
+@contextlib.contextmanager
+def _locked(data_dir: str, name: str):
+  """One prepare of NAME per --data_dir at a time: a second, of another
+  revision, would otherwise replace the first's data without a word. The
+  kernel drops the lock when its process ends, however it ends."""
+  path = builders.record_path(data_dir, name) + ".lock"  # beside its record
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "a") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(f"--data_dir {data_dir}: another prepare of {name} is "
+                       f"running there (it holds {path}); wait for it to "
+                       "finish") from None
+    yield
+
+
 def _write_record(data_dir, name, record):
   path = builders.record_path(data_dir, name)
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -120,11 +168,12 @@ def _write_record(data_dir, name, record):
   os.replace(path + ".tmp", path)
 
 
-def _prepare_countdown(data_dir, n_numbers, num_problems, seed, log) -> dict:
+def _prepare_countdown(data_dir, n_numbers, num_problems, seed, overwrite,
+                       log) -> dict:
+  old = _old_record(data_dir, "countdown", overwrite) or {}
   for n in n_numbers:
     builders.prepare(builders.CountdownTasks, data_dir=data_dir,
                      config=builders.countdown_config(n, num_problems, seed))
-  old = builders.read_record(data_dir, "countdown") or {}
   record = {"name": "countdown", "generated": "jaxdistill.tasks.countdown",
             "configs": sorted(set(old.get("configs", [])) | {
                 builders.countdown_config(n, num_problems, seed).name
@@ -147,12 +196,15 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
   if not data_dir:
     raise ValueError("--data_dir: required (where the prepared data goes)")
   data_dir = os.path.abspath(os.path.expanduser(data_dir))
-  if name == "countdown":
-    if revision:
-      raise ValueError("--revision: countdown is generated, not downloaded")
-    size = int(num_problems or builders.CountdownConfig.train_size)
-    return _prepare_countdown(data_dir, tuple(n_numbers), size, seed, log)
-  return _prepare_hub(name, data_dir, revision, overwrite, log)
+  if name == "countdown" and revision:
+    raise ValueError("--revision: countdown is generated, not downloaded")
+  _check_data_dir(data_dir)
+  with _locked(data_dir, name):
+    if name == "countdown":
+      size = int(num_problems or builders.CountdownConfig.train_size)
+      return _prepare_countdown(data_dir, tuple(n_numbers), size, seed,
+                                overwrite, log)
+    return _prepare_hub(name, data_dir, revision, overwrite, log)
 
 
 def ensure(name: str, data_dir: str, log=print) -> dict:

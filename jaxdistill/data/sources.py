@@ -281,6 +281,11 @@ def validate_record(question, options, answer) -> dict:
   """The schema checks every converter's output passes; ValueError otherwise."""
   if not isinstance(options, list) or not 2 <= len(options) <= len(LETTERS):
     raise ValueError(f"'options' must be a list of 2..{len(LETTERS)} texts")
+  for i, o in enumerate(options):
+    # str() would grade null as the option "None" and an object as its repr.
+    if isinstance(o, bool) or not isinstance(o, (str, int, float)):
+      raise ValueError(f"'options'[{i}] (option {LETTERS[i]}) must be text, "
+                       f"got {json.dumps(o, default=str)[:40]}")
   options = [str(o).strip() for o in options]
   if any(not o for o in options):
     raise ValueError("'options' contains an empty option")

@@ -143,14 +143,27 @@ class Workers:
         p.wait()
 
 
+def _failure(k: int, what: str, code: int) -> str:
+  # Popen's status is -N for a worker killed by signal N: it printed
+  # nothing (the OOM killer's SIGKILL), so there is no error above to read.
+  if code >= 0:
+    return f"worker {k + 1} ({what}) exited with status {code}"
+  try:
+    name = signal.Signals(-code).name
+  except ValueError:
+    name = f"signal {-code}"
+  hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+  return f"worker {k + 1} ({what}) was killed by {name}{hint}"
+
+
 def check_codes(codes: list[int], what: list[str]) -> None:
-  """RuntimeError naming every worker that failed (its error is in the log
-  above), once all have ended."""
-  bad = [f"worker {k + 1} ({w}) exited with status {c}"
-         for k, (c, w) in enumerate(zip(codes, what)) if c]
+  """RuntimeError naming every worker that failed and how (an exit status:
+  its error is in the log above; a signal), once all have ended."""
+  bad = [_failure(k, w, c) for k, (c, w) in enumerate(zip(codes, what)) if c]
   if bad:
-    raise RuntimeError("; ".join(bad) + " (its error is above); what "
-                       "finished is kept: run the same command to resume")
+    above = " (its error is above)" if any(c > 0 for c in codes) else ""
+    raise RuntimeError("; ".join(bad) + above + "; what finished is kept: "
+                       "run the same command to resume")
 
 
 def run_arms(argv: list[str], indices: list[int], workers: int,

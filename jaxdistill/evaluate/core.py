@@ -44,6 +44,7 @@ from tqdm import tqdm
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import tasks
 from jaxdistill.data import pipeline
+from jaxdistill.data import sources
 from jaxdistill.evaluate import metrics
 from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
@@ -155,7 +156,8 @@ def evaluate_suites(generate: Generator, tokenizer,
       raise ValueError(f"suites[{name!r}]: no problems")
     for i, r in enumerate(records):
       try:
-        tasks.task_of(r)
+        if tasks.task_of(r) == tasks.MCQ:  # null options are not the text "None"
+          sources.validate_record(r["question"], r["options"], r["answer"])
       except ValueError as e:
         raise ValueError(f"suites[{name!r}][{i}]: {e}") from None
     if len(records) * max(num_samples, 1) >= 2**31:
@@ -186,10 +188,12 @@ def evaluate_suites(generate: Generator, tokenizer,
                       "are not scored", name, batches.num_dropped, len(records),
                       max_prompt_len)
     task_ids = np.asarray([tasks.task_of(records[i]) for i in kept])
+    num_options = [len(records[i]["options"]) if t == tasks.MCQ else None
+                   for i, t in zip(kept, task_ids)]
     out[f"{name}/num_problems"] = float(len(kept))
     out[f"{name}/num_dropped"] = float(batches.num_dropped)
     for k, v in summarize(task_ids, runs.get("greedy"), runs.get("sampled"),
-                          ks if num_samples else ()).items():
+                          ks if num_samples else (), num_options).items():
       out[f"{name}/{k}"] = v
   return out
 
@@ -235,14 +239,24 @@ def _run(generate, batches, *, n, temperature, rng, desc, progress) -> dict:
   return out
 
 
-def _answer_key(task: int):
+def _answer_key(task: int, num_options: int | None = None):
+  # MCQ keys use the question's own letters, as the reward does: a correct
+  # "C ... The answer is: E" (E not offered) is the answer C, not a second one.
+  if task == tasks.MCQ:
+    return lambda text: mcq.extract_answer(text, num_options)
   return {tasks.COUNTDOWN: countdown.normalize_answer,
-          tasks.ARITH: arith.extract_answer}.get(task, mcq.extract_answer)
+          tasks.ARITH: arith.extract_answer}[task]
 
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,
-              sampled: Mapping | None, ks: Sequence[int]) -> dict:
-  """Suite metrics (unprefixed keys) from per-problem results of `_run`."""
+              sampled: Mapping | None, ks: Sequence[int],
+              num_options: Sequence[int | None] | None = None) -> dict:
+  """Suite metrics (unprefixed keys) from per-problem results of `_run`.
+
+  `num_options[p]` is problem p's number of options (MCQ; None: all 26).
+  """
+  if num_options is None:
+    num_options = [None] * len(task_ids)
   out = {}
   for mode, res in (("greedy", greedy), ("sampled", sampled)):
     if res is None:
@@ -256,7 +270,8 @@ def summarize(task_ids: np.ndarray, greedy: Mapping | None,
   if sampled is not None:
     correct = sampled["reward"] > 0.5
     out.update(metrics.mean_pass_at_k(correct, ks))
-    distinct = [metrics.distinct_correct([t], [c], normalize=_answer_key(task))[0]
-                for t, c, task in zip(sampled["texts"], correct, task_ids)]
+    distinct = [metrics.distinct_correct([t], [c], normalize=_answer_key(task, k))[0]
+                for t, c, task, k in zip(sampled["texts"], correct, task_ids,
+                                         num_options)]
     out["distinct_correct"] = float(np.mean(distinct))
   return out

@@ -112,7 +112,7 @@ def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
   dtype = _DTYPE_NAMES.get(str(d.get("dtype") or d.get("torch_dtype")),
                            "float32")
   try:
-    return ModelConfig(
+    cfg = ModelConfig(
         family=family,
         vocab_size=d["vocab_size"],
         hidden_size=d["hidden_size"],
@@ -134,8 +134,10 @@ def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
         dtype=dtype,
         param_dtype=dtype,
     )
+    cfg.check_token_ids()
   except (ValueError, TypeError) as e:
     raise ValueError(f"{source}: {e}") from e
+  return cfg
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -356,6 +358,21 @@ def _donated_writer(out_sharding):
   if out_sharding is None:
     return jax.jit(write, donate_argnums=0)
   return jax.jit(write, donate_argnums=0, out_shardings=out_sharding)
+
+
+def check_pretrained(path) -> None:
+  """What load_pretrained checks before reading a tensor (config.json, and
+  every tensor's presence, shape and byte range within its file: a
+  truncated download), without reading one, so that a command can refuse a
+  bad checkpoint before it writes anything. Errors name the directory."""
+  path = pathlib.Path(path)
+  cfg = read_config(path)
+  try:
+    _plan(cfg, index_tensors(path), 1 << 30)
+  except (ValueError, FileNotFoundError) as e:
+    if str(path) in str(e):
+      raise
+    raise type(e)(f"{path}: {e}") from None
 
 
 def load_pretrained(path, dtype=None, *, param_dtype=None, mesh=None,

@@ -9,6 +9,7 @@ families share one architecture; they differ only in fields:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 FAMILIES = ("llama", "qwen2")
@@ -78,6 +79,7 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must "
           f"be a multiple of num_key_value_heads ({self.num_key_value_heads})")
+    self._validate_ranges()
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, "
                        f"got {self.remat!r}")
@@ -93,6 +95,34 @@ class ModelConfig:
       missing = [k for k in _LLAMA3_KEYS if k not in d]
       if missing:
         raise ValueError(f"ModelConfig.rope_scaling: llama3 needs {missing}")
+
+  def _validate_ranges(self):
+    # Out of range, these train without error and end as "loss is nan" or
+    # as a token id the embedding cannot hold.
+    for f in ("rms_norm_eps", "rope_theta"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+          math.isfinite(v) and v > 0):
+        raise ValueError(f"ModelConfig.{f} must be a finite number > 0, "
+                         f"got {v!r}")
+    v = self.max_position_embeddings
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+      raise ValueError(f"ModelConfig.max_position_embeddings must be a "
+                       f"positive int, got {v!r}")
+
+  def check_token_ids(self):
+    """ValueError unless bos/eos ids are tokens of the vocabulary.
+
+    Not part of `validate`: presets shrunk for tests and benchmarks
+    (dataclasses.replace(preset, vocab_size=96)) keep their real ids, which
+    nothing reads; a checkpoint's config.json must be consistent.
+    """
+    ids = [("bos_token_id", self.bos_token_id)] if self.bos_token_id is not None else []
+    ids += [("eos_token_id", e) for e in self.eos_token_id]
+    for f, v in ids:
+      if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.vocab_size:
+        raise ValueError(f"ModelConfig.{f} must be a token id in [0, vocab_size="
+                         f"{self.vocab_size}), got {v!r}")
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any] | None:

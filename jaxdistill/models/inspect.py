@@ -30,7 +30,7 @@ def tiny_llama_config() -> models.ModelConfig:
       models.get_preset("llama-3.2-1b"), vocab_size=512, hidden_size=64,
       intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
       num_key_value_heads=2, head_dim=16, dtype="float32",
-      param_dtype="float32")
+      param_dtype="float32", bos_token_id=1, eos_token_id=(2,))  # in its vocab
 
 
 def inspect(path: str, dtype=None) -> dict:

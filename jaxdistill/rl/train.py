@@ -240,6 +240,9 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   revisions = train_setup.revisions(
       config, ("student", "tokenizer") + (("kl.reference",) if rmcfg else ()))
+  train_setup.check_weights(config.student, "student")
+  if rmcfg is not None:
+    train_setup.check_weights(rmcfg, "kl.reference")
   if jax.process_index() == 0:
     train_loop.prepare_workdir(config, workdir, overwrite, revisions)
   if build_tok:

@@ -46,7 +46,6 @@ Functions for other code (the demo uses them):
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 
@@ -60,6 +59,7 @@ from jaxdistill.sweep import inputs
 from jaxdistill.sweep import programs as sweep_programs
 from jaxdistill.sweep import rlvr
 from jaxdistill.sweep import runner
+from jaxdistill.sweep import table
 
 
 def print_rlvr_commands(grid, runs, workdir):
@@ -70,8 +70,7 @@ def print_rlvr_commands(grid, runs, workdir):
   for run in runs:
     path = os.path.join(workdir, run.dirname, "results.json")
     if os.path.isfile(path):
-      with open(path) as f:
-        results[run.name] = json.load(f)
+      results[run.name] = table.read_results(path)
   chosen = rlvr.select(grid, runs, results)
   if chosen is None:
     print("# RLVR stage: grid.rlvr.select chooses arms by their results; run "

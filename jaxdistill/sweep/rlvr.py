@@ -38,11 +38,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import os
 
+from huggingface_hub import constants as hf_constants
 import ml_collections
 import numpy as np
 
 from jaxdistill import config_lib
 from jaxdistill import models
+from jaxdistill.models import hub
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import table
@@ -82,7 +84,34 @@ def stage_config(grid, run: grid_lib.Run, run_dir: str):
   if "tokenizer_build" in c:
     c.tokenizer_build = None
   c.seed = int(run.config.seed)
+  _pin_hub_names(c)
   return c
+
+
+# spec -> org/name@<commit>, per hub cache: every stage of one sweep process
+# (its check, its launch command, its run) sees the same commit.
+_PINNED: dict = {}
+
+
+def _pin_hub_names(c) -> None:
+  """The stage's hub names (kl.reference, tokenizer) as org/name@<commit>,
+  as the arms' are (sweep.inputs.pin_checkpoints): its config, snapshot and
+  command name the weights it used, and a moved name is a stale stage."""
+  fields = [("kl", "reference")] if c.get("kl") else []
+  fields += [(None, "tokenizer")]
+  for block, key in fields:
+    node = c[block] if block else c
+    spec = node.get(key)
+    if not (spec and hub.is_hub_id(spec)):
+      continue
+    cache_key = (spec, hf_constants.HF_HUB_CACHE)
+    if cache_key not in _PINNED:
+      try:
+        _PINNED[cache_key] = hub.pin(spec)
+      except hub.HubError as e:
+        field = f"{block}.{key}" if block else key
+        raise ValueError(f"grid.rlvr: config.{field}: {e}") from None
+    node[key] = _PINNED[cache_key]
 
 
 def check(grid, runs: Sequence[grid_lib.Run], workdir: str) -> None:

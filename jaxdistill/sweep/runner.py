@@ -49,6 +49,7 @@ from jaxdistill.train import preempt
 from jaxdistill.train import setup as train_setup
 
 RESULTS = "results.json"
+SWEEP = "sweep.json"
 
 
 def log(msg: str):
@@ -131,8 +132,7 @@ def run_revisions(grid, run: grid_lib.Run, run_dir: str) -> dict:
   path = os.path.join(run_dir, train_loop.REVISIONS)
   out = {}
   if os.path.isfile(path):
-    with open(path) as f:
-      out.update(json.load(f))
+    out.update(table.read_json(path))
   out.update(inputs.data_revisions(grid, run))
   return out
 
@@ -172,8 +172,7 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   for r in records:
     last.update(r)
   ev = (evaluate_fn or default_evaluate)(grid, run, out)
-  with open(os.path.join(run_dir, RESULTS)) as f:
-    arm = json.load(f)
+  arm = table.read_results(os.path.join(run_dir, RESULTS))
   result = {k: arm[k] for k in ("name", "dirname", "factors", "study")}
   result.update({"stage": "rlvr", "train": last,
                  "rewards": rlvr_lib.rewards_of(records), "eval": ev,
@@ -376,6 +375,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   if not runs:
     raise ValueError(f"--only {only!r}: no run of the grid matches")
   paths_root = paths_root or workdir
+  read_finished(grid, runs, workdir)
   todo = _to_train(runs, workdir, rerun_stale, paths_root)
   _check_configs(grid, todo)
   if rlvr_lib.declared(grid):
@@ -395,6 +395,23 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
                        paths_root=paths_root, train_runs=train_runs)
 
 
+def read_finished(grid, runs, workdir: str) -> dict:
+  """{run name: results} of the finished runs, every results.json (the
+  arms' and their RLVR stages') and sweep.json checked: ValueError naming
+  the file, before anything trains or is written."""
+  path = os.path.join(workdir, SWEEP)
+  if os.path.isfile(path):
+    table.read_json(path)
+  done = {r.name: table.read_results(os.path.join(workdir, r.dirname, RESULTS))
+          for r in runs if is_finished(os.path.join(workdir, r.dirname))}
+  if rlvr_lib.declared(grid):
+    for run in runs:
+      stage = rlvr_lib.stage_dir(os.path.join(workdir, run.dirname))
+      if is_finished(stage):
+        table.read_results(os.path.join(stage, RESULTS))
+  return done
+
+
 def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
                 rerun_stale, rlvr_evaluate_fn, paths_root, train_runs):
   if grid.get("local_assets"):
@@ -404,20 +421,19 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   _handle_stale(grid, runs, workdir, rerun_stale, paths_root)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
-  path = os.path.join(workdir, "sweep.json")
-  if not os.path.isfile(path) or json.load(open(path)) != sweep:
+  path = os.path.join(workdir, SWEEP)
+  if not os.path.isfile(path) or table.read_json(path) != sweep:
     write_json_atomic(path, sweep)
-  todo = [r for r in runs if not is_finished(os.path.join(workdir, r.dirname))]
+  done = read_finished(grid, runs, workdir)
+  todo = [r for r in runs if r.name not in done]
   if train_runs is not None and todo:
     train_runs(todo)
   results = []
   for i, run in enumerate(runs):
     run_dir = os.path.join(workdir, run.dirname)
-    path = os.path.join(run_dir, RESULTS)
-    if is_finished(run_dir):
+    if run.name in done:
       log(f"{i + 1}/{len(runs)} {run.name}: finished, skipped")
-      with open(path) as f:
-        results.append(json.load(f))
+      results.append(done[run.name])
       continue
     state = ("resuming" if os.path.isdir(os.path.join(run_dir, "checkpoints"))
              else "starting")

@@ -57,6 +57,43 @@ def _pass_at_max_k(ev: Mapping, group: str = "id"):
   return ev[f"{group}/pass@{max(ks)}"] if ks else None
 
 
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number",
+               float: "number", bool: "boolean", type(None): "null"}
+# What every results.json holds (runner.run_one, run_rlvr_one), by type.
+_RESULT_FIELDS = {"name": str, "dirname": str, "factors": dict, "study": dict}
+
+
+def read_json(path: str, kind: type = dict):
+  """The JSON value of `path`, a `kind`; ValueError naming the file if it is
+  not valid JSON or not of that kind."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise ValueError(f"{path}: not valid JSON ({e}); delete it to redo what "
+                     "wrote it") from None
+  if not isinstance(value, kind):
+    raise ValueError(f"{path}: expected a JSON {_JSON_NAMES[kind]}, got "
+                     f"{_JSON_NAMES.get(type(value), type(value).__name__)}")
+  return value
+
+
+def read_results(path: str) -> dict:
+  """A run's (or RLVR stage's) results.json, checked for the fields the
+  sweep reads; ValueError naming the file and the field."""
+  result = read_json(path)
+  for field, kind in _RESULT_FIELDS.items():
+    if not isinstance(result.get(field), kind):
+      raise ValueError(f"{path}: field {field!r} must be a JSON "
+                       f"{_JSON_NAMES[kind]}, got "
+                       f"{result.get(field)!r:.60}; delete the file to rerun "
+                       "the run")
+  for field in ("eval", "train", "compute"):
+    if not isinstance(result.get(field) or {}, dict):
+      raise ValueError(f"{path}: field {field!r} must be a JSON object")
+  return result
+
+
 def row_of(result: Mapping) -> dict:
   """The table row of one results.json."""
   ev, tr = result.get("eval") or {}, result.get("train") or {}
@@ -112,12 +149,10 @@ def aggregate(workdir: str) -> list[dict]:
   with its RLVR stage's columns when <run>/rlvr/results.json exists."""
   rows = []
   for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
-    with open(path) as f:
-      row = row_of(json.load(f))
+    row = row_of(read_results(path))
     stage = os.path.join(stage_dir(os.path.dirname(path)), "results.json")
     if os.path.isfile(stage):
-      with open(stage) as f:
-        row = with_rlvr(row, json.load(f))
+      row = with_rlvr(row, read_results(stage))
     rows.append(row)
   return rows
 

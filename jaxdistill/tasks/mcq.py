@@ -2,33 +2,7 @@
 
 A record is `{question: str, options: list[str], answer: 'A'..}` (see
 jaxdistill.data.sources). The model is asked to reason and finish with
-"The answer is: X".
-
-The grading rule (`extract_answer`), what a person marking the completion
-would take as its answer:
-
-1. Only an explicit answer statement counts: "answer" followed by "is",
-   "would/should/must be", ":" or "=" (The answer is X, Final Answer: X, the
-   correct answer would be X; also "the correct option/choice is X"), or
-   \\boxed{X}, or a last line that is nothing but the letter. A letter merely
-   mentioned ("answer A is a common distractor", "Option D needs more
-   data", "(answer D would need more data)") is not an answer.
-2. Among the statements, the LAST one (by position) wins: models restate or
-   revise their choice, and the final statement is the answer.
-3. X is a letter the question offers (`num_options`; with four options "The
-   answer is: E" states nothing and is skipped) standing alone as a word ("The
-   answer is Aspirin" is not A), possibly in markup: **X**, *X*, (X), [X], X.,
-   X), $X$, \\text{X}, \\textbf{X}, \\mathrm{X}, `X`, 'X'. A hedge or a noun may
-   sit between ("the answer is probably B", "the answer is option B").
-4. Lower-case letters count where they cannot be an English word: wrapped in
-   markup ((b), **b**, \\boxed{b}) or ending the statement ("the answer is b.",
-   "Answer: c"); "the answer is a bit unclear" has no answer.
-5. A statement naming two letters ("the answer is B or C", "B/C", "A and D")
-   is no answer; a negated one ("the answer is not B") is none either.
-
-Only the final MAX_SCAN_CHARS characters are searched, so hostile megabyte
-completions cost bounded time. An unparseable completion yields None, which
-scores 0 and is counted separately (`parsed` in `score`).
+"The answer is: X". The grading rule is `extract_answer`'s docstring.
 """
 from __future__ import annotations
 
@@ -42,27 +16,52 @@ LETTERS = string.ascii_uppercase
 
 # Runs of whitespace and markup are bounded ({0,4}, {0,12}) so that adjacent
 # optional pieces cannot backtrack quadratically on hostile text.
+_VERB = (r"(?:is|(?:would|should|must|will)\s{1,4}be)(?![a-z0-9'’])"
+         r"\s{0,4}[:：]?")
+# "the answer to this question is", "the correct answer here is".
+_QUALIFIER = (r"(?:\s{1,4}(?:here|then|now|(?:to|for|of)\s{1,4}(?:this|the)"
+              r"\s{1,4}(?:question|problem|mcq)))?")
 _STATEMENT = re.compile(
-    r"(?i)(?<![a-z])(?:answer|(?:correct|right|best)\s{1,4}(?:option|choice))"
-    r"[*_]{0,2}\s{0,4}(?:(?:is|(?:would|should|must|will)\s{1,4}be)"
-    r"(?![a-z0-9'’])\s{0,4}[:：]?|[:：=])")
+    r"(?i)(?<![a-z])(?:"
+    r"(?:answer|(?:correct|right|best)\s{1,4}(?:option|choice))"
+    rf"{_QUALIFIER}[*_]{{0,2}}\s{{0,4}}(?:{_VERB}|[:：=]|-{{1,2}}(?!\w)|[–—])"
+    # MedMCQA's "Ans. is 'b' i.e., ...", "Ans: B", "Ans. B".
+    rf"|ans(?![a-z])(?:\.?[*_]{{0,2}}\s{{0,4}}(?:{_VERB}|[:：=]|-{{1,2}}(?!\w))"
+    r"|\.))")
 # Between the statement and the letter: "probably", "option", "letter".
 _FILLER = re.compile(
     r"(?i)\s{0,4}(?:(?:therefore|thus|hence|clearly|definitely|probably|"
     r"likely|most\s{1,4}likely|indeed|then|so|actually)(?![a-z])[\s:,]{0,4})?"
     r"(?:[*_]{0,2}(?:option|choice|letter)(?![a-z])[*_]{0,2})?")
-_OPEN = (r"(?:[\s*_`\"'(\[{$]|\\[(\[]|"
+_OPEN = (r"(?:[\s*_`\"'‘(\[{$]|\\[(\[]|"
          r"\\(?:text|textbf|textrm|texttt|mathrm|mathbf|mathtt|mathit|emph)"
          r"\s?\{){0,12}")
-_CLOSE = r"(?:[*_`\"')\]}$]|\\[)\]]){0,12}"
+_CLOSE = r"(?:[*_`\"'’)\]}$]|\\[)\]]){0,12}"
 _LETTER = re.compile(f"(?P<open>{_OPEN})(?P<letter>[A-Za-z])(?P<close>{_CLOSE})")
-# What may follow a bare lower-case letter for it to be an answer, not a word.
-_ENDS = re.compile(r"[ \t]{0,4}(?:\Z|\n|[.,;!?](?:\s|\Z))")
+# What may follow a bare lower-case letter for it to be an answer, not a word
+# (also MedMCQA's "Ans. is b i.e. Thiamine").
+_ENDS = re.compile(r"(?i)[ \t]{0,4}(?:\Z|\n|[.,;!?](?:\s|\Z)|i\.?\s?e\.?(?![a-z]))")
 # A second letter after these makes a statement ambiguous.
-_ALTERNATIVE = re.compile(r"(?i)[ \t]{0,4}(?:(?:or|and)(?![a-z])|/|&)")
+_ALTERNATIVE = re.compile(
+    r"(?i)[ \t]{0,4}(?:and\s{0,2}/\s{0,2}or|(?:or|and)(?![a-z])|/|&|\+|,)")
+# Right after a letter: "B is the correct answer", "option B is correct."
+_REVERSE = re.compile(
+    r"(?i)[ \t]{0,4}(?:is|would\s{1,4}be)\s{1,4}(?:"
+    r"the\s{1,4}(?:(?:correct|right|best|most\s{1,4}likely)\s{1,4})?"
+    r"(?:answer|option|choice)(?![a-z])|(?:correct|right)[ \t]{0,4}(?:[.!\n]|\Z))")
+# Before such a letter (and its opening markup): "option", or a clause start
+# ("Therefore, B is ...").
+_MARKUP_BEFORE = r"[\s*_`\"'‘(\[{$]{0,8}\Z"
+_NAMED = re.compile(r"(?i)(?<![a-z])(?:option|choice|letter)" + _MARKUP_BEFORE)
+_LEAD = re.compile(r"(?i)(?:\A|[.,;:!?\n]|(?<![a-z])(?:so|thus|therefore|"
+                   r"hence|clearly|then|and))" + _MARKUP_BEFORE)
 _BOXED = re.compile(r"\\boxed\s{0,2}\{")
 _BOXED_MAX = 64
 _LINE_MAX = 40
+_BACK = 48
+_CLAUSE = re.compile(r"[ \t]{1,4}(?!(?:and|or)(?![a-z]))[a-z]")
+_NONE = "no letter"  # A statement that names letters but no answer.
+_NOT = re.compile(r"(?i)not(?![a-z])")
 
 
 def build_prompt(question: str, options: Sequence[str]) -> str:
@@ -90,7 +89,8 @@ def _letter_at(text: str, pos: int, offered: str):
   """(letter, close markup, end) of an answer letter at `pos`, or None.
 
   The letter must stand alone (no letter or digit touches it) and be offered;
-  a lower-case one must be wrapped in markup or end the statement (rule 4).
+  a lower-case one must be wrapped in markup, be an option label ("b)") or end
+  the statement (rule 4).
   """
   m = _LETTER.match(text, pos)
   if m is None:
@@ -98,29 +98,71 @@ def _letter_at(text: str, pos: int, offered: str):
   i, j = m.start("letter"), m.end("letter")
   if (i > 0 and text[i - 1].isalnum()) or (j < len(text) and text[j].isalnum()):
     return None
-  letter = m.group("letter")
+  letter, close = m.group("letter"), m.group("close")
   if letter.islower() and not (
-      (m.group("open").strip() and m.group("close"))
+      (m.group("open").strip() and close) or close.startswith(")")
       or _ENDS.match(text, m.end())):
     return None
   if letter.upper() not in offered:
     return None
-  return letter.upper(), m.group("close"), m.end()
+  return letter.upper(), close, m.end()
+
+
+def _second(text: str, end: int, offered: str) -> str | None:
+  """A further letter listed after the one ending at `end` ("A, C", "A or C")."""
+  alt = _ALTERNATIVE.match(text, end)
+  if alt is None:
+    return None
+  other = _letter_at(text, alt.end(), offered)
+  if other is None:
+    return None
+  # After a comma a letter followed by a word starts a clause ("C, I think").
+  if alt.group().strip() == "," and _CLAUSE.match(text, other[2]):
+    return None
+  return other[0]
 
 
 def _stated(text: str, pos: int, offered: str) -> str | None:
-  """The letter a statement ending at `pos` names, or None (rules 3-5)."""
+  """The letter a statement ending at `pos` names, _NONE, or None.
+
+  _NONE (two letters, or "not B") still counts as the last statement: a
+  revision to "the answer is not A" leaves no answer.
+  """
   pos = _FILLER.match(text, pos).end()
+  negated = _NOT.match(text, pos)
+  if negated:
+    pos = _FILLER.match(text, negated.end()).end()
   found = _letter_at(text, pos, offered)
   if found is None:
     return None
   letter, _, end = found
-  alt = _ALTERNATIVE.match(text, end)
-  if alt is not None:
-    other = _letter_at(text, alt.end(), offered)
-    if other is not None and other[0] != letter:
-      return None
-  return letter
+  other = _second(text, end, offered)
+  return _NONE if negated or (other is not None and other != letter) else letter
+
+
+def _stated_before(text: str, pos: int, offered: str) -> str | None:
+  """The letter just before `pos` of "X is the correct answer", or None.
+
+  It must start a clause or follow "option", so that "Vitamin B is the correct
+  answer" names no letter.
+  """
+  start = max(0, pos - _BACK)
+  m = re.search(f"(?P<open>{_OPEN})(?P<letter>[A-Za-z])(?P<close>{_CLOSE})\\Z",
+                text[start:pos])
+  if m is None:
+    return None
+  i = start + m.start("letter")
+  if i > 0 and text[i - 1].isalnum():
+    return None
+  before = text[max(0, i - _BACK):i]
+  named = _NAMED.search(before) is not None
+  if not (named or _LEAD.search(before) or not before.strip(" \t*_")):
+    return None
+  letter = m.group("letter")
+  if letter.islower() and not (named or (m.group("open").strip()
+                                         and m.group("close"))):
+    return None
+  return letter.upper() if letter.upper() in offered else None
 
 
 def _label(text: str, offered: str) -> str | None:
@@ -153,34 +195,69 @@ def _boxed(text: str, start: int) -> str | None:
   return None
 
 
-def extract_answer(text: str, num_options: int | None = None) -> str | None:
-  """The letter of the last answer statement in `text`, or None.
+def _statements(tail: str, offered: str) -> list[tuple[int, str]]:
+  """(position, letter or _NONE) of every answer statement in `tail`."""
+  found = []
+  for m in _STATEMENT.finditer(tail):
+    found.append((m.start(), _stated(tail, m.end(), offered)))
+  for m in _REVERSE.finditer(tail):
+    found.append((m.start(), _stated_before(tail, m.start(), offered)))
+  for m in _BOXED.finditer(tail):
+    content = _boxed(tail, m.end())
+    found.append((m.start(), None if content is None else _label(content, offered)))
+  return [f for f in found if f[1]]
 
-  The rule is the module docstring's. Only the first `num_options` letters
-  (the options the question offers; default all 26) count as answers: a
-  statement naming any other letter is skipped.
+
+def extract_answer(text: str, num_options: int | None = None) -> str | None:
+  """The letter a person marking `text` would take as its answer, or None.
+
+  The grading rule:
+
+  1. Only an explicit answer statement counts: "answer" (or "Ans", "Ans.")
+     followed by "is", "would/should/must be", ":", "=" or a dash (The answer
+     is X, Final Answer: X, Correct Answer - X, Ans. is 'x'), possibly with
+     "here" or "to this question" between; "the correct option/choice is X";
+     "X is the correct answer/option" or "option X is correct." where X
+     starts the clause or follows "option" ("Vitamin B is the correct answer"
+     names no letter); or \\boxed{X}. A letter merely mentioned ("answer A is a
+     common distractor", "Option D needs more data") is not an answer.
+  2. Among the statements, the LAST one (by position) wins: models restate or
+     revise their choice, and the final statement is the answer.
+  3. X is a letter the question offers (`num_options`, default all 26; with
+     four options "The answer is: E" states nothing and is skipped) standing
+     alone as a word ("The answer is Aspirin" is not A), possibly in markup:
+     **X**, *X*, (X), [X], X., X), $X$, \\text{X}, \\textbf{X}, \\mathrm{X},
+     `X`, 'X'. A hedge or a noun may sit between ("the answer is probably B",
+     "the answer is option B").
+  4. Lower-case letters count where they cannot be an English word: wrapped
+     in markup ((b), **b**, 'b', \\boxed{b}), an option label ("b) Thiamine")
+     or ending the statement ("the answer is b.", "Answer: c", "Ans. is b i.e.
+     ..."); "the answer is a bit unclear" has no answer.
+  5. A statement naming two letters ("B or C", "B/C", "A, C", "A and/or D")
+     is no answer, and neither is a negated one ("the answer is not B"); as
+     the last statement either leaves the completion without an answer.
+  6. Only when no statement names any letter, a last line that is nothing but
+     the letter ("**B**") is the answer; a stray letter on the last line (a
+     completion cut while re-listing the options) never overrides a statement.
+
+  Only the final MAX_SCAN_CHARS characters are searched, so hostile megabyte
+  completions cost bounded time. An unparseable completion yields None, which
+  scores 0 and is counted separately (`parsed` in `score`).
   """
   if not isinstance(text, str):
     raise ValueError(f"text must be a str, got {type(text).__name__}")
   offered = LETTERS[:_check_num_options(num_options)]
   tail = text[-MAX_SCAN_CHARS:]
-  found = []  # (position, letter)
-  for m in _STATEMENT.finditer(tail):
-    letter = _stated(tail, m.end(), offered)
-    if letter:
-      found.append((m.start(), letter))
-  for m in _BOXED.finditer(tail):
-    content = _boxed(tail, m.end())
-    letter = None if content is None else _label(content, offered)
-    if letter:
-      found.append((m.start(), letter))
+  found = _statements(tail, offered)
+  if found:
+    letter = max(found)[1]
+    return None if letter == _NONE else letter
   body = tail.rstrip()
   line = body[body.rfind("\n") + 1:].strip()
   # (A line that starts before the scanned tail is not looked at.)
   if len(line) <= _LINE_MAX and ("\n" in body or len(tail) == len(text)):
-    found.append((len(tail), _lone(line, offered)))
-  found = [f for f in found if f[1]]
-  return max(found)[1] if found else None
+    return _lone(line, offered)
+  return None
 
 
 def letter_index(letter: str) -> int:

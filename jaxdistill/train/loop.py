@@ -76,6 +76,37 @@ def _read_json(path: str) -> dict:
                      "aside or pass --overwrite") from None
 
 
+def _read_revisions(path: str) -> dict:
+  """A workdir's revisions.json, checked: {field: {'id', 'commit', ...}}."""
+  revisions = _read_json(path)
+  if not isinstance(revisions, dict):
+    raise ValueError(f"{path}: expected a JSON object of fields; move the "
+                     "workdir aside or pass --overwrite")
+  for field, info in revisions.items():
+    if not (isinstance(info, dict) and isinstance(info.get("id"), str)
+            and isinstance(info.get("commit"), str)):
+      raise ValueError(f"{path}: entry {field!r} needs string 'id' and "
+                       "'commit'; move the workdir aside or pass --overwrite")
+  return revisions
+
+
+def _unknown_commits(old: dict, revisions: dict, workdir: str) -> list[str]:
+  """The hub names of a trained workdir whose commits are unknown: its
+  revisions.json is gone and its config.json does not pin them."""
+  ckpts = os.path.join(workdir, "checkpoints")
+  if not (os.path.isdir(ckpts) and os.listdir(ckpts)):
+    return []  # nothing trained yet: the commits resolved now are the run's
+  pinned = _pinned(old, revisions)
+  return [f for f in revisions if _value(old, f) != _value(pinned, f)]
+
+
+def _value(config: dict, field: str):
+  node = config
+  for p in field.split("."):
+    node = node.get(p) if isinstance(node, dict) else None
+  return node
+
+
 def _pinned(config: dict, revisions: dict) -> dict:
   """`config` with each hub name of `revisions` written as org/name@<commit>:
   'Q' and 'Q@<its commit>' name the same weights, another commit does not."""
@@ -103,9 +134,19 @@ def prepare_workdir(config, workdir: str, overwrite: bool,
   if os.path.exists(path):
     old = _read_json(path)
     if os.path.exists(rev_path):
-      old, new = _pinned(old, _read_json(rev_path)), _pinned(new, revisions or {})
+      old, new = (_pinned(old, _read_revisions(rev_path)),
+                  _pinned(new, revisions or {}))
     changed = [d for d in config_lib.diff(old, new)
                if d.split(":")[0] not in RESUMABLE_FIELDS]
+    if not os.path.exists(rev_path):
+      unknown = _unknown_commits(old, revisions or {}, workdir)
+      if unknown and not overwrite:
+        raise ValueError(
+            f"{rev_path}: missing, so the commits {workdir} trained from are "
+            f"unknown for {', '.join(unknown)}; restore it, pin the names in "
+            "the config (org/name@<commit>), or pass --overwrite to move the "
+            "old run aside")
+      changed += [f"{f}: commit unknown" for f in unknown]
     if changed and not overwrite:
       raise ValueError(
           f"--workdir {workdir} holds a run of a different config:\n  " +
@@ -307,6 +348,9 @@ def _train(config, workdir, overwrite, mesh, rules):
   revisions = train_setup.revisions(
       config, ("student", "tokenizer") if sft or cached else
       ("student", "teacher", "tokenizer"))
+  if not (sft or cached):
+    train_setup.check_weights(config.teacher, "teacher")
+  train_setup.check_weights(config.student, "student")
   if jax.process_index() == 0:
     prepare_workdir(config, workdir, overwrite, revisions)
   ckpt_lib.check_writable_dir(os.path.join(workdir, "checkpoints"))

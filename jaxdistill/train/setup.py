@@ -96,6 +96,20 @@ def load_params(cfg, mcfg, mesh, rules, rng, name: str = "student"):
   return jax.jit(functools.partial(models.init, cfg), out_shardings=shard)(rng)
 
 
+def check_weights(mcfg, name: str = "student") -> None:
+  """Refuses the checkpoint `load_params` would read if its tensors are
+  missing, mis-shaped or truncated: found before the workdir is written, not
+  after. (A hub name's files are fetched by `revisions`, before this.)"""
+  path = checkpoint_path(mcfg, name)
+  if not path:
+    return
+  field = name if name == "kl.reference" else f"{name}.path"  # as revisions
+  try:
+    models.checkpoint.check_pretrained(path)
+  except (ValueError, FileNotFoundError) as e:
+    raise ValueError(f"config.{field}: {e}") from None
+
+
 def revisions(config, names) -> dict:
   """{field: {'id', 'revision', 'commit'}} of the checkpoints among `names`
   ('student', 'teacher', 'tokenizer', 'kl.reference': fields of `config`)

@@ -23,7 +23,8 @@ the seed, the tokenizer's fingerprint with its chat template, the teacher's
 config and a fingerprint of its weight files (`weights_fingerprint`: what
 it detects), k, the loss temperature, the real vocabulary) and the number of
 steps. A run whose settings differ in any of these is refused, naming what
-differs. Every record holds made_from too: a meta.json edited after the
+differs. Every record holds made_from too, and meta.json the records file's
+sha256 (checked when the cache is opened): a meta.json edited after the
 build, a truncated or corrupted records file are refused, naming the file.
 
 The build checks everything it can first, writes into the sibling
@@ -66,6 +67,7 @@ from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
 META = "meta.json"
+RECORDS_DIGEST = "records_sha256"  # in meta.json: the records file's sha256
 RECORDS = "topk.array_record"
 ARRAYS = ("tokens", "attention_mask", "loss_mask") + step_lib.CACHE_KEYS
 # meta.json's layout: 'made_from' with the fingerprints below. Every record
@@ -259,6 +261,7 @@ class TeacherCache:
       _refuse(f"{self.records_path} holds {self.num_steps} records, "
               f"{self.meta_path} says {self.meta.get('num_steps')} (truncated "
               f"or edited){rebuild}")
+    self._check_digest(rebuild)
     for step in {0, self.num_steps - 1} if self.num_steps else ():
       built = json.loads(str(self[step].get(MADE_FROM, "null")))
       if built != self.meta[MADE_FROM]:
@@ -267,6 +270,21 @@ class TeacherCache:
         _refuse(f"{self.meta_path} was edited after the build: it differs "
                 f"from what the records were built from in "
                 f"{', '.join(diffs)}{rebuild}")
+
+  def _check_digest(self, rebuild: str) -> None:
+    """The records file against the digest meta.json took at the build: a
+    byte changed on disk is found here, not at the step that reads it (one
+    streamed pass over the file, about a second a GB)."""
+    want = self.meta.get(RECORDS_DIGEST)
+    if want is None:  # a cache built before digests were recorded
+      logging.warning("%s records no %s: the records' bytes cannot be "
+                      "checked%s", self.meta_path, RECORDS_DIGEST, rebuild)
+      return
+    have = file_digest(self.records_path)
+    if have != want:
+      _refuse(f"{self.records_path}: sha256 {have} is not the {want} that "
+              f"{self.meta_path} recorded at the build (the file changed on "
+              f"disk){rebuild}")
 
   def __len__(self):
     return self.num_steps
@@ -524,7 +542,8 @@ def build(config, out_dir: str, *, overwrite: bool = False,
           f" of {total} steps of the teacher cache: the partial cache was "
           f"discarded and {kept}; run the same command to build it", stop.signum)
     with open(os.path.join(tmp, META), "w") as f:
-      json.dump({"format": FORMAT, MADE_FROM: made_from, "num_steps": total},
+      json.dump({"format": FORMAT, MADE_FROM: made_from, "num_steps": total,
+                 RECORDS_DIGEST: file_digest(os.path.join(tmp, RECORDS))},
                 f, indent=2, sort_keys=True, default=str)
     _swap_in(tmp, out_dir)
     if stop.signum is not None:  # arrived while the last records were saved

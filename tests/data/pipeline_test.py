@@ -82,7 +82,9 @@ def test_length_filter_matches_independent_count(tiny_tokenizer):
   batches = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
                                          max_prompt_len=limit, seed=0)
   assert batches.num_dropped == sum(n > limit for n in lengths)
-  with pytest.raises(ValueError, match="no example left"):
+  with pytest.raises(ValueError, match=(
+      rf"max_prompt_len=3: all {len(recs)} prompts are longer \(the shortest "
+      rf"has {min(lengths)} tokens\)")):
     pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
                                  max_prompt_len=3, seed=0)
 
@@ -229,6 +231,23 @@ def test_batches_from_config(tiny_tokenizer, tmp_path):
     pipeline.batches_from_config(config, tiny_tokenizer)
 
 
+def test_batches_from_config_names_the_limit_no_record_fits(tiny_tokenizer):
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 128},
+      "data": {"task": "countdown", "n_numbers": 3, "batch_size": 4,
+               "max_prompt_len": 3, "num_problems": 40, "data_dir": None}})
+  with pytest.raises(ValueError, match=r"^config\.data\.max_prompt_len: "
+                     r"max_prompt_len=3: all 40 prompts are longer"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+  config.rollout.policy = "dataset"
+  with pytest.raises(ValueError, match=r"^config\.data\.max_prompt_len"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+  config.data.max_prompt_len, config.rollout.max_new_tokens = P, 2
+  with pytest.raises(ValueError, match=r"^config\.rollout\.max_new_tokens: "
+                     r"max_response_len=2: all 40 responses"):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+
+
 def test_records_task_reads_a_mixed_file(tiny_tokenizer, tmp_path):
   recs = [{"numbers": [3, 4, 5], "target": 27, "solution": "(4+5)*3"},
           {"question": "Which is even?", "options": ["3", "8"], "answer": "B",
@@ -248,6 +267,25 @@ def test_records_task_reads_a_mixed_file(tiny_tokenizer, tmp_path):
   config.data.records_file = None
   with pytest.raises(ValueError, match="records_file"):
     pipeline.batches_from_config(config, tiny_tokenizer)
+
+
+def test_records_task_with_fewer_records_than_the_batch_is_refused(
+    tiny_tokenizer, tmp_path):
+  """A batch of 4 from 2 records used to repeat them without a word."""
+  recs = [{"numbers": [3, 4, 5], "target": 27, "solution": "(4+5)*3"},
+          {"numbers": [2, 3, 4], "target": 10, "solution": "2*3+4"}]
+  path = tmp_path / "mine.jsonl"
+  pipeline.write_records(recs, str(path))
+  config = ml_collections.ConfigDict({
+      "seed": 0, "rollout": {"policy": "student", "max_new_tokens": 64},
+      "data": {"task": "records", "records_file": str(path), "batch_size": 4,
+               "max_prompt_len": P}})
+  with pytest.raises(ValueError, match=(
+      rf"^config\.data\.batch_size: 4 is more than the 2 usable records of "
+      rf"{path}")):
+    pipeline.batches_from_config(config, tiny_tokenizer)
+  config.data.batch_size = 2
+  assert len(pipeline.batches_from_config(config, tiny_tokenizer)[0]["index"]) == 2
 
 
 @pytest.mark.parametrize("line, match", [

@@ -5,6 +5,7 @@ References: the records converted from the same hub files given by path
 (data.sources.convert_file, the route a user's own files take) and, for a
 few rows, the answer a person reads off the row (SciQ's correct_answer,
 MedMCQA's 0-based cop); the source commit is the seeded cache's ref."""
+import fcntl
 import json
 import os
 import shutil
@@ -106,6 +107,91 @@ def test_idempotent_another_revision_refused_unless_overwrite(
   second = prepare.prepare("sciq", out, overwrite=True, log=log.append)
   assert second["commit"] == new and second["records"]["train"] == 7
   assert not [d for d in os.listdir(out) if d.startswith(".prepare")]
+
+
+def _train_shard(out):
+  builder = builders.mcq_builder(dict(data_dir=out, source="sciq"), "data")
+  return builder.info.splits["train"].filepaths[0]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_damaged_prepared_data_is_prepared_again(hf_cache, tmp_path, damage):
+  """Both used to be 'already prepared; nothing to do', the data left
+  broken ("deleted": what the damaged-data error says to delete)."""
+  out, log = str(tmp_path / "data"), []
+  first = prepare.prepare("sciq", out, log=log.append)
+  shard = _train_shard(out)
+  want = builders.load_records(
+      builders.mcq_builder(dict(data_dir=out, source="sciq"), "data"), "train")
+  if damage == "truncated":
+    data = open(shard, "rb").read()
+    with open(shard, "wb") as f:
+      f.write(data[:len(data) // 2])
+  else:
+    shutil.rmtree(os.path.dirname(shard))
+    with pytest.raises(ValueError, match="jaxdistill.data.prepare sciq"):
+      builders.mcq_builder(dict(data_dir=out, source="sciq"), "data")
+  assert prepare.prepare("sciq", out, log=log.append) == first
+  assert "not whole" in log[-3] and "preparing it again" in log[-3]
+  got = builders.load_records(
+      builders.mcq_builder(dict(data_dir=out, source="sciq"), "data"), "train")
+  assert got == want
+  prepare.prepare("sciq", out, log=log.append)
+  assert "nothing to do" in log[-1]
+
+
+@pytest.mark.parametrize("text,words", [
+    ("garbage", "not valid JSON"),
+    ('["sciq"]', "not a JSON object"),
+    ('{"name": "sciq", "repo": "allenai/sciq", "records": {}}',
+     "field 'commit' missing"),
+])
+def test_a_broken_record_asks_for_overwrite_which_then_works(
+    hf_cache, tmp_path, text, words):
+  out = str(tmp_path / "data")
+  first = prepare.prepare("sciq", out, log=lambda m: None)
+  path = builders.record_path(out, "sciq")
+  with open(path, "w") as f:
+    f.write(text)
+  with pytest.raises(ValueError, match=(
+      f"^{path}: {words}.*; prepare sciq again with --overwrite$")):
+    prepare.prepare("sciq", out, log=lambda m: None)
+  assert prepare.prepare("sciq", out, overwrite=True,
+                         log=lambda m: None) == first
+  assert builders.read_record(out, "sciq") == first
+
+
+def test_a_second_prepare_into_the_same_data_dir_is_refused(hf_cache, tmp_path):
+  """Two prepares of different revisions both succeeded, the first one's
+  data silently replaced."""
+  out = str(tmp_path / "data")
+  lock = builders.record_path(out, "sciq") + ".lock"
+  os.makedirs(os.path.dirname(lock))
+  with open(lock, "a") as f:  # what a running prepare holds
+    fcntl.flock(f, fcntl.LOCK_EX)
+    with pytest.raises(ValueError, match=(
+        f"--data_dir {out}: another prepare of sciq is running there")):
+      prepare.prepare("sciq", out, log=lambda m: None)
+    assert builders.read_record(out, "sciq") is None
+    assert not os.path.exists(os.path.join(out, "mcq_files"))
+  prepare.prepare("sciq", out, log=lambda m: None)  # released: it runs
+
+
+def test_a_data_dir_that_cannot_be_written_is_named(hf_cache, tmp_path):
+  afile = tmp_path / "afile"
+  afile.write_text("x")
+  with pytest.raises(ValueError, match=(
+      f"^--data_dir {afile}: exists and is not a directory$")):
+    prepare.prepare("sciq", str(afile), log=lambda m: None)
+  with pytest.raises(ValueError, match=(
+      rf"^--data_dir {afile}/sub: cannot create it \(Not a directory\)$")):
+    prepare.prepare("countdown", str(afile / "sub"), log=lambda m: None)
+  if os.geteuid() != 0:  # root writes anywhere
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    with pytest.raises(ValueError, match=f"^--data_dir {ro}: not writable$"):
+      prepare.prepare("sciq", str(ro), log=lambda m: None)
+  assert afile.read_text() == "x"
 
 
 def test_missing_data_says_which_command_to_run(hf_cache, tmp_path):

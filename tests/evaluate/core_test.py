@@ -212,3 +212,33 @@ def test_rollout_generator_samples_only_the_tokenizers_vocabulary(
       temperature=1.0, rng=jax.random.key(1))
   toks = np.concatenate(seen)
   assert toks.size and toks.max() < real
+
+
+def test_mcq_distinct_correct_uses_the_questions_options(tokenizer):
+  # Both samples answer A (the gold letter); "E" is not among the four
+  # options, so the second states nothing more and is not a second answer.
+  texts = ["The answer is: A",
+           "The answer is: A\n\nThe answer is: E (none of these)"]
+
+  def gen(prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+          temperature, rng):
+    del prompt_mask, problem_ids, row_ids, temperature, rng
+    out = [texts[j] for j in sample_ids]
+    return out, np.full(len(prompts), 4), np.ones(len(prompts), bool)
+
+  got = core.evaluate_suites(gen, tokenizer, {"mc": [MCQ[1]]}, greedy=False,
+                             num_samples=2, temperature=1.0, ks=(1, 2),
+                             batch_size=2, seed=0, max_prompt_len=512,
+                             prompt_bucket=16, progress=False)
+  assert got["mc/sampled_acc"] == 1.0
+  assert got["mc/distinct_correct"] == 1.0
+
+
+def test_mcq_records_with_null_options_name_the_suite_and_record(tokenizer):
+  bad = dict(MCQ[1], options=[None, "Liver", "Lung", "Kidney"])
+  with pytest.raises(ValueError, match=(
+      r"suites\['mc'\]\[1\]: 'options'\[0\] \(option A\) must be text, got "
+      "null")):
+    core.evaluate_suites(Stub(tokenizer), tokenizer, {"mc": [MCQ[0], bad]},
+                         batch_size=2, seed=0, num_samples=0, ks=(),
+                         progress=False)

@@ -95,3 +95,24 @@ def test_mcq_errors_name_field_file_and_line(tmp_path):
     suites.suite_records("s", dict(kind="poems"))
   with pytest.raises(ValueError, match=r"config.suites.c.num_problems"):
     suites.suite_records("c", dict(kind="countdown", n_numbers=3, num_problems=0))
+
+
+@pytest.mark.parametrize("options,words", [
+    ([None, "Paris"], r"'options'\[0\] \(option A\) must be text, got null"),
+    (["Paris", {"text": "Rome"}], r"'options'\[1\] \(option B\) must be text, "
+     r"got \{\"text\": \"Rome\"\}"),
+    (["Paris", ["Rome"]], r"'options'\[1\]"),
+    (["Paris", True], r"'options'\[1\] \(option B\) must be text, got true"),
+])
+def test_mcq_options_that_are_not_text_are_refused(tmp_path, options, words):
+  """They used to be graded as the options "None" and "{'text': 'Rome'}"."""
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"question": "Capital of France?",
+                             "options": options, "answer": "A"}) + "\n")
+  with pytest.raises(sources.DataError, match=rf"bad.jsonl:1: {words}"):
+    suites.suite_records("science", dict(kind="mcq", path=str(bad)))
+  # Numbers are texts a person reads (options "3", "4").
+  bad.write_text(json.dumps({"question": "2+2?", "options": [3, 4],
+                             "answer": "B"}) + "\n")
+  assert suites.suite_records("science", dict(kind="mcq", path=str(bad)))[0][
+      "options"] == ["3", "4"]

@@ -94,7 +94,7 @@ def test_load_of_save_is_exact(param_dtype, tmp_path):
       models.get_preset("qwen2.5-7b"), vocab_size=96, hidden_size=32,
       intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
       num_key_value_heads=2, head_dim=8, dtype=param_dtype,
-      param_dtype=param_dtype, eos_token_id=(5,))
+      param_dtype=param_dtype, bos_token_id=1, eos_token_id=(5,))
   # Random values everywhere (biases and norms too) so that a swap would show.
   rs = np.random.RandomState(2)
   params = jax.tree.map(lambda s: jnp.asarray(rs.randn(*s.shape), s.dtype),
@@ -161,6 +161,15 @@ def test_error_malformed_config(tiny_ckpt, tmp_path):
     (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0,
                            "rope_theta": 1e4}), "only rope_type 'llama3'"),
     (dict(hidden_act="gelu"), "hidden_act"),
+    # Out of range: these used to load and train to "loss is nan".
+    (dict(eos_token_id=10**6), r"config.json: .*eos_token_id must be a token "
+     r"id in \[0, vocab_size="),
+    (dict(eos_token_id=[2, -1]), "eos_token_id must be a token id"),
+    (dict(bos_token_id=-1), "bos_token_id must be a token id.*got -1"),
+    (dict(rms_norm_eps=0.0), "rms_norm_eps must be a finite number > 0"),
+    (dict(rms_norm_eps=float("nan")), "rms_norm_eps must be a finite number"),
+    (dict(rope_theta=-1.0), "rope_theta must be a finite number > 0"),
+    (dict(rope_theta=0), "rope_theta must be a finite number > 0"),
 ])
 def test_error_bad_config_fields(changes, match, tiny_ckpt, tmp_path):
   path = _copy(tiny_ckpt, tmp_path)

@@ -94,3 +94,25 @@ def test_an_arm_trained_from_a_commit_the_name_no_longer_gives_is_refused(
   assert f"student.path: '{QWEN05}@{old}' -> '{QWEN05}@{new}'" in msg
   assert "--rerun_stale" in msg and "pinned to the old one" in msg
   assert sorted(os.listdir(work)) == sorted(["data", run.dirname])  # nothing ran
+
+
+def test_an_rlvr_stages_kl_reference_is_pinned_like_the_arms(hf_cache,
+                                                            tmp_path):
+  """The arms' hub names were pinned, the stage's kl.reference was not
+  (rl.train records its commit in revisions.json)."""
+  from jaxdistill.sweep import rlvr  # pylint: disable=g-import-not-at-top
+  g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
+  g.rlvr.updates = dict(g.rlvr.get("updates") or {}, kl={"reference": QWEN05})
+  (run,) = grid_lib.expand(g, "train_n=3,kl=forward,policy=student")
+  run_dir = str(tmp_path / run.dirname)
+  c = rlvr.stage_config(g, run, run_dir)
+  assert c.kl.reference == f"{QWEN05}@{hf_cache['models'][QWEN05]}"
+  # The launch command's config (a snapshot here) names the commit too.
+  rlvr.command(g, run, str(tmp_path))
+  snap = "".join(open(os.path.join(rlvr.stage_dir(run_dir), n)).read()
+                 for n in os.listdir(rlvr.stage_dir(run_dir)))
+  assert f"{QWEN05}@{hf_cache['models'][QWEN05]}" in snap
+  g.rlvr.updates = dict(g.rlvr.updates, kl={"reference": "nobody/not-cached"})
+  with pytest.raises(ValueError, match=r"^grid\.rlvr: config\.kl\.reference: "
+                     "nobody/not-cached"):
+    rlvr.stage_config(g, run, run_dir)

@@ -248,6 +248,31 @@ def test_a_second_sweep_on_the_same_workdir_is_refused(tmp_path):
     holder.wait()
 
 
+@pytest.mark.parametrize("name,text,words", [
+    ("results.json", "{not json", "not valid JSON"),
+    ("results.json", "[1, 2]", "expected a JSON object, got array"),
+    ("results.json", '{"name": "x", "dirname": "x", "factors": [],'
+     ' "study": {}}', "field 'factors' must be a JSON object"),
+    ("results.json", "{}", "field 'name' must be a JSON string"),
+    ("sweep.json", "", "not valid JSON"),
+    ("sweep.json", '"runs"', "expected a JSON object, got string"),
+])
+def test_a_bad_results_or_sweep_json_is_named_before_anything(
+    tmp_path, name, text, words):
+  """They used to end as 'Expecting value: line 1 column 1' or a KeyError."""
+  g = _small_grid()
+  work = tmp_path / "w"
+  (run,) = grid_lib.expand(g, "policy=student")
+  path = work / run.dirname / name if name == "results.json" else work / name
+  path.parent.mkdir(parents=True)
+  path.write_text(text)
+  before = sorted(p.name for p in work.rglob("*"))
+  with pytest.raises(ValueError, match=f"^{path}: {words}"):
+    runner.run_sweep(g, str(work), devices=ONE_DEVICE, only="policy=student",
+                     summarize=False, evaluate_fn=lambda *a: None)
+  assert sorted(p.name for p in work.rglob("*")) == before  # nothing written
+
+
 @pytest.mark.slow  # one arm trains a step
 def test_sigterm_between_arms_stops_at_once_saying_what_is_kept(
     tmp_path):

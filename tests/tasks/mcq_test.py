@@ -113,6 +113,93 @@ def test_extract_answer_grades_as_a_person(text, num_options, expected):
   assert mcq.reward(text, gold, num_options) == (1.0 if expected else 0.0)
 
 
+# Realistic completions (Qwen2.5 / Llama 3 chat, MedMCQA explanations), each
+# with the letter a careful person marking it would take. The first twelve are
+# issue 44's: every one was graded wrongly before.
+# (text, num_options, expected)
+REALISTIC = [
+    # The issue's cases.
+    ("The answer is: A, C", 4, None),
+    ("The answer is A,C", 4, None),
+    ("The answer is A and/or C", 4, None),
+    ("The answer is: C.\n\nA", 4, "C"),
+    ("So the answer to this question is (B).", 4, "B"),
+    ("The correct answer here is C.", 4, "C"),
+    ("Therefore, option B is the correct answer.", 4, "B"),
+    ("B is the correct answer.", 4, "B"),
+    ("Ans. is 'b' i.e., Thiamine", 4, "B"),
+    ("Ans: B. Thiamine", 4, "B"),
+    ("Correct Answer - C", 4, "C"),
+    ("The answer is b) Hypothyroidism", 4, "B"),
+    # Qwen2.5 chat style.
+    ("To determine the correct answer, let's analyze each option:\n\n"
+     "A. Oxygen - released, not absorbed.\nB. Carbon dioxide - absorbed.\n"
+     "C. Nitrogen - not used directly.\n\nTherefore, the correct answer is:\n\n"
+     "**B. Carbon dioxide**", 4, "B"),
+    ("Let's evaluate each option:\n- **Option A**: incorrect.\n- **Option C**: "
+     "correct, since the enzyme needs zinc.\n\nSo, the answer is **C**.", 4, "C"),
+    ("Given the symptoms, the most likely diagnosis is hypothyroidism.\n\n"
+     "The answer is: D", 4, "D"),
+    ("The correct answer is **(A) Heart**.", 4, "A"),
+    ("Thus, the correct choice is **C**.", 4, "C"),
+    ("Hence, option (D) is correct.", 4, "D"),
+    ("Option A is correct only in a vacuum, so the answer is C.", 4, "C"),
+    ("The answer is B.\n\nA. Oxygen\nB. Carbon", 4, "B"),   # cut re-listing
+    # Llama 3 chat style.
+    ("## Step 1: Recall the symbol of sodium\nSodium is Na.\n\n## Step 2: "
+     "Match the options\nOption C is Na.\n\nThe final answer is: $\\boxed{C}$",
+     4, "C"),
+    ("The final answer is: $\\boxed{(B)}$", 4, "B"),
+    ("The best answer is A.", 4, "A"),
+    ("Answer: (c) Vitamin K deficiency", 4, "C"),
+    # MedMCQA explanation style.
+    ("Ans. is 'c' i.e., 5 mg Ref: KDT 6th ed p. 123", 4, "C"),
+    ("Ans. (a) Hepatitis B virus", 4, "A"),
+    ("Ans. D. Oxytocin", 4, "D"),
+    ("Ans is 'd' ie Pernicious anemia", 4, "D"),
+    ("Ans. is b i.e. Thiamine", 4, "B"),
+    ("Ans. is a ie. Iron", 4, "A"),
+    ("Correct Answer - A\nThe thyroid is the gland involved.", 4, "A"),
+    ("Ans: c", 4, "C"),
+    # Both cases, markdown, LaTeX.
+    ("the correct option is (b).", 4, "B"),
+    ("**Answer: C. Mitochondria**", 4, "C"),
+    ("The correct answer is option **D**.", 4, "D"),
+    (r"So the answer is $\text{(A)}$.", 4, "A"),
+    (r"So the correct choice is \textbf{(A)}.", 4, "A"),
+    (r"Hence \(\boxed{\mathrm{D}}\)", 4, "D"),
+    ("**B** is the correct answer because it lowers the pressure.", 4, "B"),
+    # Last explicit statement wins; a lone letter is only a fallback.
+    ("I think the answer is B. Wait, re-reading it: the answer is C.", 4, "C"),
+    ("The answer is: A. Hmm, no. The answer is not A.", 4, None),
+    ("The answer is: D\n\n**Answer: D**\n\nB", 4, "D"),
+    ("Answer: B\n\nQuestion 2. Which of these is a gas?\nA", 4, "B"),
+    ("It is not A or D.\n\n**C**", 4, "C"),
+    ("the answer is a bit unclear without the dose.\n\n**B**", 4, "B"),
+    # Two letters, hedges, words that only look like letters.
+    ("The answer is (B) or (C), depending on the age.", 4, None),
+    ("The answer is A, B and C.", 4, None),
+    ("The answers are: A, C", 4, None),
+    ("The answer is C, not A.", 4, "C"),
+    ("The answer is C, I believe.", 10, "C"),
+    ("The answer is A, but only at low doses.", 4, "A"),
+    ("Vitamin B is the correct answer.", 4, None),
+    ("Hepatitis B is the correct answer, so the answer is C.", 4, "C"),
+    ("Which is the correct answer? Let's think.", 4, None),
+    ("This is the correct answer: none of them fits.", 4, None),
+    ("Option B is not the correct answer.", 4, None),
+    ("The answer is a) Aspirin", 4, "A"),
+]
+
+
+@pytest.mark.parametrize("text,num_options,expected", REALISTIC,
+                         ids=[f"real{i}" for i in range(len(REALISTIC))])
+def test_extract_answer_realistic_completions(text, num_options, expected):
+  assert mcq.extract_answer(text, num_options) == expected
+  gold = expected or "A"
+  assert mcq.reward(text, gold, num_options) == (1.0 if expected else 0.0)
+
+
 def test_graded_table_covers_the_rule():
   assert len(GRADED) >= 30
   assert sum(e is None for _, _, e in GRADED) >= 8

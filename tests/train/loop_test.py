@@ -153,6 +153,67 @@ def test_workdir_of_a_different_config_is_not_overwritten(tmp_path):
       "optim"]["lr"] == c.optim.lr
 
 
+HUB = "Qwen/Qwen2.5-0.5B-Instruct"
+OLD, NEW = "a" * 40, "b" * 40
+
+
+def _hub_workdir(tmp_path, trained=True):
+  """A workdir trained from hub name HUB (revisions.json: commit OLD)."""
+  c = _config(**{"student.path": HUB, "student.init": None})
+  train_loop.prepare_workdir(c, str(tmp_path), False, {
+      "student.path": {"id": HUB, "revision": "main", "commit": OLD}})
+  if trained:
+    (tmp_path / "checkpoints" / "1").mkdir(parents=True)
+  return c
+
+
+def test_a_deleted_revisions_json_is_not_replaced_by_what_the_hub_says_now(
+    tmp_path):
+  """The run used to resume from a hub name that had moved, recording the
+  new commit as if it had trained from it."""
+  c = _hub_workdir(tmp_path)
+  rev = tmp_path / train_loop.REVISIONS
+  rev.unlink()
+  moved = {"student.path": {"id": HUB, "revision": "main", "commit": NEW}}
+  with pytest.raises(ValueError, match=(
+      f"^{rev}: missing, so the commits {tmp_path} trained from are unknown "
+      "for student.path; restore it")):
+    train_loop.prepare_workdir(c, str(tmp_path), False, moved)
+  assert not rev.exists()
+  # Pinned in the config to the commit it trained from: resumable.
+  pinned = _config(**{"student.path": f"{HUB}@{OLD}", "student.init": None})
+  (tmp_path / "config.json").write_text(config_lib.to_json(pinned))
+  train_loop.prepare_workdir(pinned, str(tmp_path), False, {
+      "student.path": {"id": HUB, "revision": OLD, "commit": OLD}})
+  # Nothing trained yet: the commit resolved now is the run's.
+  fresh = tmp_path / "fresh"
+  _hub_workdir(fresh, trained=False)
+  (fresh / train_loop.REVISIONS).unlink()
+  train_loop.prepare_workdir(c, str(fresh), False, moved)
+  assert json.loads((fresh / train_loop.REVISIONS).read_text()) == moved
+  # --overwrite moves the run of unknown commits aside.
+  rev.unlink()
+  train_loop.prepare_workdir(c, str(tmp_path), True, moved)
+  assert [d for d in os.listdir(tmp_path) if d.startswith("replaced-")]
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[]", "expected a JSON object of fields"),
+    ('{"student.path": {"commit": "%s"}}' % OLD,
+     "entry 'student.path' needs string 'id' and 'commit'"),
+    ('{"student.path": "%s"}' % OLD, "entry 'student.path' needs"),
+])
+def test_a_malformed_revisions_json_is_named(tmp_path, text, words):
+  """These used to be a KeyError or an AttributeError."""
+  c = _hub_workdir(tmp_path)
+  rev = tmp_path / train_loop.REVISIONS
+  rev.write_text(text)
+  with pytest.raises(ValueError, match=f"^{rev}: {words}"):
+    train_loop.prepare_workdir(c, str(tmp_path), False, {
+        "student.path": {"id": HUB, "revision": "main", "commit": OLD}})
+  assert rev.read_text() == text
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("loss.kind", "sideways", "config.loss.kind"),
     ("rollout.policy", "oracle", "config.rollout.policy"),
