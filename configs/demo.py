@@ -2,7 +2,7 @@ r"""The whole study in miniature on a CPU: the settings of `python -m jaxdistill
 
   python -m jaxdistill.demo                 # this config
   python -m jaxdistill.demo --quick         # get_config('quick'): the tests' run
-  python -m jaxdistill.demo --spectrum      # lambda in {0, .25, .5, .75, 1} x KL
+  python -m jaxdistill.demo --spectrum      # the paper's lambda in {-2, -1, 0, 1, 2} x KL
   python -m jaxdistill.demo --seeds 3       # the grid over 3 seeds
   python -m jaxdistill.demo --rlvr          # then GRPO from the best arm of
                                             # each KL x rollout policy

@@ -29,7 +29,7 @@ def parse(argv):
   p.add_argument("--quick", action="store_true",
                  help="smaller grid and models (< 2 min; used by the tests)")
   p.add_argument("--spectrum", action="store_true",
-                 help="lambda in {0, .25, .5, .75, 1} x KL direction at one "
+                 help="the paper's spectrum, lambda in {-2, -1, 0, 1, 2}, x KL direction at one "
                  "learning rate instead of the default grid")
   p.add_argument("--seeds", type=int, default=1,
                  help="run every arm with this many seeds (table: mean and "
