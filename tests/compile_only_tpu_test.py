@@ -128,7 +128,7 @@ def _readme_gib(config, family, slice_name, program):
 @pytest.mark.parametrize("family", ["qwen05b", "llama"])
 def test_real_shapes_compile_to_the_readme_figure(family):
   """The rollout of configs/distill.py at the family's real shapes (every
-  layer, the real vocabulary; batch 64, 256 + 512 positions) compiled for the
+  layer, the real vocabulary; Table 3: 32 rows, 2,048 + 512 positions) compiled for the
   slice the study runs it on, without the report cache: its per-chip memory
   must be the figure README.md's fit table reports, and no lower than what
   the hand count says the chip holds (its share of the student's bfloat16
@@ -154,8 +154,12 @@ def test_real_shapes_compile_to_the_readme_figure(family):
   assert abs(full - reported) <= 0.051, (full, reported)  # README: 0.1 GiB
   # Hand count: the chip's share of the student's float32 parameters and
   # two AdamW moments (the state the run keeps meanwhile), of the teacher's
-  # weights, and its rows of the KV cache (64 rows, 767 positions).
+  # weights, and its rows of the KV cache (the config's rows, prompt +
+  # completion - 1 positions).
   chips = t.chips
+  rows = int(c.data.batch_size)
+  positions = int(c.data.max_prompt_len) + int(c.rollout.max_new_tokens) - 1
+  assert (rows, positions) == (32, 2559)  # Table 3, Countdown-3
   held = (3 * flops.weight_bytes(scfg) + flops.weight_bytes(tcfg)) / chips
-  held += flops.kv_cache_bytes(scfg, 64 / chips, 767)
+  held += flops.kv_cache_bytes(scfg, rows / chips, positions)
   assert row["total_bytes"] >= held, (row["total_bytes"], held)

@@ -255,6 +255,11 @@ def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
   grid_dir = os.path.join(workdir, "grid-" + build.cache_key(
       made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()},
       root=workdir))
+  # What the key hashes, for a reader wondering why a grid was not reused.
+  os.makedirs(grid_dir, exist_ok=True)
+  runner.write_json_atomic(os.path.join(grid_dir, "made_by.json"), build._relative(
+      [made_by, cfg.eval.to_dict(), {k: len(v) for k, v in suites.items()}],
+      os.path.abspath(workdir) + os.sep))
   runs = grid_lib.expand(grid)
   # arms_eval: seconds of evaluation, over the workers each divided by how
   # many ran side by side (its share of the grid's wall time).
