@@ -33,6 +33,20 @@ import ml_collections
 
 from jaxdistill import config_lib
 
+
+def check_writable_dir(path: str) -> None:
+  """Raises ValueError (one line naming `path`) unless `path` is, or can be
+  created as, a writable directory."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{path}: exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"{path}: cannot create it "
+                     f"({os.strerror(e.errno) if e.errno else e})") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"{path}: not writable")
+
 VERBOSE_ARGS = ("--verbose", "--verbose=true", "--verbose=True", "--debug")
 _QUIET_TRANSFORMERS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

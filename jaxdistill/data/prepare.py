@@ -132,15 +132,10 @@ def _old_record(data_dir, name, overwrite) -> dict | None:
 def _check_data_dir(data_dir: str) -> None:
   """Refuses a --data_dir that is a file or cannot be written, naming it
   (the first write is otherwise into an internal temporary path)."""
-  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-    raise ValueError(f"--data_dir {data_dir}: exists and is not a directory")
   try:
-    os.makedirs(data_dir, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"--data_dir {data_dir}: cannot create it "
-                     f"({os.strerror(e.errno) if e.errno else e})") from None
-  if not os.access(data_dir, os.W_OK | os.X_OK):
-    raise ValueError(f"--data_dir {data_dir}: not writable")
+    cli.check_writable_dir(data_dir)
+  except ValueError as e:
+    raise ValueError(f"--data_dir {e}") from None
 
 
 @contextlib.contextmanager

@@ -24,6 +24,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxdistill import cli
+
 
 class Checkpointer:
   """Thin wrapper over ocp.CheckpointManager for {state, meta} checkpoints."""
@@ -225,18 +227,7 @@ class CheckpointWriteError(OSError):
     return self.args[1]
 
 
-def check_writable_dir(path: str) -> None:
-  """Raises ValueError (one line naming `path`) unless `path` is, or can be
-  created as, a writable directory."""
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"{path}: exists and is not a directory")
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"{path}: cannot create the directory "
-                     f"({os.strerror(e.errno) if e.errno else e})") from None
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ValueError(f"{path}: directory is not writable")
+check_writable_dir = cli.check_writable_dir
 
 
 class WorkdirLock:
