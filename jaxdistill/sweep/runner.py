@@ -428,6 +428,7 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   todo = [r for r in runs if r.name not in done]
   if train_runs is not None and todo:
     train_runs(todo)
+    done = read_finished(grid, runs, workdir)  # what the hook finished
   results = []
   for i, run in enumerate(runs):
     run_dir = os.path.join(workdir, run.dirname)
