@@ -91,6 +91,13 @@ def get_config(arg=None):
   # compilation); an int b pads prompts and responses (rollouts are cut
   # after their longest) to the batch's longest, rounded up to a multiple
   # of b: less padding, one compilation per width.
+  # teacher_prompt: None, the teacher sees the student's prompt; or a format
+  # string, the teacher's own user turn (the paper's style transfer, App.
+  # D.7: the task plus a demonstration and a style instruction), {prompt}
+  # the student's task text, {field} a field of each record; under system
+  # message teacher_system (None: data.system), at most
+  # max_teacher_prompt_len tokens (None: max_prompt_len). Both models score
+  # the same completion, each under its own prompt.
   c.data = dict(task=arg.task, n_numbers=3, num_problems=50_000, data_seed=0,
                 split="train", data_dir=config_dict.placeholder(str),
                 manual_dir=config_dict.placeholder(str),
@@ -98,7 +105,10 @@ def get_config(arg=None):
                 records_file=config_dict.placeholder(str),
                 system=config_dict.placeholder(str), batch_size=32,
                 max_prompt_len=2048, fixed_batch=False,
-                bucket=config_dict.placeholder(int))
+                bucket=config_dict.placeholder(int),
+                teacher_prompt=config_dict.placeholder(str),
+                teacher_system=config_dict.placeholder(str),
+                max_teacher_prompt_len=config_dict.placeholder(int))
   # Completions: 512 tokens for Countdown-3, 1,024 for the MCQ tasks.
   c.rollout = dict(policy=arg.policy, lam=arg.lam,
                    max_new_tokens=512 if arg.task == "countdown" else 1024,

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import string
 
 import ml_collections
 
@@ -205,6 +206,52 @@ def rollout_temperatures(config) -> tuple[float, float]:
   return temperatures(config)
 
 
+def check_teacher_prompt(template) -> None:
+  """ValueError unless `template` (data.teacher_prompt) is a format string
+  naming {prompt} (jaxdistill.data.pipeline.teacher_prompt_text)."""
+  if not isinstance(template, str) or not template.strip():
+    _err("data.teacher_prompt", f"must be a non-empty format string or None, "
+         f"got {template!r}")
+  try:
+    names = {f for _, f, _, _ in string.Formatter().parse(template) if f}
+  except ValueError as e:
+    _err("data.teacher_prompt", f"not a format string ({e}); write literal "
+         "braces as {{ and }}")
+  if "prompt" not in names:
+    _err("data.teacher_prompt", "must contain {prompt} (the task text the "
+         "student sees): the teacher answers the same task")
+
+
+def teacher_prompt_len(config) -> int | None:
+  """The teacher's prompt width when it has a prompt of its own
+  (data.teacher_prompt): data.max_teacher_prompt_len, else
+  data.max_prompt_len; None without one."""
+  d = config.data
+  if d.get("teacher_prompt") is None:
+    return None
+  return int(d.get("max_teacher_prompt_len") or d.max_prompt_len)
+
+
+def _check_teacher_prompt(config) -> None:
+  """data.teacher_prompt and what it cannot be combined with."""
+  d = config.data
+  if d.get("teacher_prompt") is None:
+    return
+  check_teacher_prompt(d.teacher_prompt)
+  if d.get("task") == "synthetic":
+    _err("data.teacher_prompt", "synthetic prompts are token ids, not text: "
+         "use a text task (countdown, mcq, records) or set it to None")
+  if config.rollout.policy == "dataset":
+    _err("data.teacher_prompt", "not supported with rollout.policy='dataset' "
+         "(set it to None)")
+  if config.loss.get("teacher_cache") is not None:
+    _err("data.teacher_prompt", "not supported with loss.teacher_cache (the "
+         "cache holds the teacher under the student's prompt)")
+  n = d.get("max_teacher_prompt_len")
+  if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+    _err("data.max_teacher_prompt_len", f"must be an int >= 1 or None, got {n!r}")
+
+
 def _check_sampled_rollout(loss, ro) -> None:
   """The estimators on the rollout's own tokens assume y ~ softmax(z / tau_S)
   over the full vocabulary (reweighted from the teacher or the policy when it
@@ -304,6 +351,7 @@ def validate(config) -> None:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
   if loss.kind == choices.SAMPLED:
     _check_sampled_rollout(loss, ro)
+  _check_teacher_prompt(config)
 
   opt = config.optim
   if not float(opt.lr) > 0:
@@ -377,13 +425,15 @@ def check_fits(config, model_configs: dict, vocab: int | None = None) -> None:
   k = config.get("loss", {}).get("teacher_topk")
   if k is not None and vocab is not None and int(k) > int(vocab):
     _err("loss.teacher_topk", f"{k} exceeds the real vocabulary ({vocab})")
-  prompt = int(config.data.max_prompt_len)
   new = int(config.rollout.max_new_tokens)
   for name, cfg in model_configs.items():
     limit = getattr(cfg, "max_position_embeddings", None)
+    field, prompt = "data.max_prompt_len", int(config.data.max_prompt_len)
+    if name == "teacher" and teacher_prompt_len(config) is not None:
+      field, prompt = "data.max_teacher_prompt_len", teacher_prompt_len(config)
     if limit is not None and prompt + new > int(limit):
       _err("rollout.max_new_tokens",
-           f"data.max_prompt_len {prompt} + rollout.max_new_tokens {new} = "
+           f"{field} {prompt} + rollout.max_new_tokens {new} = "
            f"{prompt + new} positions exceed the {name}'s "
            f"max_position_embeddings {limit}")
 

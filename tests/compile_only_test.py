@@ -220,3 +220,33 @@ def test_a_run_on_a_tpu_checks_its_fit_before_loading_weights(
     loop.train(c, str(tmp_path / "w"))
   assert "\n" not in str(e.value)
   assert not (tmp_path / "w" / "config.json").exists()
+
+
+def test_teacher_prompt_programs_run_the_teacher_over_its_own_width():
+  """data.teacher_prompt: the rollout prefills the teacher from its own
+  [B, Pt] prompt and the update's teacher runs over [B, Pt + N]: the
+  update's FLOPs are the hand count with the teacher's layers at that
+  width (the fused heads still over the student's response positions)."""
+  pt = 12
+  c = _config("none", **{"data.batch_size": 4, "data.max_prompt_len": 8,
+                         "rollout.max_new_tokens": 8, "loss.chunk_size": 4,
+                         "data.task": "countdown",
+                         "data.teacher_prompt": "In Spanish. {prompt}",
+                         "data.max_teacher_prompt_len": pt,
+                         "rollout.policy": "teacher"})
+  config_lib.validate(c)
+  b, seq = 4, 16
+  pos, w = math.ceil((seq - 1) / 4) * 4, 300
+  want = (3 * _layers_fwd(S, b, seq, seq) + _layers_fwd(T, b, pt + 8, pt + 8)
+          + 3 * 2 * b * pos * S["hidden_size"] * w
+          + 2 * b * pos * T["hidden_size"] * w)
+  assert _program_flops(c, "update") == want
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  scfg, tcfg, cached = loop.model_configs(c)
+  progs = {p.name: p for p in loop.run_programs(
+      c, scfg, tcfg, 300, mesh, sharding.DEFAULT_RULES, cached)}
+  assert progs["update"].args[2]["teacher_tokens"].shape == (b, pt + 8)
+  shapes = [x.shape for x in jax.tree.leaves(progs["rollout"].args)
+            if hasattr(x, "shape")]
+  assert (b, pt) in shapes and (b, 8) in shapes
+  progs["rollout"].trace()

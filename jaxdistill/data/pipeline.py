@@ -21,6 +21,16 @@ Prompt batch (`make_prompt_batches`), for rollouts::
   index        int32 [B]     position of the record in `records`
   valid        int32 [B]     0 on rows that pad a finite pass's last batch
 
+With a teacher prompt (`teacher_prompt`, see `teacher_prompt_text`) two more
+keys, the teacher's own conditioning (App. D.7), left-padded like `prompt`:
+
+  teacher_prompt       int32 [B, Pt]  the teacher's chat-templated prompt
+  teacher_prompt_mask  int32 [B, Pt]  1 on its tokens
+
+Pt is max_teacher_prompt_len (default max_prompt_len), or with `bucket` the
+batch's longest teacher prompt rounded up; an example is kept only when
+both of its prompts fit.
+
 Sequence batch (`make_sequence_batches`), fixed (off-policy) responses::
 
   tokens          int32 [B, P + R]  [left-padded prompt | response, EOS, pad]
@@ -47,10 +57,12 @@ import hashlib
 import json
 import logging
 import os
+import string
 
 import grain
 import numpy as np
 
+from jaxdistill import config_lib
 from jaxdistill import tasks
 from jaxdistill.data import builders
 from jaxdistill.data import sources
@@ -174,6 +186,32 @@ def _prompt_ids(records, tokenizer, system):
   return tok_lib.encode(tokenizer, texts)
 
 
+def teacher_prompt_text(template: str, record: Mapping) -> str:
+  """The teacher's user message for a record: `template.format(prompt=...,
+  **record)`.
+
+  A format string rather than a per-example field of the records: the paper's
+  style-transfer teacher (App. D.7) sees the task plus ONE fixed
+  demonstration and style instruction, so the template holds them once and
+  works for every task (generated Countdown as well as records files); a
+  demonstration that differs per example is a field of a records file
+  (`{demonstration}` in the template reads record['demonstration']).
+  {prompt} is tasks.prompt_text(record), the student's user message.
+  """
+  names = {f for _, f, _, _ in string.Formatter().parse(template) if f}
+  missing = sorted(names - {"prompt"} - set(record))
+  if missing:
+    raise ValueError(f"data.teacher_prompt: the record has no field "
+                     f"{missing[0]!r} (named in the template)")
+  return template.format(**{**record, "prompt": tasks.prompt_text(record)})
+
+
+def _teacher_prompt_ids(records, tokenizer, template, system):
+  texts = [tok_lib.chat_prompt(tokenizer, teacher_prompt_text(template, r),
+                               system) for r in records]
+  return tok_lib.encode(tokenizer, texts)
+
+
 def bucketed(longest: int, bucket: int | None, cap: int) -> int:
   """A batch's padded width: `cap` without a bucket, else its longest row
   rounded up to a multiple of `bucket` (at most `cap`)."""
@@ -193,15 +231,30 @@ class PromptBatches(_Batches):
   """Left-padded prompt batches with verifier metadata; see module docstring."""
 
   def __init__(self, records, tokenizer, *, max_prompt_len, bucket=None,
-               system=None, **kw):
+               system=None, teacher_prompt=None, teacher_system=None,
+               max_teacher_prompt_len=None, **kw):
     if max_prompt_len <= 0:
       raise ValueError(f"max_prompt_len must be positive, got {max_prompt_len}")
     _check_bucket(bucket)
     ids = _prompt_ids(records, tokenizer, system)
-    keep = [i for i, s in enumerate(ids) if len(s) <= max_prompt_len]
+    fits = [len(s) <= max_prompt_len for s in ids]
+    self._teacher_ids = None
+    if teacher_prompt is not None:
+      config_lib.check_teacher_prompt(teacher_prompt)
+      t_max = max_teacher_prompt_len or max_prompt_len
+      if t_max <= 0:
+        raise ValueError(f"max_teacher_prompt_len must be positive, got {t_max}")
+      t_ids = _teacher_prompt_ids(
+          records, tokenizer, teacher_prompt,
+          system if teacher_system is None else teacher_system)
+      fits = [f and len(t) <= t_max for f, t in zip(fits, t_ids)]
+    keep = [i for i, f in enumerate(fits) if f]
     if ids and not keep:
       raise TooLong("max_prompt_len", max_prompt_len, "prompts", list(map(len, ids)))
     self._ids = [ids[i] for i in keep]
+    if teacher_prompt is not None:
+      self._teacher_ids = [t_ids[i] for i in keep]
+      self.max_teacher_prompt_len = t_max
     self.max_prompt_len, self._bucket = max_prompt_len, bucket
     self.pad_id = int(tokenizer.pad_token_id)
     super().__init__(records, keep, **kw)
@@ -212,7 +265,14 @@ class PromptBatches(_Batches):
     width = bucketed(max(len(s) for s in seqs), self._bucket,
                      self.max_prompt_len)
     prompt, mask = tok_lib.left_pad(seqs, width, self.pad_id)
-    return {"prompt": prompt, "prompt_mask": mask}
+    out = {"prompt": prompt, "prompt_mask": mask}
+    if self._teacher_ids is not None:
+      seqs = [self._teacher_ids[p] for p in pos]
+      width = bucketed(max(len(s) for s in seqs), self._bucket,
+                       self.max_teacher_prompt_len)
+      out["teacher_prompt"], out["teacher_prompt_mask"] = tok_lib.left_pad(
+          seqs, width, self.pad_id)
+    return out
 
 
 class SequenceBatches(_Batches):
@@ -272,14 +332,24 @@ class SequenceBatches(_Batches):
 def make_prompt_batches(records: Sequence[Mapping], tokenizer, *, batch_size: int,
                         max_prompt_len: int, seed: int, shuffle: bool = True,
                         num_epochs: int | None = None, bucket: int | None = None,
-                        system: str | None = None, process_index: int = 0,
+                        system: str | None = None,
+                        teacher_prompt: str | None = None,
+                        teacher_system: str | None = None,
+                        max_teacher_prompt_len: int | None = None,
+                        process_index: int = 0,
                         process_count: int = 1) -> PromptBatches:
   """Prompt batches; `num_epochs=None` repeats forever (training), `shuffle=False,
   num_epochs=1` is one ordered pass (evaluation). With process_count > 1, each
-  process gets its rows of the same global batch (batch_size is global)."""
+  process gets its rows of the same global batch (batch_size is global).
+  `teacher_prompt` (a template, `teacher_prompt_text`) adds the teacher's own
+  prompt, under system message `teacher_system` (None: `system`; '' none),
+  at most `max_teacher_prompt_len` tokens (None: max_prompt_len)."""
   return PromptBatches(
       records, tokenizer, max_prompt_len=max_prompt_len, bucket=bucket,
-      system=system, batch_size=batch_size, seed=seed, shuffle=shuffle,
+      system=system, teacher_prompt=teacher_prompt,
+      teacher_system=teacher_system,
+      max_teacher_prompt_len=max_teacher_prompt_len,
+      batch_size=batch_size, seed=seed, shuffle=shuffle,
       num_epochs=num_epochs, process_index=process_index,
       process_count=process_count)
 
@@ -468,11 +538,17 @@ def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
                 system=data.get("system"), bucket=data.get("bucket"))
   try:
     if config.rollout.policy == "dataset":
+      if data.get("teacher_prompt") is not None:
+        raise ValueError("config.data.teacher_prompt: not supported with "
+                         "rollout.policy='dataset' (set it to None)")
       batches = make_sequence_batches(
           recs, tokenizer, max_response_len=int(config.rollout.max_new_tokens),
           **common)
     else:
-      batches = make_prompt_batches(recs, tokenizer, **common)
+      batches = make_prompt_batches(
+          recs, tokenizer, teacher_prompt=data.get("teacher_prompt"),
+          teacher_system=data.get("teacher_system"),
+          max_teacher_prompt_len=data.get("max_teacher_prompt_len"), **common)
   except TooLong as e:
     field = {"max_prompt_len": "data.max_prompt_len",
              "max_response_len": "rollout.max_new_tokens"}[e.arg]

@@ -47,6 +47,12 @@ union of both configs' eos_token_id, whatever the policy, so that the end
 points (coin_mixture lam = 1 and 0, spectrum lam = +1 and -1) reproduce the
 pure policies exactly.
 
+A teacher with a prompt of its own (`teacher_prompts`, the paper's style
+transfer, App. D.7): the teacher's KV cache is prefilled from its left-padded
+prompt, the student's from `prompts`; the generated tokens are shared, so
+`tokens` holds the student's prompt and the response, and the teacher's
+sequence is [teacher_prompts | tokens[:, P:]].
+
 Temperatures: `temperature` is the student's, `teacher_temperature` the
 teacher's (default: the same). Each model's distribution is its logits divided
 by its own temperature, in every policy (the paper: teacher 0.5, student 1.0).
@@ -209,18 +215,26 @@ def _step_fn(cfg, params, head, platform):
                      "eos_ids", "pad_id", "vocab", "cache_len", "mesh",
                      "rules", "combine"))
 def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
-             top_p, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
+             top_p, teacher_prompts=None, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
              pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture"):
   # temperature: [n_models] float32, one per model in cfgs' order.
+  # teacher_prompts: None, or the teacher's own ([B, Pt] tokens, mask).
   b = prompts.shape[0]
   constrain = _constrainer(mesh, rules, cfgs)
   platform = sharding.platform(mesh)
+  # The teacher is the second of two models, or the only one when the
+  # student is not.
+  teacher = 1 if len(cfgs) == 2 else (0 if student_index is None else None)
 
   logits, caches, steps = [], [], []
-  for cfg, p in zip(cfgs, params):
+  for i, (cfg, p) in enumerate(zip(cfgs, params)):
     head = _head(cfg, p, vocab, platform)  # [V, D]
-    cache = models.init_cache(cfg, b, cache_len)
-    hidden, cache = models.apply(cfg, p, prompts, prompt_mask, cache=cache,
+    toks, mask, length = prompts, prompt_mask, cache_len
+    if teacher_prompts is not None and i == teacher:
+      toks, mask = teacher_prompts
+      length = cache_len + toks.shape[1] - prompts.shape[1]
+    cache = models.init_cache(cfg, b, length)
+    hidden, cache = models.apply(cfg, p, toks, mask, cache=cache,
                                  return_hidden=True)  # [B, P, D]
     # Left padding puts every row's last prompt token in the last column, and
     # only its logits are needed: skip the [B, P, V] head of the prefill.
@@ -349,12 +363,12 @@ def _check_settings(student, teacher, policy, lam, max_new_tokens,
   return given, vocab
 
 
-def _check_prompts(prompts, prompt_mask, vocab):
+def _check_prompts(prompts, prompt_mask, vocab, names="prompts, prompt_mask"):
   if prompts is None or prompt_mask is None:
-    raise ValueError("prompts, prompt_mask: both are required")
+    raise ValueError(f"{names}: both are required")
   if jnp.ndim(prompts) != 2 or jnp.shape(prompts) != jnp.shape(prompt_mask):
     raise ValueError(
-        f"prompts, prompt_mask: expected equal [B, P] shapes, got "
+        f"{names}: expected equal [B, P] shapes, got "
         f"{jnp.shape(prompts)} and {jnp.shape(prompt_mask)}")
   b, p = jnp.shape(prompts)
   if b == 0 or p == 0:
@@ -387,7 +401,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
              bucket: str | int | None = None, cache_len: int | None = None,
              row_ids=None, mesh: Mesh | None = None,
              rules=None,
-             vocab_size: int | None = None) -> Rollout:
+             vocab_size: int | None = None, teacher_prompts=None,
+             teacher_prompt_mask=None) -> Rollout:
   """Samples responses to a left-padded prompt batch.
 
   Args:
@@ -427,6 +442,9 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       151,936 rows vs its tokenizer's 151,665 tokens) are never drawn;
       probabilities and log-probs are renormalised over it. Default: the
       smallest embedding width of the models given.
+    teacher_prompts, teacher_prompt_mask: optional [B, Pt], left-padded like
+      `prompts`: the teacher's own prompt (its cache is prefilled from it);
+      only for policies that run the teacher. `tokens` keeps the student's.
 
   Returns:
     A Rollout (layout in the module docstring).
@@ -437,7 +455,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       teacher_temperature=teacher_temperature, top_k=top_k,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
       bucket=bucket, cache_len=cache_len, row_ids=row_ids, mesh=mesh,
-      rules=rules, vocab_size=vocab_size, abstract=False)
+      rules=rules, vocab_size=vocab_size, teacher_prompts=teacher_prompts,
+      teacher_prompt_mask=teacher_prompt_mask, abstract=False)
   out = fn(*args, **kwargs)
   if not return_logprobs:
     out = out.replace(logprobs=None, behaviour_logprobs=None)
@@ -452,12 +471,13 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
             eos_token_ids: Sequence[int] | None = None,
             pad_token_id: int = 0, cache_len: int | None = None,
             mesh: Mesh | None = None, rules=None,
-            vocab_size: int | None = None):
+            vocab_size: int | None = None, teacher_prompts=None):
   """The program `generate` runs, for compiling ahead of time: (jitted
   function, arguments, static keyword arguments), with `prompts`,
   `prompt_mask` and the params abstract (jax.ShapeDtypeStruct leaves placed
-  by their shardings). Arguments as `generate`; the prompts are not checked
-  (there are none), the settings are."""
+  by their shardings). Arguments as `generate` (`teacher_prompts`: the
+  abstract [B, Pt] teacher prompt, used for its mask too); the prompts are
+  not checked (there are none), the settings are."""
   sds = jax.ShapeDtypeStruct
   b = prompts.shape[0]
   row_sharding = None
@@ -472,14 +492,15 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
       bucket=None, cache_len=cache_len,
       row_ids=sds((b,), jnp.int32, sharding=row_sharding), mesh=mesh,
-      rules=rules, vocab_size=vocab_size, abstract=True)
+      rules=rules, vocab_size=vocab_size, teacher_prompts=teacher_prompts,
+      teacher_prompt_mask=teacher_prompts, abstract=True)
 
 
 def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
           max_new_tokens, temperature, teacher_temperature, top_k, top_p,
           eos_token_ids,
           pad_token_id, bucket, cache_len, row_ids, mesh, rules, vocab_size,
-          abstract):
+          abstract, teacher_prompts=None, teacher_prompt_mask=None):
   """Checks and resolves generate's arguments -> (_rollout, args, kwargs).
   `abstract`: prompts, params and row_ids are jax.ShapeDtypeStructs already
   placed (nothing is moved or read)."""
@@ -487,8 +508,19 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
                                  max_new_tokens, temperature,
                                  teacher_temperature, top_k, top_p,
                                  vocab_size)
+  own = teacher_prompts is not None or teacher_prompt_mask is not None
+  if own and policy == "student":
+    raise ValueError("teacher_prompts: only used with policies that run the "
+                     f"teacher, got policy={policy!r}")
   if not abstract:
     _check_prompts(prompts, prompt_mask, vocab)
+    if own:
+      _check_prompts(teacher_prompts, teacher_prompt_mask, vocab,
+                     "teacher_prompts, teacher_prompt_mask")
+  if own and (tuple(teacher_prompts.shape)[0] if abstract
+              else jnp.shape(teacher_prompts)[0]) != tuple(prompts.shape)[0]:
+    raise ValueError(f"teacher_prompts: {tuple(teacher_prompts.shape)[0]} "
+                     f"rows for {tuple(prompts.shape)[0]} prompts")
   max_new_tokens = int(max_new_tokens)
   temps = {"student": float(temperature),
            "teacher": float(temperature if teacher_temperature is None
@@ -501,12 +533,22 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
       prompts = jnp.pad(jnp.asarray(prompts), pad, constant_values=pad_token_id)
       prompt_mask = jnp.pad(jnp.asarray(prompt_mask), pad)
       p = width
+  pt = p
+  if own:
+    pt = tuple(teacher_prompts.shape)[1]
+    if bucket is not None and prompts_lib.bucket_length(pt, bucket) != pt:
+      pad = ((0, 0), (prompts_lib.bucket_length(pt, bucket) - pt, 0))
+      teacher_prompts = jnp.pad(jnp.asarray(teacher_prompts), pad,
+                                constant_values=pad_token_id)
+      teacher_prompt_mask = jnp.pad(jnp.asarray(teacher_prompt_mask), pad)
+      pt = teacher_prompts.shape[1]
   for n, (cfg, _) in given.items():
     limit = getattr(cfg, "max_position_embeddings", None)
-    if limit is not None and p + max_new_tokens > limit:
+    width = pt if n == "teacher" else p
+    if limit is not None and width + max_new_tokens > limit:
       raise ValueError(
-          f"max_new_tokens: prompt width {p} + max_new_tokens {max_new_tokens} "
-          f"exceeds the {n}'s max_position_embeddings {limit}")
+          f"max_new_tokens: prompt width {width} + max_new_tokens "
+          f"{max_new_tokens} exceeds the {n}'s max_position_embeddings {limit}")
   if cache_len is None:
     cache_len = p + max_new_tokens - 1
   elif p + max_new_tokens - 1 > cache_len:
@@ -534,6 +576,9 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
     prompts = jnp.asarray(prompts, jnp.int32)
     prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
     row_ids = jnp.asarray(row_ids, jnp.int32)
+    if own:
+      teacher_prompts = jnp.asarray(teacher_prompts, jnp.int32)
+      teacher_prompt_mask = jnp.asarray(teacher_prompt_mask, jnp.int32)
   if mesh is not None and not abstract:
     params = tuple(
         jax.device_put(pr, sharding.tree_shardings(
@@ -543,6 +588,9 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
         ("batch",) + (None,) * (nd - 1), shape, mesh, rules))
     prompts, prompt_mask = jax.device_put((prompts, prompt_mask), rows(2, (b, p)))
     row_ids = jax.device_put(jnp.asarray(row_ids, jnp.int32), rows(1, (b,)))
+    if own:
+      teacher_prompts, teacher_prompt_mask = jax.device_put(
+          (teacher_prompts, teacher_prompt_mask), rows(2, (b, pt)))
 
   greedy = all(temps[n] == 0.0 for n in names)
   sampler = sampling.Sampler(
@@ -553,6 +601,8 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
           jnp.asarray([1.0 if greedy else temps[n] for n in names],
                       jnp.float32),
           jnp.float32(1.0 if top_p is None else top_p))
+  if own:  # the default path keeps its program: no extra argument
+    args += ((teacher_prompts, teacher_prompt_mask),)
   kwargs = dict(
       cfgs=cfgs, student_index=0 if names[0] == "student" else None,
       max_new_tokens=max_new_tokens, sampler=sampler, eos_ids=tuple(eos),

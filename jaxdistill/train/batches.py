@@ -5,7 +5,11 @@
 the data position of a run is just its step and resuming needs no iterator
 state. Prompt batches hold {'prompt', 'prompt_mask', ...task metadata};
 sequence batches (policy='dataset', fixed teacher/reference text) hold
-{'tokens', 'attention_mask', 'response_mask'}.
+{'tokens', 'attention_mask', 'response_mask'}. With data.teacher_prompt,
+prompt batches also hold the teacher's own {'teacher_prompt',
+'teacher_prompt_mask'}; the training batch then carries the teacher's
+sequence [teacher prompt | the same response] as 'teacher_tokens' /
+'teacher_attention_mask' (jaxdistill.train.step.TEACHER_KEYS).
 
 `SequenceMaker` turns a host batch into the [B, L] training sequences of
 jaxdistill.train.step: by sampling rollouts from the configured policy, or, for a
@@ -131,6 +135,11 @@ class SequenceMaker:
                      "rollout/len": n_resp / len(host_batch["tokens"])}
     prompts = self.put(host_batch["prompt"])
     pmask = self.put(host_batch["prompt_mask"])
+    own = {}  # the teacher's own prompt: its cache starts from it
+    if "teacher_prompt" in host_batch:
+      own = dict(teacher_prompts=self.put(host_batch["teacher_prompt"]),
+                 teacher_prompt_mask=self.put(
+                     host_batch["teacher_prompt_mask"]))
     r = rollout_lib.generate(
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
         rng=rng, policy=ro.policy,
@@ -139,9 +148,17 @@ class SequenceMaker:
         teacher_temperature=self.temps[1],
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
-        return_logprobs=self.behaviour, vocab_size=self.vocab)
+        return_logprobs=self.behaviour, vocab_size=self.vocab,
+        **(own if ro.policy != "student" else {}))
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}
+    if own:  # [teacher prompt | the rollout's response columns]
+      resp = r.tokens[:, prompts.shape[1]:]
+      batch["teacher_tokens"] = jnp.concatenate(
+          [own["teacher_prompts"].astype(jnp.int32), resp], axis=1)
+      batch["teacher_attention_mask"] = jnp.concatenate(
+          [own["teacher_prompt_mask"].astype(jnp.int32), r.response_mask],
+          axis=1)
     if self.behaviour:  # [B, P+N], aligned with tokens (0 on the prompt)
       batch["behaviour_logprobs"] = jnp.concatenate(
           [jnp.zeros(r.prompt_mask.shape, jnp.float32), r.behaviour_logprobs],
@@ -151,10 +168,9 @@ class SequenceMaker:
                             "tokens": batch["attention_mask"].sum()})
     if self.bucket:  # drop the columns after the longest response (bucketed)
       n = int(ro.max_new_tokens)
-      width = prompts.shape[1] + pipeline.bucketed(int(stats["longest"]),
-                                                   self.bucket, n)
-      if width < prompts.shape[1] + n:
-        batch = {k: v[:, :width] for k, v in batch.items()}
+      keep = pipeline.bucketed(int(stats["longest"]), self.bucket, n)
+      if keep < n:  # every key ends with the same n response columns
+        batch = {k: v[:, :v.shape[1] - n + keep] for k, v in batch.items()}
     return batch, {"rollout/len": float(stats["len"]),
                    "rollout/student_fraction": float(stats["frac"]),
                    "rollout/ended_frac": float(stats["ended"]),

@@ -54,12 +54,17 @@ def batch_struct(shape, dtype, mesh, rules):
 def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
                     *, rows, policy, prompt_len, max_new_tokens, temperature,
                     teacher_temperature=None, top_k=None, top_p=None, lam=None,
-                    resident=0):
+                    resident=0, teacher_prompt_len=None):
   """compile_only.Program of rollout.generate: `rows` prompts of
   `prompt_len` tokens, `max_new_tokens` more; `student`/`teacher` abstract
-  params (None when the policy does not sample from it)."""
+  params (None when the policy does not sample from it);
+  `teacher_prompt_len`: the teacher's own prompt width (data.teacher_prompt),
+  None when it reads the student's."""
   p, n = int(prompt_len), int(max_new_tokens)
   prompts = batch_struct((rows, p), jnp.int32, mesh, rules)
+  own = (policy != "student" and teacher_prompt_len is not None)
+  t_prompts = (batch_struct((rows, int(teacher_prompt_len)), jnp.int32, mesh,
+                            rules) if own else None)
   used = {"student": (scfg,), "teacher": (tcfg,), "coin_mixture": (scfg, tcfg),
           "spectrum": (scfg, tcfg)}[policy]
   fn, args, kwargs = rollout_lib.program(
@@ -68,11 +73,13 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
       policy=policy, lam=lam, max_new_tokens=n, temperature=float(temperature),
       teacher_temperature=teacher_temperature,
       top_k=top_k, top_p=top_p, mesh=mesh, rules=rules, vocab_size=vocab,
-      eos_token_ids=(0,))
+      eos_token_ids=(0,), teacher_prompts=t_prompts)
   # Per decode step (and the prefill): every weight of each sampling model,
   # gathered whole on each chip, and the chip's rows of its KV cache.
+  widths = [int(teacher_prompt_len) if own and i == len(used) - 1
+            else p for i in range(len(used))]
   per_step = sum(flops.weight_bytes(c) + flops.kv_cache_bytes(
-      c, rows / mesh.devices.size, p + n - 1) for c in used)
+      c, rows / mesh.devices.size, w + n - 1) for c, w in zip(used, widths))
   return compile_only.Program(
       name, fn, args, kwargs,
       model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
@@ -131,11 +138,17 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
         teacher_temperature=config_lib.rollout_temperatures(config)[1],
         top_k=ro.get("top_k"), top_p=ro.get("top_p"),
         lam=rollout_lib.policy_lam(ro),
-        resident=run_b - size(s_in) - size(t_in)))
+        resident=run_b - size(s_in) - size(t_in),
+        teacher_prompt_len=config_lib.teacher_prompt_len(config)))
 
   batch = {k: batch_struct((b, seq), jnp.int32, mesh, rules)
            for k in ("tokens", "attention_mask", "loss_mask")}
   batch["weights"] = batch_struct((b, seq), jnp.float32, mesh, rules)
+  pt = config_lib.teacher_prompt_len(config)
+  if pt is not None and not no_teacher:  # the teacher's own sequence
+    for k in step_lib.TEACHER_KEYS:
+      batch[k] = batch_struct((b, pt + int(ro.max_new_tokens)), jnp.int32,
+                              mesh, rules)
   if config.loss.kind == losses.SAMPLED:
     name = ("fresh_uniforms" if config.loss.estimator in losses.FRESH
             else "behaviour_logprobs" if ro.policy != "student" else None)

@@ -11,6 +11,12 @@ then the response, then right padding):
                   mixture's for a mixture; 0 elsewhere). Only the sampled
                   estimators' importance weights use it; without it they are
                   rebuilt from the training logits.
+  teacher_tokens, teacher_attention_mask  int32 [B, Lt], optional: the
+                  teacher's own sequence when it has a prompt of its own
+                  (data.teacher_prompt): [its left-padded prompt | the SAME
+                  response columns], so the response fills the last columns of
+                  both sequences. The teacher then runs over these and its
+                  outputs are right-aligned to `tokens` (TEACHER_KEYS).
 
 Logits at position t predict token t + 1, so the loss at t is weighted by
 loss_mask[t + 1]. The reduction is turned into per-token weights
@@ -49,6 +55,25 @@ MEAN_WEIGHT = "_mean_weight"
 # top-k at every position, aligned with `tokens` ([B, L, K], [B, L, K], [B, L]).
 CACHE_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs", "teacher_topk_tail")
 
+# Batch keys of a teacher that sees its own prompt (SequenceMaker adds them
+# when data.teacher_prompt is set; absent, the teacher reads `tokens`).
+TEACHER_KEYS = ("teacher_tokens", "teacher_attention_mask")
+
+
+def right_align(x, width: int):
+  """x [B, Lt, ...] -> [B, width, ...]: the last `width` columns of x, or x
+  after zero columns where it is narrower.
+
+  Both sequences end with the same response columns, so column c of the
+  student's and column c + Lt - width of the teacher's predict the same
+  response token; the columns this drops or zero-fills are prompt columns,
+  which the loss weights 0 (and zeros keep them finite).
+  """
+  lt = x.shape[1]
+  if lt >= width:
+    return x[:, lt - width:]
+  return jnp.pad(x, ((0, 0), (width - lt, 0)) + ((0, 0),) * (x.ndim - 2))
+
 
 def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
                  loss_cfg, vocab_size, policy="student", lam=None, shard=None,
@@ -67,6 +92,9 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   `temperatures`: (student, teacher), each model's distribution inside the
   loss (config_lib.temperatures). With loss.estimator 'fresh_forward' /
   'fresh_reverse' the batch holds 'fresh_uniforms' [B, L] (SequenceMaker).
+  A batch holding TEACHER_KEYS runs the teacher over its own sequence (its
+  own prompt, the same response) and every loss compares it with the
+  student at the matching response positions (`right_align`).
   """
   ts, tt = temperatures
   apply = functools.partial(models.apply, shard=shard)
@@ -92,6 +120,10 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   kw = dict(kind=kind, beta=loss_cfg.beta, temperature=ts,
             reduction="sum", vocab_size=vocab_size)
   chunk = loss_cfg.get("chunk_size", losses.DEFAULT_CHUNK_SIZE)
+  own_prompt = TEACHER_KEYS[0] in batch
+  if own_prompt and CACHE_KEYS[0] in batch:
+    raise ValueError("data.teacher_prompt: not supported with a teacher "
+                     "cache (loss.teacher_cache)")
   if CACHE_KEYS[0] in batch and kind != losses.SAMPLED:
     ids, lp, tail = (jax.lax.stop_gradient(batch[n][:, :-1]) for n in CACHE_KEYS)
     s_out = apply(student_cfg, params, tokens, attn,
@@ -104,9 +136,13 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
       loss, metrics = losses.topk_divergence(
           s_out, ids, lp, w, teacher_tail=tail, variant=variant, **kw)
     return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
+  t_in = tuple(batch[n] for n in TEACHER_KEYS) if own_prompt else (tokens,
+                                                                     attn)
   with jax.named_scope("teacher"):  # names its ops in profiles
     t_full = jax.lax.stop_gradient(apply(
-        teacher_cfg, teacher_params, tokens, attn, return_hidden=fused))
+        teacher_cfg, teacher_params, *t_in, return_hidden=fused))
+  if own_prompt:  # [B, Lt, .] -> [B, L, .], response columns matched
+    t_full = right_align(t_full, tokens.shape[1])
   s_full = apply(student_cfg, params, tokens, attn,
                         return_hidden=fused)
   t_out, s_out = t_full[:, :-1], s_full[:, :-1]

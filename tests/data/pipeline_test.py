@@ -336,3 +336,54 @@ def test_dataset_policy_records_need_a_text_naming_the_line(tiny_tokenizer,
   with pytest.raises(ValueError, match=rf"^{path}:2: Countdown record has no "
                      "field 'solution' or 'response'"):
     pipeline.batches_from_config(config, tiny_tokenizer)
+
+
+def test_teacher_prompt_is_its_own_chat_turn_on_the_same_records(
+    tiny_tokenizer):
+  """data.teacher_prompt: each row's teacher prompt is the template filled
+  with the record's task text (and a field of its own), under the teacher's
+  system message, rendered by the chat template directly."""
+  recs = [dict(r, demo=f"demo {i}") for i, r in enumerate(records()[:12])]
+  template = "Answer in Spanish. Example: {demo}\n{prompt}"
+  batches = pipeline.make_prompt_batches(
+      recs, tiny_tokenizer, batch_size=4, max_prompt_len=P, seed=3,
+      system="be brief", teacher_prompt=template, teacher_system="be Spanish",
+      max_teacher_prompt_len=P + 40)
+  plain = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=4,
+                                       max_prompt_len=P, seed=3,
+                                       system="be brief")
+  for step in range(3):
+    x, y = batches[step], plain[step]
+    for k in y:  # the student's keys are untouched
+      np.testing.assert_array_equal(x[k], y[k])
+    assert x["teacher_prompt"].shape == (4, P + 40)
+    for row, i in enumerate(x["index"]):
+      user = ("Answer in Spanish. Example: demo " + str(i) + "\n"
+              + tasks.prompt_text(recs[i]))
+      text = tiny_tokenizer.apply_chat_template(
+          [{"role": "system", "content": "be Spanish"},
+           {"role": "user", "content": user}],
+          tokenize=False, add_generation_prompt=True)
+      ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+      n = len(ids)
+      np.testing.assert_array_equal(x["teacher_prompt"][row, -n:], ids)
+      np.testing.assert_array_equal(x["teacher_prompt_mask"][row],
+                                    [0] * (P + 40 - n) + [1] * n)
+  assert "teacher_prompt" not in plain[0]
+  # Kept only when both prompts fit.
+  t_len = [len(tiny_tokenizer.encode(tiny_tokenizer.apply_chat_template(
+      [{"role": "user", "content": pipeline.teacher_prompt_text(template, r)}],
+      tokenize=False, add_generation_prompt=True), add_special_tokens=False))
+           for r in recs]
+  limit = sorted(t_len)[6]
+  short = pipeline.make_prompt_batches(
+      recs, tiny_tokenizer, batch_size=2, max_prompt_len=P, seed=0,
+      teacher_prompt=template, max_teacher_prompt_len=limit)
+  assert short.num_dropped == sum(n > limit for n in t_len)
+  for bad, match in (("no task here", r"\{prompt\}"),
+                     ("{prompt} {style}", "no field 'style'"),
+                     ("{prompt", "format string")):
+    with pytest.raises(ValueError, match=match):
+      pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=2,
+                                   max_prompt_len=P, seed=0,
+                                   teacher_prompt=bad)

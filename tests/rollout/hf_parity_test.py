@@ -90,3 +90,43 @@ def test_sharded_equals_unsharded(greedy_run):
   np.testing.assert_array_equal(rs.tokens, r.tokens)
   np.testing.assert_array_equal(rs.response_mask, r.response_mask)
   np.testing.assert_allclose(rs.logprobs, r.logprobs, atol=1e-5)
+
+
+def test_teacher_prompt_rollouts_decode_each_model_from_its_own_prompt(
+    greedy_run, tmp_path):
+  """With teacher_prompts, the teacher's cache starts from its own prompt:
+  policy 'teacher' is transformers' greedy decoding of the teacher from the
+  teacher's prompts, and a coin mixture at lam = 1 / 0 (the same program)
+  the student's from its prompts / the teacher's from its own."""
+  s_path, student, prompts, mask, _, _ = greedy_run("llama")
+  t_path = tiny_hf.make_tiny_checkpoint("llama", tmp_path / "t", seed=5,
+                                        num_hidden_layers=3)
+  teacher = models.load_pretrained(t_path, dtype="float32")
+  rng = np.random.default_rng(4)
+  t_prompts, t_mask = rollout.pad_prompts(
+      [rng.integers(3, 256, n).tolist() for n in (14, 2, 20, 7, 9, 17, 4, 11)],
+      pad_token_id=PAD, bucket=8)
+  assert t_prompts.shape[1] != prompts.shape[1]
+  eos = tuple(student[0].eos_token_id)
+  kw = dict(rng=jax.random.key(0), max_new_tokens=N_NEW, temperature=0.0,
+            pad_token_id=PAD, eos_token_ids=eos, teacher_prompts=t_prompts,
+            teacher_prompt_mask=t_mask)
+  runs = {"teacher": rollout.generate(None, teacher, prompts, mask,
+                                      policy="teacher", **kw)}
+  for lam in (1.0, 0.0):
+    runs[lam] = rollout.generate(student, teacher, prompts, mask,
+                                 policy="coin_mixture", lam=lam, **kw)
+  want_t = _hf_greedy(t_path, t_prompts, t_mask, eos)
+  want_s = _hf_greedy(s_path, prompts, mask, eos)
+  for key, want in (("teacher", want_t), (0.0, want_t), (1.0, want_s)):
+    r = runs[key]
+    # The rollout keeps the student's prompt; the response is shared.
+    np.testing.assert_array_equal(np.asarray(r.tokens)[:, :prompts.shape[1]],
+                                  prompts)
+    ours = np.asarray(r.tokens)[:, prompts.shape[1]:]
+    np.testing.assert_array_equal(ours[:, :want.shape[1]], want,
+                                  err_msg=str(key))
+    assert (ours[:, want.shape[1]:] == PAD).all()
+  assert (want_t[:, :4] != want_s[:, :4]).any()
+  with pytest.raises(ValueError, match="teacher_prompts"):
+    rollout.generate(student, teacher, prompts, mask, policy="student", **kw)

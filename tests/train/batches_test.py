@@ -105,3 +105,40 @@ def test_bucket_cuts_rollouts_after_the_longest_response():
     np.testing.assert_array_equal(np.asarray(cut[k]),
                                   np.asarray(full[k])[:, :want])
     assert not np.asarray(full[k])[:, want:].any() or k == "tokens"
+
+
+def test_teacher_prompt_batch_is_the_teachers_own_sequence():
+  """With teacher prompts in the host batch: the teacher samples from its
+  own prompt (its log-probs, from a cache-free forward over [teacher prompt
+  | response], are the behaviour log-probs), and the batch carries that
+  sequence, its response columns the student's, also after a bucket cut."""
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("sampled", "teacher")
+  c.loss.estimator = "k3"
+  c.data.bucket = 3
+  c.rollout.update(max_new_tokens=16, eos_token_ids=tuple(range(0, REAL, 3)))
+  rs = np.random.default_rng(2)
+  lens = rs.integers(1, 11, size=4)
+  t_mask = (np.arange(10)[None] >= 10 - lens[:, None]).astype(np.int32)
+  host = dict(host, teacher_prompt=(rs.integers(3, REAL, (4, 10))
+                                    * t_mask).astype(np.int32),
+              teacher_prompt_mask=t_mask)
+  maker = train_batches.SequenceMaker(c, scfg, tcfg, mesh,
+                                      sharding.DEFAULT_RULES, vocab_size=REAL)
+  b, _ = maker(host, sp, tp, jax.random.key(6))
+  p, pt = host["prompt"].shape[1], 10
+  n = b["tokens"].shape[1] - p
+  assert n < 16  # the bucket cut columns
+  tt_, ta = np.asarray(b["teacher_tokens"]), np.asarray(b["teacher_attention_mask"])
+  assert tt_.shape == ta.shape == (4, pt + n)
+  np.testing.assert_array_equal(tt_[:, :pt], host["teacher_prompt"])
+  np.testing.assert_array_equal(ta[:, :pt], t_mask)
+  np.testing.assert_array_equal(tt_[:, pt:], np.asarray(b["tokens"])[:, p:])
+  np.testing.assert_array_equal(ta[:, pt:], np.asarray(b["loss_mask"])[:, p:])
+  m = np.asarray(b["loss_mask"])[:, p:] > 0
+  tau = c.teacher.temperature
+  want = _logp(tcfg, tp, tt_, ta, tau)[:, pt - 1:]
+  got = np.asarray(b["behaviour_logprobs"])[:, p:]
+  np.testing.assert_allclose(got[m], want[m], atol=2e-4)
+  under_student = _logp(tcfg, tp, b["tokens"], b["attention_mask"],
+                        tau)[:, p - 1:]
+  assert np.abs(under_student[m] - want[m]).max() > 0.1

@@ -282,3 +282,107 @@ def test_config_checks_teacher_topk(over, field):
   config_lib.validate(_distill_config(**base, **{"loss.teacher_topk": 8}))
   with pytest.raises(ValueError, match=f"config.{field}"):
     config_lib.validate(_distill_config(**{**base, **over}))
+
+
+# ------------------------------------- a teacher that sees its own prompt
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory):
+  """(student, teacher) as (torch model, (cfg, params)): tiny random Llamas
+  written by transformers, read back with models.load_pretrained."""
+  from tests import tiny_hf
+  out = []
+  for name, seed, over in (
+      ("student", 0, dict(hidden_size=32, intermediate_size=64,
+                          num_attention_heads=2, num_key_value_heads=1)),
+      ("teacher", 1, {})):
+    path = tiny_hf.make_tiny_checkpoint(
+        "llama", tmp_path_factory.mktemp(name), seed=seed, **over)
+    out.append((tiny_hf.make_tiny_model("llama", seed=seed, **over),
+                models.load_pretrained(path, dtype="float32")))
+  return out
+
+
+def _left(rows, width):
+  toks = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    toks[i, width - len(r):], mask[i, width - len(r):] = r, 1
+  return toks, mask
+
+
+@pytest.mark.parametrize("kind,fused,t_lens", [
+    ("forward", False, (2, 5, 3)),   # teacher prompts narrower than the student's
+    ("reverse", True, (9, 3, 11)),   # and wider (fused: hidden states)
+])
+def test_teacher_prompt_loss_equals_two_transformers_forwards(
+    hf_pair, kind, fused, t_lens):
+  """The loss with teacher_tokens: the student scored on [its prompt |
+  response], the teacher on [its own prompt | the same response], each row
+  run alone by transformers, KL in float64 over the response tokens."""
+  import torch  # pylint: disable=g-import-not-at-top
+  (s_hf, s_model), (t_hf, t_model) = hf_pair
+  rs = np.random.default_rng(7)
+  s_prompts = [rs.integers(3, 256, n).tolist() for n in (4, 7, 2)]
+  t_prompts = [rs.integers(3, 256, n).tolist() for n in t_lens]
+  resps = [rs.integers(3, 256, n).tolist() for n in (6, 3, 1)]
+  p, pt, n = 8, 12 if max(t_lens) > 8 else 6, 6
+  sp, spm = _left(s_prompts, p)
+  tp, tpm = _left(t_prompts, pt)
+  resp = np.zeros((3, n), np.int32)
+  rm = np.zeros((3, n), np.int32)
+  for i, r in enumerate(resps):
+    resp[i, :len(r)], rm[i, :len(r)] = r, 1
+  batch = {"tokens": np.concatenate([sp, resp], 1),
+           "attention_mask": np.concatenate([spm, rm], 1),
+           "loss_mask": np.concatenate([np.zeros_like(spm), rm], 1),
+           "teacher_tokens": np.concatenate([tp, resp], 1),
+           "teacher_attention_mask": np.concatenate([tpm, rm], 1)}
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  batch["weights"] = losses.reduction_weights(batch["loss_mask"],
+                                              "sequence_mean")
+  loss_cfg = ml_collections.ConfigDict(dict(kind=kind, beta=0.5, fused=fused,
+                                            chunk_size=8))
+  loss, _ = jax.jit(functools.partial(
+      step_lib.distill_loss, student_cfg=s_model[0], teacher_cfg=t_model[0],
+      loss_cfg=loss_cfg, vocab_size=256, temperatures=(1.0, 0.5)))(
+          s_model[1], t_model[1], batch)
+
+  def logp(model, prompt, r, tau):
+    with torch.no_grad():
+      x = model(torch.tensor([prompt + r])).logits[0].double().numpy()
+    return _np_logsoftmax(x[len(prompt) - 1:len(prompt) - 1 + len(r)] / tau)
+
+  def reference(teacher_prompts):
+    per_row = []
+    for s_pr, t_pr, r in zip(s_prompts, teacher_prompts, resps):
+      lq = logp(s_hf, s_pr, r, 1.0)
+      lp = logp(t_hf, t_pr, r, 0.5)
+      kl = ((np.exp(lp) * (lp - lq)).sum(-1) if kind == "forward"
+            else (np.exp(lq) * (lq - lp)).sum(-1))
+      per_row.append(kl.mean())
+    return np.mean(per_row)
+
+  want = reference(t_prompts)
+  np.testing.assert_allclose(float(loss), want, rtol=2e-4)
+  # The teacher's prompt matters here: under the student's it is not this.
+  assert abs(reference(s_prompts) - want) > 1e-2 * want
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"data.teacher_prompt": "no task"}, r"data.teacher_prompt: must contain"),
+    ({"data.task": "synthetic"}, "data.teacher_prompt: synthetic"),
+    ({"rollout.policy": "dataset", "loss.kind": "forward"},
+     "data.teacher_prompt: not supported with rollout.policy='dataset'"),
+    ({"loss.kind": "forward", "rollout.policy": "teacher",
+      "loss.teacher_topk": 8, "loss.teacher_cache": "/tmp/c"},
+     "data.teacher_prompt: not supported with loss.teacher_cache"),
+    ({"data.max_teacher_prompt_len": 0}, "data.max_teacher_prompt_len"),
+])
+def test_config_checks_teacher_prompt(over, match):
+  base = {"data.task": "countdown",
+          "data.teacher_prompt": "Reason in Spanish.\n{prompt}"}
+  config_lib.validate(_distill_config(**base))
+  with pytest.raises(ValueError, match=match) as e:
+    config_lib.validate(_distill_config(**{**base, **over}))
+  assert "\n" not in str(e.value)
