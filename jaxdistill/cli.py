@@ -291,31 +291,3 @@ def run_absl(main: Callable[[list[str]], object], define_flags: Callable[[], Non
     raise
   except BaseException as e:  # pylint: disable=broad-except
     _fail(e, verbose)
-
-
-def define_compile_only_flags(flag_values=flags.FLAGS) -> None:
-  """--compile_only SLICE and --json: compile the command's programs for a
-  TPU slice on this host and report their memory (jaxdistill/compile_only.py)."""
-  flags.DEFINE_string(
-      "compile_only", None,
-      "Compile every program of the run for this TPU slice (v5e-8, v6e-8, "
-      "v5p-8, v4-8, ... or a topology like v5e:2x4) on this host, without "
-      "weights, data or a TPU; print per-chip memory, FLOPs and the roofline "
-      "bound, and fail in one line if one does not fit. Needs libtpu: "
-      "pip install -e '.[tpu]'.", flag_values=flag_values)
-  flags.DEFINE_bool("json", False, "--compile_only: print the report as one "
-                    "JSON object.", flag_values=flag_values)
-  flags.register_validator("compile_only", _check_slice, flag_values=flag_values)
-
-
-def _check_slice(name) -> bool:
-  """Refuses a slice at parse time: an empty `--compile_only=` would
-  otherwise be falsy and run the command for real."""
-  if name is None:
-    return True
-  from jaxdistill import compile_only  # pylint: disable=import-outside-toplevel
-  try:
-    compile_only.parse_slice(name)
-  except ValueError as e:
-    raise flags.ValidationError(str(e)) from None
-  return True

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jaxdistill import cli
+from jaxdistill import compile_only
 from jaxdistill import config_lib
 from jaxdistill.sweep import cli as sweep_cli
 from jaxdistill.sweep import grid as grid_lib
@@ -243,7 +244,7 @@ def test_sweep_help_and_readme_examples_parse(monkeypatch):
     flags.DEFINE_string("workdir", None, "", flag_values=fv)
     flags.DEFINE_bool("print_commands", False, "", flag_values=fv)
     flags.DEFINE_string("only", None, "", flag_values=fv)
-    cli.define_compile_only_flags(flag_values=fv)
+    compile_only.define_flags(flag_values=fv)
     argv = ["sweep", *cli.resolve_config_args(args)]
     monkeypatch.setattr(sys, "argv", argv)  # config_flags reads overrides there
     fv(argv)
@@ -262,7 +263,7 @@ def test_compile_only_slice_is_refused_when_parsed(value, words):
   --compile_only= used to run the command for real, v5e:3x3 to be blamed
   on libtpu after the config was built."""
   fv = flags.FlagValues()
-  cli.define_compile_only_flags(flag_values=fv)
+  compile_only.define_flags(flag_values=fv)
   with pytest.raises(flags.IllegalFlagValueError, match=words) as e:
     fv(["prog", f"--compile_only={value}"])
   assert "\n" not in str(e.value)

@@ -279,5 +279,5 @@ def define_flags():
   flags.DEFINE_string("baseline", None,
                       "The student before training: forgetting and sparsity.")
   flags.DEFINE_string("out", None, "Write the results JSON here.")
-  cli.define_compile_only_flags()
+  compile_only.define_flags()
   flags.mark_flags_as_required(["config", "checkpoint"])

@@ -118,5 +118,5 @@ def define_flags():
   flags.DEFINE_bool("rerun_stale", False,
                     "Rerun runs trained under a config other than the grid's "
                     "now (moved into <workdir>/stale/); default: refuse.")
-  cli.define_compile_only_flags()
+  compile_only.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])

@@ -517,7 +517,7 @@ def define_flags():
   flags.DEFINE_integer("process_id", None,
                        "--distributed: this process's index (default: found "
                        "by JAX).")
-  cli.define_compile_only_flags()
+  compile_only.define_flags()
   flags.DEFINE_float("coordinator_timeout", distributed.DEFAULT_TIMEOUT_S,
                      "--distributed: seconds to wait for the coordinator and "
                      "every process, with progress lines, then a one-line "

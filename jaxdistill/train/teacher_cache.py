@@ -577,7 +577,7 @@ def define_flags():
   flags.DEFINE_string("out", None, "Cache directory to write.")
   flags.DEFINE_bool("overwrite", False, "Replace the cache in --out (kept "
                     "until the new one is complete).")
-  cli.define_compile_only_flags()
+  compile_only.define_flags()
   flags.mark_flags_as_required(["config", "out"])
 
 
