@@ -124,7 +124,7 @@ def main(argv=None) -> dict | None:
                           for n, ok, s in found],
              "figures": figs, "seconds": res["seconds"],
              "arms_run": res["arms_run"], "rlvr_run": res["rlvr_run"],
-             "results_dir": out,
+             "results_dir": out, "grid_dir": res["grid_dir"],
              "config": cfg.to_dict()}
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(summary, f, indent=2, sort_keys=True, default=str)
