@@ -332,8 +332,8 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
   for r in staged:
     base = next(x for x in rows if x["name"] == r["name"])
     assert all(r[k] == base[k] for k in base)  # before-RLVR columns unchanged
-    stage = json.load(open(tmp_path / grids[0] / r["name"] / "rlvr" /
-                           "results.json"))
+    stage = json.load(open(os.path.join(summary["grid_dir"], r["name"], "rlvr",
+                           "results.json")))
     assert r[f"rlvr/acc/{ID}"] == stage["eval"][f"{ID}/greedy_acc"]
     assert len(stage["rewards"]) == 2  # configs/demo.py:quick's iterations
   printed = capsys.readouterr().out
