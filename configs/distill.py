@@ -142,7 +142,11 @@ def get_config(arg=None):
                  # 4 micro-batches of 8 rows: one row per chip of an
                  # 8-chip slice, as the paper's 1 per device x 32 steps
                  # (the same gradient; what makes 32 x 3,072 tokens fit).
-                 eps=1e-8, clip_norm=1.0, grad_accum=4)
+                 eps=1e-8, clip_norm=1.0, grad_accum=4,
+                 # None: each Adam moment in its weight's dtype (float32
+                 # master weights by default; with student.param_dtype
+                 # 'bfloat16' bf16 moments, as torch AdamW; train/optim.py).
+                 moment_dtype=config_dict.placeholder(str))
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 
   if arg.runlocal:

@@ -75,7 +75,8 @@ def get_config(arg=None):
               reference=config_dict.placeholder(str), monitor=True)
   c.optim = dict(lr=arg.lr, schedule="constant", warmup_steps=10,
                  final_lr_frac=0.0, weight_decay=0.0, b1=0.9, b2=0.999,
-                 eps=1e-8, clip_norm=1.0, grad_accum=2)
+                 eps=1e-8, clip_norm=1.0, grad_accum=2,
+                 moment_dtype=config_dict.placeholder(str))  # train/optim.py
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 
   if arg.runlocal:

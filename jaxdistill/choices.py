@@ -26,3 +26,6 @@ TOPK_VARIANTS = ("renorm", "tail")
 # 'spectrum' is the paper's pi_lambda (lam in [-2, 2]); 'coin_mixture' a
 # token-level coin flip (lam in [0, 1]), a different method.
 ROLLOUT_POLICIES = ("student", "teacher", "spectrum", "coin_mixture")
+# optim.moment_dtype: None stores each Adam moment in its parameter's dtype
+# (torch AdamW on a bf16 model); or one dtype for all (train/optim.py).
+MOMENT_DTYPES = (None, "float32", "bfloat16")

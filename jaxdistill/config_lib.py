@@ -463,6 +463,9 @@ def validate_run(config, mesh=None, rules=None) -> None:
     v = _number(config, "optim.final_lr_frac")
     if not 0.0 <= v <= 1.0:
       _err("optim.final_lr_frac", f"must be in [0, 1], got {v}")
+  if opt.get("moment_dtype") not in choices.MOMENT_DTYPES:
+    _err("optim.moment_dtype", f"unknown {opt.moment_dtype!r}; choose from "
+         f"{choices.MOMENT_DTYPES}")
   if opt.get("clip_norm") is not None:
     if not _number(config, "optim.clip_norm") > 0:
       _err("optim.clip_norm", f"must be > 0 or None, got {opt.clip_norm}")

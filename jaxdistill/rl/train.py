@@ -197,7 +197,7 @@ def _models(config):
 def _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules):
   per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps * per_batch)
+      config.optim, config.total_steps * per_batch, scfg.param_dtype)
   return rl_programs.grpo_programs(
       config, scfg, rcfg, mesh, rules, vocab, optimizer=optimizer,
       schedule=schedule, use_ref=use_ref,
@@ -265,7 +265,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
                                     jax.random.fold_in(seed_key, 1 << 20))
   per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps * per_batch)
+      config.optim, config.total_steps * per_batch, scfg.param_dtype)
   ckpt, state, state_shard, meta, start = train_loop.init_or_restore(
       config, workdir, scfg, optimizer, params0, mesh, rules)
   if meta:

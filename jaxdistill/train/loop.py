@@ -304,7 +304,8 @@ def model_configs(config):
 
 def run_programs(config, scfg, tcfg, vocab, mesh, rules, cached):
   """The run's compiled programs (train/programs.py), abstract."""
-  optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)
+  optimizer, schedule = step_lib.make_optimizer(
+      config.optim, config.total_steps, scfg.param_dtype)
   return programs.train_programs(
       config, scfg, tcfg, mesh, rules, vocab, optimizer=optimizer,
       schedule=schedule, cached=cached,
@@ -361,7 +362,8 @@ def _train(config, workdir, overwrite, mesh, rules):
       tcfg, config.teacher, mesh, rules, t_key, "teacher")
   params0 = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
 
-  optimizer, schedule = step_lib.make_optimizer(config.optim, config.total_steps)
+  optimizer, schedule = step_lib.make_optimizer(
+      config.optim, config.total_steps, scfg.param_dtype)
   ckpt, state, state_shard, _, start = init_or_restore(
       config, workdir, scfg, optimizer, params0, mesh, rules)
   if not config.get("track_sparsity", True):

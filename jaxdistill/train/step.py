@@ -37,6 +37,7 @@ from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
+from jaxdistill.train import optim as optim_lib
 
 PyTree = Any
 
@@ -182,8 +183,15 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
   return loss, {**metrics, MEAN_WEIGHT: jnp.sum(w)}
 
 
-def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
-  """AdamW with linear warmup, then constant or cosine; optional clipping."""
+def make_optimizer(optim_cfg, total_steps: int, param_dtype=None
+                   ) -> optax.GradientTransformation:
+  """AdamW with linear warmup, then constant or cosine; optional clipping.
+
+  Float32 params (`param_dtype` None or 'float32', no optim.moment_dtype):
+  optax's adamw. Params stored in another dtype (student.param_dtype
+  'bfloat16': no float32 master copy), or an explicit optim.moment_dtype:
+  train.optim.stored_adamw, float32 arithmetic with each rounding to the
+  stored dtypes explicit (its docstring)."""
   lr, warm = float(optim_cfg.lr), int(optim_cfg.warmup_steps)
   if optim_cfg.schedule == "cosine":
     sched = optax.warmup_cosine_decay_schedule(
@@ -201,12 +209,21 @@ def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
             "norm" in str(getattr(k, "key", "")) or
             str(getattr(k, "key", "")) == "bias" for k in path), params)
 
-  chain = []
+  moment_dtype = optim_cfg.get("moment_dtype")
+  stored = moment_dtype is not None or jnp.dtype(
+      param_dtype or "float32") != jnp.float32
+  chain = [optim_lib.to_float32()] if stored else []
   if optim_cfg.clip_norm is not None:
     chain.append(optax.clip_by_global_norm(float(optim_cfg.clip_norm)))
-  chain.append(optax.adamw(
-      sched, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
-      weight_decay=optim_cfg.weight_decay, mask=decay_mask))
+  if stored:
+    chain.append(optim_lib.stored_adamw(
+        sched, b1=float(optim_cfg.b1), b2=float(optim_cfg.b2),
+        eps=float(optim_cfg.eps), weight_decay=float(optim_cfg.weight_decay),
+        mask=decay_mask, moment_dtype=moment_dtype))
+  else:
+    chain.append(optax.adamw(
+        sched, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
+        weight_decay=optim_cfg.weight_decay, mask=decay_mask))
   return optax.chain(*chain), sched
 
 
@@ -254,14 +271,17 @@ def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
         lambda x: x.reshape((x.shape[0] // grad_accum, grad_accum)
                             + x.shape[1:]).swapaxes(0, 1), batch)
 
+    # Gradients of low-precision params add up in float32 (for float32
+    # params this is the same sum).
     def body(carry, mb):
       (l, m), g = grad_fn(params, teacher_params, mb)
+      g = jax.tree.map(lambda x: x.astype(jnp.float32), g)
       return jax.tree.map(jnp.add, carry, (l, g)), m
 
     shapes = jax.eval_shape(lambda: grad_fn(params, teacher_params,
                                             jax.tree.map(lambda x: x[0], micro)))
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         (shapes[0][0], shapes[1]))
+    zeros = (jnp.zeros(shapes[0][0].shape, shapes[0][0].dtype),
+             jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes[1]))
     (loss, grads), stacked = jax.lax.scan(body, zeros, micro)
     metrics = merge_micro_metrics(stacked)
   updates, opt_state = optimizer.update(grads, state["opt_state"], params)
