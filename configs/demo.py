@@ -129,7 +129,8 @@ SPECTRUM = (("lam-2", -2.0), ("teacher", -1.0), ("lam0", 0.0),
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, quick=False, spectrum=False, seed=0, seeds=1,
-                             arm_steps=None, lrs=None, rlvr=False)
+                             arm_steps=None, lrs=None, rlvr=False,
+                             precisions=None, kl=None, policies=None)
   c = ml_collections.ConfigDict()
   c.seed = arg.seed
   c.seeds = arg.seeds  # the grid runs seeds seed, seed + 1, ...
@@ -160,7 +161,11 @@ def get_config(arg=None):
                 # Each model's policy temperature, in rollouts and in the
                 # loss (the paper's: student 1.0, teacher 0.5); sampled
                 # evaluation and RLVR sample the student at its own.
-                student_temperature=1.0, teacher_temperature=0.5)
+                student_temperature=1.0, teacher_temperature=0.5,
+                # How the student's weights are stored and updated: float32
+                # master weights, or bfloat16 with no float32 copy (bf16
+                # Adam moments too; train/optim.py). Several: a grid axis.
+                precisions=("float32",))
   # Update sparsity: the paper's S_tau (float32, strict <) at each tau, and
   # the former |delta| <= sparsity_atol in bf16 / f32 (docs/method.md).
   c.eval = dict(num_samples=4, ks=(1, 4), batch_size=128,
@@ -194,7 +199,25 @@ def get_config(arg=None):
     c.grid.steps = arg.arm_steps
   if arg.lrs is not None:
     c.grid.lrs = _lrs(arg.lrs)
+  # '+'-separated: precisions=float32+bfloat16, kl=forward,
+  # policies=student+teacher (names of grid.policy).
+  if arg.precisions is not None:
+    c.grid.precisions = _names(arg.precisions)
+  if arg.kl is not None:
+    c.grid.kl = _names(arg.kl)
+  if arg.policies is not None:
+    want = _names(arg.policies)
+    known = dict(c.grid.policy)
+    unknown = [p for p in want if p not in known]
+    if unknown:
+      raise ValueError(f"config arg policies: {unknown[0]!r} is not one of "
+                       f"{tuple(known)}")
+    c.grid.policy = tuple((p, known[p]) for p in want)
   return c
+
+
+def _names(text) -> tuple[str, ...]:
+  return tuple(x for x in str(text).split("+") if x)
 
 
 def _lrs(text) -> tuple[float, ...]:

@@ -214,6 +214,27 @@ def test_rlvr_verdict_follows_the_gain_before_and_after():
   assert "0.20 -> 0.70" in md
 
 
+def test_precision_finding_follows_the_sparsity_of_the_low_rate_arms():
+  def arm(prec, lr, sparsity, acc):
+    return {"kl": "forward", "policy": "student", "lr": lr, "precision": prec,
+            "sparsity": sparsity, f"acc/{ID}": acc, "seeds": 1}
+  # bf16 keeps 60 % of the weights at the low rate, float32 1 %: it depends.
+  arms = [arm("float32", 5e-7, .01, .10), arm("bfloat16", 5e-7, .60, .12),
+          arm("float32", 2e-4, .00, .60), arm("bfloat16", 2e-4, .02, .55)]
+  (name, ok, text), = report.precision_finding(arms, {ID: 200})
+  assert name == "sparsity depends on precision" and ok is True
+  assert "1.0 % with float32" in text and "60.0 % with weights" in text
+  assert "accuracy 10.0 % and 12.0 %" in text
+  # 5 pp apart is below the 10 pp bar; one precision alone: no finding.
+  arms[1]["sparsity"] = .06
+  assert report.precision_finding(arms, {ID: 200})[0][1] is False
+  assert report.precision_finding(arms[::2], {ID: 200}) == []
+  # Not one of the paper's: the headline count leaves it out.
+  found = [("no on-policy edge", True, "a."),
+           *report.precision_finding(arms, {ID: 200})]
+  assert report.paragraph(found).startswith("This run reproduces 1 of the 1 ")
+
+
 def test_harder_finding_is_untested_when_the_teacher_cannot_do_it():
   rows = [_row(kl, pol, 1e-4, .5, .0, .9, .9)
           for kl in ("forward", "reverse") for pol in ("student", "teacher")]
@@ -238,7 +259,8 @@ def test_bad_arguments_raise_before_any_work(tmp_path):
 
 
 @pytest.mark.parametrize("arg", ["arm_steps=-5", "arm_steps=0", "lrs=-1e-4",
-                                 "lrs=2e-4+0", "lrs=1e-4+inf", "lrs=fast"])
+                                 "lrs=2e-4+0", "lrs=1e-4+inf", "lrs=fast",
+                                 "policies=student+mixture"])
 def test_bad_config_args_are_refused_by_name_before_any_work(tmp_path, arg):
   field = arg.split("=")[0]
   with pytest.raises(ValueError, match=f"^config arg {field}: "):
@@ -248,7 +270,9 @@ def test_bad_config_args_are_refused_by_name_before_any_work(tmp_path, arg):
 
 
 @pytest.mark.parametrize("arg", ["", "quick", "spectrum", "rlvr", "quick,rlvr",
-                                 "seeds=3", "arm_steps=60,lrs=2e-4+2e-3"])
+                                 "seeds=3", "arm_steps=60,lrs=2e-4+2e-3",
+                                 "precisions=float32+bfloat16,kl=forward,"
+                                 "policies=student"])
 def test_every_shipped_variant_passes_the_checks(arg):
   checks.check_config(config_lib.load_config(f"configs/demo.py:{arg}"))
 
@@ -257,6 +281,8 @@ def test_every_shipped_variant_passes_the_checks(arg):
     ("grid.lrs", (5e-4, -1e-4), "learning rates must be finite numbers > 0"),
     ("grid.lrs", (), "learning rates"),
     ("grid.steps", 0, "integer >= 1"),
+    ("grid.precisions", ("float32", "float16"), "('float32', 'bfloat16')"),
+    ("grid.precisions", ("float32", "float32"), "distinct"),
     ("grid.kl", ("forward", "sampled"), "('forward', 'reverse', 'jsd')"),
     ("grid.policy", (("student", 2.5),), "lambda must be in [-2, 2]"),
     ("teacher.lr", float("nan"), "finite number"),

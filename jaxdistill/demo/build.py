@@ -103,6 +103,12 @@ def model_init(arch: dict, tokenizer) -> dict:
               tie_word_embeddings=True)
 
 
+# How an arm stores and updates the student's weights (config.grid.precisions):
+# float32 master weights, or bfloat16 weights and moments (train/optim.py);
+# the demo computes in float32 either way.
+PRECISIONS = ("float32", "bfloat16")
+
+
 def base_train_config(cfg, *, tok_dir: str, records: str, seed: int):
   """configs/distill.py shrunk to the demo: one CPU device, float32, quiet;
   `records` is a records file (write_records)."""

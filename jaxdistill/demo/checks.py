@@ -17,6 +17,8 @@ from jaxdistill.demo import build
 from jaxdistill.demo import tasks as demo_tasks
 from jaxdistill.sweep import table
 
+PRECISIONS = build.PRECISIONS
+
 
 def _err(field: str, msg: str):
   raise ValueError(f"config.{field}: {msg}")
@@ -98,6 +100,11 @@ def check_config(cfg) -> None:
     _err("grid.lrs", f"learning rates must be finite numbers > 0, got {lrs!r}")
   _int(cfg, "grid.steps")
   _int(cfg, "grid.batch_size")
+  precisions = tuple(g.get("precisions", ("float32",)))
+  if (not precisions or len(set(precisions)) != len(precisions)
+      or any(p not in PRECISIONS for p in precisions)):
+    _err("grid.precisions", f"a non-empty tuple of distinct {PRECISIONS}, got "
+         f"{precisions!r}")
   _number(cfg, "grid.student_temperature", open_lo=False)
   _number(cfg, "grid.teacher_temperature", open_lo=False)
 

@@ -97,7 +97,8 @@ def main(argv=None) -> dict | None:
                          int(i) for i in args.worker_runs.split(",")],
                      worker_report=args.worker_report)
   n = args.workers or (1 if args.quick else workers.default_workers(
-      len(cfg.grid.kl) * len(cfg.grid.policy) * len(cfg.grid.lrs) * cfg.seeds))
+      len(cfg.grid.kl) * len(cfg.grid.policy) * len(cfg.grid.lrs) *
+      len(cfg.grid.precisions) * cfg.seeds))
   res = study.run(cfg, workdir, workers=n,
                   argv=argv + ["--workdir", workdir])
   out = os.path.join(workdir, "results", results_name(args, cfg))
@@ -106,13 +107,19 @@ def main(argv=None) -> dict | None:
   arms = report.arm_means(runs)
   table.write_table(res["rows"], out)  # results.csv / results.md per arm
   n_test = res["n_test"]
-  figs = report.make_figures(runs, res["teacher"], res["student"], n_test, out)
+  # The study's findings and figures on the first precision's arms (the
+  # others differ in how weights are stored; compared in their own finding).
+  first = cfg.grid.precisions[0]
+  figs = report.make_figures([r for r in runs if r["precision"] == first],
+                             res["teacher"], res["student"], n_test, out)
   md = report.table_markdown(arms, res["teacher"], res["student"], n_test)
   rl_md = report.rlvr_markdown(arms, n_test)
   if rl_md:
     md += "\n\n" + rl_md
-  found = report.findings(arms, res["teacher"], res["student"], n_test,
+  found = report.findings([a for a in arms if a["precision"] == first],
+                          res["teacher"], res["student"], n_test,
                           chance=tasks.CHANCE, figures=figs)
+  found += report.precision_finding(arms, n_test)
   text = report.paragraph(found)
   with open(os.path.join(out, "demo_table.md"), "w") as f:
     f.write(md + "\n")

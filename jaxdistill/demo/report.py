@@ -27,7 +27,8 @@ HARD_NAME = f"{demo_tasks.HARDER_NUMBERS}-number arithmetic"
 
 COLUMNS = (  # (row key, header, kind) kind: pct | pp | sci | str
     ("kl", "KL", "str"), ("policy", "rollouts", "str"), ("lam", "lambda", "str"),
-    ("lr", "lr", "sci"), (f"acc/{ID_S}", ID_NAME, "pct"),
+    ("lr", "lr", "sci"), ("precision", "weights", "str"),
+    (f"acc/{ID_S}", ID_NAME, "pct"),
     ("coverage", "pass@k", "pct"), (f"acc/{HARD_S}", f"{HARD_NAME} (harder)", "pct"),
     ("acc/addition", "addition (OOD)", "pct"),
     ("forgetting_pp", "forgetting", "pp"),
@@ -52,6 +53,8 @@ def rows_with_extras(rows, grid_dir) -> list[dict]:
     with open(os.path.join(run_dir, "results.json")) as f:
       ev = json.load(f)["eval"]
     r = dict(r)
+    with open(os.path.join(run_dir, "config.json")) as f:
+      r["precision"] = json.load(f)["student"]["param_dtype"]
     r["pass_k"] = max((int(k.split("@")[1]) for k in ev
                        if k.startswith("id/pass@")), default=None)
     r[SAMPLED] = ev.get(f"{ID_S}/sampled_acc")
@@ -78,8 +81,8 @@ def arm_means(rows: Sequence[Mapping]) -> list[dict]:
     groups.setdefault(r["arm"], []).append(r)
   out = []
   for arm, rs in groups.items():
-    a = {k: rs[0].get(k) for k in ("arm", "kl", "policy", "lam", "lr", "pass_k",
-                                   "reward_window")}
+    a = {k: rs[0].get(k) for k in ("arm", "kl", "policy", "lam", "lr",
+                                   "precision", "pass_k", "reward_window")}
     a["seeds"] = len(rs)
     for k in NUMERIC:
       v = [r[k] for r in rs if r.get(k) is not None]
@@ -103,7 +106,7 @@ def _fmt(v, kind, std=None):
 
 def baseline_row(name: str, ev: Mapping, *, knows_addition: bool) -> dict:
   ks = [int(k.split("@")[1]) for k in ev if k.startswith(f"{ID_S}/pass@")]
-  return {"kl": name, "policy": "-", "lam": "-", "lr": None,
+  return {"kl": name, "policy": "-", "lam": "-", "lr": None, "precision": "-",
           f"acc/{ID_S}": ev.get(f"{ID_S}/greedy_acc"),
           "coverage": ev.get(f"{ID_S}/pass@{max(ks)}") if ks else None,
           f"acc/{HARD_S}": ev.get(f"{HARD_S}/greedy_acc"),
@@ -134,7 +137,10 @@ def table_markdown(arms: Sequence[Mapping], teacher: Mapping,
             "paper defines it, % of parameters with |change| < tau (strict), "
             "compared in float32; unchanged 1e-5 bf16 = the project's former "
             "figure, % with |change| <= 1e-5 after both are rounded to "
-            "bfloat16. The teacher was never trained on addition ('-')."]
+            "bfloat16; weights = how the student's weights are stored and "
+            "updated (float32 master weights, or bfloat16 weights and Adam "
+            "moments, measured from the student rounded to bfloat16). The "
+            "teacher was never trained on addition ('-')."]
   return "\n".join(lines)
 
 
@@ -467,13 +473,54 @@ def rlvr_findings(arms, n3: int, n4: int) -> list[tuple[str, bool | None, str]]:
   return out
 
 
+# A difference of update sparsity that counts as one: the share of weights is
+# a count over every parameter (no sampling noise within a run), so the bar
+# is a size, not a standard error; with seeds, their spread too.
+SPARSITY_CLEAR = 0.10
+
+
+def precision_finding(arms: Sequence[Mapping], n_test: Mapping | int
+                      ) -> list[tuple[str, bool | None, str]]:
+  """This project's finding (not the paper's): at the grid's lowest learning
+  rate, does update sparsity S_1e-6 depend on how the weights are stored?
+  The same arms (KL, policy) in float32 and in bfloat16, their mean S_1e-6
+  and in-distribution accuracy. [] unless both precisions ran."""
+  kinds = sorted({r.get("precision") for r in arms} - {None})
+  if kinds != ["bfloat16", "float32"]:
+    return []
+  n3 = int(n_test[ID_S]) if isinstance(n_test, Mapping) else int(n_test)
+  acc = f"acc/{ID_S}"
+  lo = min(r["lr"] for r in arms)
+  s = {p: _mean(arms, "sparsity", lr=lo, precision=p) for p in kinds}
+  a = {p: _pooled(arms, acc, n3, lr=lo, precision=p) for p in kinds}
+  if s["float32"] is None or s["bfloat16"] is None:
+    return []
+  sd = [r.get("sparsity_std") for r in arms
+        if r["lr"] == lo and r.get("sparsity_std") is not None]
+  bar = max([SPARSITY_CLEAR] + [2 * x for x in sd])
+  depends = abs(s["bfloat16"] - s["float32"]) > bar
+  accs = ("" if None in (a["float32"][0], a["bfloat16"][0]) else
+          f" (in-distribution accuracy {100 * a['float32'][0]:.1f} % and "
+          f"{100 * a['bfloat16'][0]:.1f} %)")
+  text = (f"Weight precision (this project's question, not the paper's): at "
+          f"lr {lo:.0e}, S_1e-6 is {100 * s['float32']:.1f} % with float32 "
+          f"master weights and {100 * s['bfloat16']:.1f} % with weights "
+          f"stored and updated in bfloat16{accs}")
+  text += (": update sparsity at the low rate depends on weight precision "
+           f"(a difference above {100 * bar:.0f} pp), so the precision the "
+           "weights are stored in can make a run look sparse." if depends else
+           f": no difference above {100 * bar:.0f} pp, so precision does not "
+           "explain the sparsity here.")
+  return [("sparsity depends on precision", depends, text)]
+
+
 def paragraph(found) -> str:
   """The findings as one paragraph; the headline counts the study's findings
   (not the setup checks)."""
   study = [ok for n, ok, _ in found
            if n not in ("setup", "distillation moves accuracy",
                         "accuracy untested", "no harder figure",
-                        "RLVR learns")]
+                        "RLVR learns", "sparsity depends on precision")]
   yes = sum(1 for ok in study if ok)
   tested = sum(1 for ok in study if ok is not None)
   head = (f"This run reproduces {yes} of the {tested} headline findings it can "

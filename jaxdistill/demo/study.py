@@ -150,6 +150,12 @@ def grid_config(cfg, *, teacher_dir, student_dir, tok_dir, records_file):
   grid.axes = (("kl", "loss.kind", tuple(g.kl)),
                ("policy", None, tuple(grid.presets.policy.keys())),
                ("lr", "optim.lr", tuple(float(x) for x in g.lrs)))
+  # Weight precision: one, set in the base; several, an axis of its own.
+  precisions = tuple(g.get("precisions", ("float32",)))
+  if len(precisions) > 1:
+    grid.axes += (("precision", "student.param_dtype", precisions),)
+  else:
+    base.student.param_dtype = precisions[0]
   grid.seeds = tuple(int(cfg.seed) + i for i in range(int(cfg.seeds)))
   grid.eval = None
   if cfg.rlvr.enabled:  # the study's RLVR stage (jaxdistill.sweep.rlvr)
@@ -277,7 +283,12 @@ def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
                             suites, seed=int(run_.config.seed), cache=False)
     flat.update({f"baseline/{k}": v for k, v in student_eval.items()})
     flat.update(report.forgetting_metrics(flat, student_eval, OOD))
-    flat.update(sparsity(cfg, params0, params))
+    # A bfloat16 arm starts from the student rounded to bfloat16 (its
+    # weights as loaded): its sparsity counts moves from there.
+    dtype = run_.config.student.param_dtype
+    start = params0 if dtype == "float32" else jax.tree.map(
+        lambda x: x.astype(dtype).astype(x.dtype), params0)
+    flat.update(sparsity(cfg, start, params))
     spent[f"{kind}_eval"] += time.time() - t
     spent[kind] += 1
     return flat
