@@ -11,6 +11,13 @@ setuptools.setup(
     description=(
         "On-policy vs off-policy distillation of LLMs (Llama 3, Qwen2.5) in JAX/Flax."
     ),
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Intended Audience :: Science/Research",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=setuptools.find_packages(include=["jaxdistill", "jaxdistill.*"]),
     python_requires=">=3.10",
     install_requires=[

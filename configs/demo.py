@@ -22,7 +22,7 @@ loop, and every arm is evaluated on 4-number chains (in distribution),
 stage) then runs on the 4-number prompts from the best arm (in-distribution
 greedy accuracy, over learning rates) of each KL direction x rollout policy,
 and those are evaluated again: does the on-policy gain survive RLVR? The
-README's demo section gives the measured times and results.
+page docs/demo.md gives the measured times and results.
 
 The learning rates, 5e-7 and 2e-4 (the study: 1e-5 and 5e-5). The low rate
 is the study's low-rate regime in what it does to the weights: most of them
@@ -30,8 +30,8 @@ unchanged in bfloat16 and the second task intact; the high rate teaches.
 Measured with the former teacher schedule's 97 % teacher ("The teacher"
 below) and a student at 14.5 %, forward KL, student rollouts, 320 steps of
 16 rollouts, seed 0 (forgetting: drop of addition accuracy from 100 %; the
-60 % and 63 % teachers gave the same regimes at 5e-7 and 2e-4, see the
-README):
+60 % and 63 % teachers gave the same regimes at 5e-7 and 2e-4, see
+docs/demo.md):
 
   lr     4-number  forgetting  bf16 sparsity after 40 / 320 steps
   2e-3   64.5 %    +100 pp       - / 0.3 %   (the previous grid's high rate)

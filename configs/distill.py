@@ -72,7 +72,7 @@ def get_config(arg=None):
   # remat (what the backward pass recomputes; memory, not results): 'auto'
   # keeps the products' outputs of students up to 1B parameters and
   # recomputes whole layers of larger ones, so that every pair of the study
-  # fits its slice (README, "Fit on a TPU slice"); or 'none', 'dots',
+  # fits its slice (docs/tpu.md, "Fit on a TPU slice"); or 'none', 'dots',
   # 'dots_no_batch', 'full'.
   # temperature: each model's policy is softmax(logits / temperature), in its
   # rollouts and inside the loss (the paper: student 1.0, teacher 0.5).

@@ -215,7 +215,7 @@ def test_transformers_torch_notice_is_silenced(tmp_path):
 
 
 def _doc_commands(text, module):
-  """The `python -m <module> ...` commands of a docstring or README block."""
+  """The `python -m <module> ...` commands of a docstring or a Markdown page."""
   joined = re.sub(r"\\\n\s*", " ", text)
   out = []
   for line in joined.splitlines():
@@ -232,10 +232,16 @@ def _field(cfg, dotted):
   return cfg
 
 
+def _pages():
+  """README.md and every docs/*.md page, the commands of which must parse."""
+  return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def test_sweep_help_and_readme_examples_parse(monkeypatch):
-  readme = (ROOT / "README.md").read_text()
+  pages = [_doc_commands(p.read_text(), "jaxdistill.sweep") for p in _pages()]
+  assert pages[0], "README.md shows no sweep command"
   examples = (_doc_commands(sweep_cli.__doc__, "jaxdistill.sweep") +
-              _doc_commands(readme, "jaxdistill.sweep"))
+              [args for page in pages for args in page])
   assert len(examples) >= 3
   for args in examples:
     fv = flags.FlagValues()
@@ -297,7 +303,7 @@ def test_conftest_appends_the_device_count_to_existing_xla_flags(tmp_path):
 
 @pytest.mark.slow
 def test_runlocal_train_then_evaluate_from_another_directory(tmp_path):
-  """The README's local pair: quiet logs, a tokenizer in hf_student/, and
+  """docs/training.md's local pair: quiet logs, a tokenizer in hf_student/, and
   jaxdistill.evaluate accepting the workdir."""
   work = tmp_path / "jd"
   # One device: runlocal's batch of 4 does not split over the 8 test devices.

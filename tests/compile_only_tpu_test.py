@@ -110,17 +110,19 @@ def test_smallest_failing_program_now_compiles(v5e_2x2):
   jax.jit(jax.grad(loss, argnums=(0, 3))).lower(*args).compile()
 
 
-def _readme_gib(config, family, slice_name, program):
-  """Per-chip GiB of a program in README.md's fit table (bench.fit
-  --markdown)."""
-  readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-  for line in readme.read_text().splitlines():
+FIT_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tpu.md"
+
+
+def _fit_table_gib(config, family, slice_name, program):
+  """Per-chip GiB of a program in docs/tpu.md's fit table (bench.fit
+  --markdown): the first matching row, the table at the current defaults."""
+  for line in FIT_PAGE.read_text().splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if (len(cells) >= 5 and cells[0] == config
         and cells[1].startswith(family + " ") and cells[2] == slice_name
         and cells[3] == program):
       return float(cells[4].split()[0])
-  raise AssertionError(f"README.md has no fit-table row {config} | {family} "
+  raise AssertionError(f"docs/tpu.md has no fit-table row {config} | {family} "
                        f"| {slice_name} | {program}")
 
 
@@ -130,7 +132,7 @@ def test_real_shapes_compile_to_the_readme_figure(family):
   """The rollout of configs/distill.py at the family's real shapes (every
   layer, the real vocabulary; Table 3: 32 rows, 2,048 + 512 positions) compiled for the
   slice the study runs it on, without the report cache: its per-chip memory
-  must be the figure README.md's fit table reports, and no lower than what
+  must be the figure docs/tpu.md's fit table reports, and no lower than what
   the hand count says the chip holds (its share of the student's bfloat16
   weights and KV cache, and the resident optimizer state and teacher).
 
@@ -150,8 +152,8 @@ def test_real_shapes_compile_to_the_readme_figure(family):
   with sharding.compiling_for("tpu"):
     row = compile_only.compile_program(rollout, t)
   full = row["total_bytes"] / compile_only.GiB
-  reported = _readme_gib("distill", family, slice_name, "rollout")
-  assert abs(full - reported) <= 0.051, (full, reported)  # README: 0.1 GiB
+  reported = _fit_table_gib("distill", family, slice_name, "rollout")
+  assert abs(full - reported) <= 0.051, (full, reported)  # docs/tpu.md: 0.1 GiB
   # Hand count: the chip's share of the student's float32 parameters and
   # two AdamW moments (the state the run keeps meanwhile), of the teacher's
   # weights, and its rows of the KV cache (the config's rows, prompt +

@@ -1,7 +1,7 @@
 """Benchmark: do the study's real pairs fit the TPU slices users rent?
 
   python -m jaxdistill.bench.fit                  # configs/distill.py, 3 pairs
-  python -m jaxdistill.bench.fit --configs all --markdown   # the README's table
+  python -m jaxdistill.bench.fit --configs all --markdown   # docs/tpu.md's table
   python -m jaxdistill.bench.fit --families llama --slices v5e-8,v5p-8
 
 For each family (configs/distill.py with the pair's presets and real
@@ -17,7 +17,7 @@ unless --slices names others. Prints one JSON object: per config, family and sli
 memory of each program, its headroom, the roofline step time bound and MFU
 ceiling; the headline is the share of (config, family, slice) runs whose
 programs all fit with the required headroom (goal: those on the study's
-slices). `--markdown` prints the README's table instead. Programs compiled before are read back from compile_only's cache
+slices). `--markdown` prints docs/tpu.md's fit table instead. Programs compiled before are read back from compile_only's cache
 (~/.cache/jaxdistill/compile_only), so a rerun is quick; a first run takes
 minutes per program on a small host.
 
@@ -47,7 +47,7 @@ SLICES = ("v5e-8", "v6e-8", "v5p-8")
 # Where the study runs each family (the goal: every program fits there).
 # Qwen2.5-1.5B <- 7B moved from v5e-8 to v6e-8 with the paper's Table 3
 # lengths (prompt 2,048 + completion 512 / 1,024, 32 rows): its update needs
-# 14.5-16.1 GiB of a v5e chip's 16 at grad_accum 4 / 1 (README, "Fit").
+# 14.5-16.1 GiB of a v5e chip's 16 at grad_accum 4 / 1 (docs/tpu.md).
 STUDY = {"qwen05b": "v5e-8", "qwen15b": "v6e-8", "llama": "v6e-8"}
 MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 
@@ -149,7 +149,7 @@ def main(argv=None):
   ap.add_argument("--configs", default="distill",
                   help=f"'all' or some of {','.join(CONFIGS)}")
   ap.add_argument("--markdown", action="store_true",
-                  help="print the README's table instead of the JSON")
+                  help="print docs/tpu.md's fit table instead of the JSON")
   args = ap.parse_args(argv)
   families = args.families.split(",")
   for family in families:

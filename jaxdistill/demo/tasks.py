@@ -5,7 +5,7 @@ digits, "Compute 7+8+4-9", answered with worked steps ("7 + 8 = 15. 15 + 4 =
 19. 19 - 9 = 10.") and the value inside <answer></answer>
 (jaxdistill.tasks.arith). It is the arithmetic reasoning of the study's
 Countdown without Countdown's search, which a model trained for minutes on a
-CPU learns well, where Countdown stays near 20 % (see the README). The harder
+CPU learns well, where Countdown stays near 20 % (see docs/demo.md). The harder
 variant has six numbers: a longer reasoning chain, as Countdown-N grows with N.
 Test problems are held out by problem: no test expression is trained on.
 

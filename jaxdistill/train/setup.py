@@ -67,7 +67,7 @@ def model_config(mcfg, name: str) -> models.ModelConfig:
 # remat='auto' keeps the matrix products' outputs (recomputing only the
 # cheap elementwise work in the backward pass) for students up to this many
 # parameters, and recomputes whole layers above it: what fits the study's
-# pairs on their slices (the README's fit table, python -m jaxdistill.bench.fit).
+# pairs on their slices (docs/tpu.md's fit table, python -m jaxdistill.bench.fit).
 REMAT_AUTO_MAX_PARAMS = 1_000_000_000
 
 
