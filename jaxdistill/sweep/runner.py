@@ -30,6 +30,7 @@ import os
 import sys
 import time
 
+from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
@@ -383,7 +384,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   # A runlocal grid's student is its init until prepare_assets saves it: the
   # same ModelConfig either way.
   _check_runnable(todo)
-  ckpt_lib.check_writable_dir(workdir)
+  cli.check_writable_dir(workdir)  # local: a sweep on gs:// is not built yet
   # One sweep per workdir: a second one would race on the assets and arms.
   with ckpt_lib.WorkdirLock(workdir), preempt.stop_at_once(
       f"finished runs, and the checkpoints of the one in progress, are kept "
