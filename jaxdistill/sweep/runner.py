@@ -34,6 +34,7 @@ from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
+from jaxdistill import storage
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import figures
@@ -370,6 +371,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   (exit status 128 + signal): during an arm's training after its
   checkpoint, elsewhere at once; finished runs are kept.
   """
+  storage.check(workdir, "--workdir")  # a sweep on gs:// is not built yet
   # Hub names pinned to their commits (nothing written yet), so that every
   # check below sees what the runs will train with.
   runs = inputs.plan(grid, workdir, only, prepare=False)
