@@ -142,11 +142,11 @@ def create_exclusive(path, text: str) -> None:
       f.write(text)
     return
   fs = _fs()
-  if fs.exists(_key(path)):
-    raise FileExistsError(path)
   try:
-    fs.pipe_file(_key(path), text.encode(), mode="create")
-  except TypeError:  # a gcsfs before mode="create": no precondition
+    fs.pipe_file(_key(path), text.encode(), mode="create")  # 412: exists
+  except TypeError:  # a gcsfs before mode="create": checked, not atomic
+    if fs.exists(_key(path)):
+      raise FileExistsError(path) from None
     fs.pipe_file(_key(path), text.encode())
 
 

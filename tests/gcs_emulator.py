@@ -2,11 +2,15 @@
 extra) serving on 127.0.0.1, in memory, in a process of its own so that the
 training subprocesses a test kills and restarts all see the same bucket.
 
-Run as a script it serves one, with one fix: GCS answers a media download
-with the object's generation in an x-goog-generation header, which
-tensorstore needs to read an object back (without it: "Malformed
-StorageGeneration", Orbax's second save of a step fails); the emulator
-(2026.7.19) leaves it out, so `_serve` adds it.
+Run as a script it serves one, with two fixes where the emulator
+(2026.7.19) differs from GCS:
+- GCS answers a media download with the object's generation in an
+  x-goog-generation header, which tensorstore needs to read an object back
+  (without it: "Malformed StorageGeneration", and Orbax's later saves
+  fail); the emulator leaves it out, `_serve` adds it;
+- GCS refuses an upload with ifGenerationMatch=0 (create only) when the
+  object exists (412), which the workdir lock relies on; the emulator
+  overwrites, `_serve` refuses.
 
 `env(url)` points every client at it and away from anything else: gcsfs and
 google-cloud-storage read STORAGE_EMULATOR_HOST, tensorstore (Orbax's
@@ -14,6 +18,7 @@ checkpoints) TENSORSTORE_GCS_HTTP_URL; the metadata-server variables name a
 closed local port, so no client asks the network for credentials.
 """
 import contextlib
+import http
 import os
 import socket
 import subprocess
@@ -84,7 +89,26 @@ def _serve(port: int):
       pass  # not found: the handler answers 404
     return download(request, response, storage, *args, **kwargs)
 
-  objects.download = with_generation  # before the server's routes take it
+  insert = objects.insert
+
+  def create_only(request, response, storage, *args, **kwargs):
+    kind = (request.query.get("uploadType") or [""])[0]
+    if (request.query.get("ifGenerationMatch") == ["0"] and
+        kind in ("media", "multipart")):
+      name = (request.query.get("name") or [None])[0]
+      if name is None and kind == "multipart":
+        name = request.data["meta"].get("name")
+      try:
+        storage.get_file_obj(request.params["bucket_name"], name)
+        response.status = http.HTTPStatus.PRECONDITION_FAILED
+        response.json({"error": {"code": 412, "message": "conditionNotMet"}})
+        return None
+      except Exception:  # pylint: disable=broad-except
+        pass  # absent: created below
+    return insert(request, response, storage, *args, **kwargs)
+
+  objects.download = with_generation  # before the server's routes take them
+  objects.insert = create_only
   from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
   srv = server.create_server("127.0.0.1", port, in_memory=True,
                              default_bucket=BUCKET)

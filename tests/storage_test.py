@@ -163,6 +163,8 @@ def test_files_and_lock_on_gs(gcs):
 
   lock = ckpt_lib.WorkdirLock(f"{GS}/locked")
   with lock:
+    # What makes two processes racing for one workdir safe: the upload's
+    # precondition (ifGenerationMatch=0), not a look first.
     with pytest.raises(FileExistsError):
       storage.create_exclusive(lock.path, "{}")
   assert not storage.exists(lock.path)
