@@ -45,6 +45,11 @@ setuptools.setup(
         "matplotlib>=3.8",
         "tensorboardX>=2.6",
         "importlib_resources>=6",  # tensorflow-datasets needs it to prepare builders
+        # gs:// workdirs (jaxdistill/storage.py): our files through fsspec;
+        # it brings google-cloud-storage, which tensorboardX writes gs://
+        # events with. Orbax writes checkpoints through tensorstore itself.
+        # Tested with 2026.10.1.
+        "gcsfs>=2024.12.0",
     ],
     extras_require={
         # TPU VMs, and --compile_only on any Linux x86-64 host: jax's own tpu
@@ -58,6 +63,9 @@ setuptools.setup(
         "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0",
                  # the notebooks under colab/ are executed by the tests
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+                 # tests/storage_test.py: a local GCS on 127.0.0.1 (its gaps
+                 # are patched in tests/gcs_emulator.py for this version)
+                 "gcp-storage-emulator==2026.7.19",
                  # tests/compile_only_tpu_test.py compiles for a TPU slice
                  # (skipped without libtpu, which only Linux x86-64 has)
                  TPU],

@@ -32,20 +32,14 @@ from absl import logging as absl_logging
 import ml_collections
 
 from jaxdistill import config_lib
+from jaxdistill import storage
 
 
 def check_writable_dir(path: str) -> None:
   """Raises ValueError (one line naming `path`) unless `path` is, or can be
-  created as, a writable directory."""
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"{path}: exists and is not a directory")
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"{path}: cannot create it "
-                     f"({os.strerror(e.errno) if e.errno else e})") from None
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ValueError(f"{path}: not writable")
+  created as, a writable local directory (a URL, gs:// included, is refused:
+  callers that take gs:// use storage.check_writable_dir)."""
+  storage.check_writable_dir(storage.check(path, path))
 
 VERBOSE_ARGS = ("--verbose", "--verbose=true", "--verbose=True", "--debug")
 _QUIET_TRANSFORMERS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
@@ -129,7 +123,7 @@ def _writable_parent(path: str, flag: str) -> None:
 def check_out_file(path: str, flag: str = "--out") -> None:
   """Refuses, before any compute, an output file path that names a
   directory or lies where nothing can be written."""
-  path = os.path.expanduser(path)
+  path = storage.check(path, flag)
   if os.path.isdir(path):
     raise ValueError(f"{flag}: {path} is a directory; give a file path (e.g. "
                      f"{os.path.join(path, 'eval.json')})")
@@ -141,7 +135,7 @@ def check_out_file(path: str, flag: str = "--out") -> None:
 def check_out_dir(path: str, flag: str = "--out") -> None:
   """Refuses, before any compute, an output directory path that names a
   file or cannot be created."""
-  path = os.path.expanduser(path)
+  path = storage.check(path, flag)
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{flag}: {path} is a file; give a directory")
   _writable_parent(os.path.join(path, "x"), flag)

@@ -11,7 +11,7 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "jaxdistill"
 LIBRARY = ("models", "losses", "tasks", "data", "rollout")
 COMMANDS = ("train", "evaluate", "sweep", "rl", "analysis", "demo", "bench")
 # Every part may import these; they import nothing of the package but each other.
-FOUNDATIONS = ("config_lib", "sharding", "cli", "choices")
+FOUNDATIONS = ("config_lib", "sharding", "cli", "choices", "storage")
 # Imported inside functions on purpose: heavy, optional or only for one path.
 LOCAL_OK = ("matplotlib", "transformers", "tokenizers", "pyarrow",
             "tensorboardX", "torch", "trl", "datasets",

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from jaxdistill import storage
 from jaxdistill.bench import presets
 
 BENCHES = ("models", "rollout", "train")
@@ -102,6 +103,7 @@ def main(argv=None):
   ap.add_argument("--profile", action="store_true",
                   help=f"pass --profile to {PROFILED}: time per source op")
   args = ap.parse_args(argv)
+  storage.check(args.out, "--out")  # a URL would become a local gs: dir
   presets.get(args.preset)  # an unknown name fails here, before any run
   names = [b for b in args.benches.split(",") if b]
   bad = [b for b in names if b not in BENCHES]

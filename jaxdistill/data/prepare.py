@@ -35,6 +35,7 @@ import os
 import shutil
 
 from jaxdistill import cli
+from jaxdistill import storage
 from jaxdistill.data import builders
 from jaxdistill.data import sources
 from jaxdistill.models import hub
@@ -185,6 +186,7 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
             log=print) -> dict:
   """Prepares one data set by name under data_dir; returns its record (see
   the module docstring). Idempotent; another revision needs `overwrite`."""
+  storage.check(data_dir, "--data_dir")  # before any download
   if name not in NAMES:
     raise ValueError(f"NAME: unknown data set {name!r}; choose from "
                      f"{', '.join(NAMES)}")

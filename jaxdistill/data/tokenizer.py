@@ -20,6 +20,7 @@ import time
 import jax
 import numpy as np
 
+from jaxdistill import storage
 from jaxdistill import tasks
 from jaxdistill.models import hub
 from jaxdistill.tasks import countdown
@@ -210,22 +211,39 @@ def runlocal_tokenizer(config, workdir):
   out = os.path.join(workdir, "tokenizer")
   done = os.path.join(out, "tokenizer.json")
   # On several hosts process 0 builds it (into a temporary directory renamed
-  # into place, so that no host reads a half-written one) and the others wait.
-  if jax.process_index() == 0 and not os.path.isfile(done):
+  # into place, so that no host reads a half-written one; on gs://, with no
+  # rename, uploaded with tokenizer.json last) and the others wait.
+  if jax.process_index() == 0 and not storage.isfile(done):
     texts = countdown_texts(int(config.data.get("n_numbers") or 3), 64)
-    tmp = f"{out}.tmp-{os.getpid()}"
+    remote = storage.is_gs(out)
+    tmp = storage.local_staging() if remote else f"{out}.tmp-{os.getpid()}"
     train_bpe_tokenizer(texts, int(config.tokenizer_build.vocab_size), tmp)
+    if remote:
+      storage.upload_dir(tmp, out, last="tokenizer.json")
+      return _load_staged(tmp)
     if os.path.isdir(out):  # a leftover of a killed build
       shutil.rmtree(out)
     os.replace(tmp, out)
   deadline = time.monotonic() + 600
-  while not os.path.isfile(done):
+  while not storage.isfile(done):
     if time.monotonic() > deadline:
       raise ValueError(f"{done}: process 0 did not write the runlocal "
                        "tokenizer within 600 s (is the workdir on a "
                        "filesystem every host sees?)")
     time.sleep(0.2)
+  if storage.is_gs(out):
+    local = storage.local_staging()
+    storage.download_dir(out, local)
+    return _load_staged(local)
   return load_tokenizer(out)
+
+
+def _load_staged(local: str):
+  """The tokenizer of a local copy, which is then removed."""
+  try:
+    return load_tokenizer(local)
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
 
 
 def save_tokenizer(tokenizer, out_dir):

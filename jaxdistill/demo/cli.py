@@ -13,6 +13,7 @@ import os
 import sys
 
 from jaxdistill import config_lib
+from jaxdistill import storage
 from jaxdistill.demo import build
 from jaxdistill.demo import report
 from jaxdistill.demo import study
@@ -90,7 +91,7 @@ def main(argv=None) -> dict | None:
     raise ValueError("--quick, --spectrum: choose one")
   cfg = load_config(args)
   workdir = args.workdir or (DEFAULT_WORKDIR + ("-quick" if args.quick else ""))
-  workdir = os.path.abspath(os.path.expanduser(workdir))
+  workdir = os.path.abspath(storage.check(workdir, "--workdir"))
   if worker:
     return study.run(cfg, workdir, worker_model=args.worker_model,
                      worker_runs=args.worker_runs and [

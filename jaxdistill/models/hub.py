@@ -29,6 +29,8 @@ from huggingface_hub import errors as hf_errors
 from huggingface_hub import file_download
 import jax
 
+from jaxdistill import storage
+
 # What loading a checkpoint reads: its config, weights (one file or shards and
 # their index), generation settings and tokenizer with its chat template.
 # Repos may hold more (Llama's original/ consolidated weights): not fetched.
@@ -274,6 +276,7 @@ def checkpoint_dir(spec, field: str, *, workdir_ok: bool = False,
   if not spec:
     raise ValueError(f"{field}: not set (a Hugging Face checkpoint directory "
                      "or hub name org/name[@revision])")
+  storage.check(spec, field)  # a URL: refused, not looked up on the hub
   try:
     path, _ = resolve(spec, allow_patterns=files)
   except FileNotFoundError:

@@ -166,6 +166,7 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
 
   `reward_fn` defaults to the task verifiers (rl.step.task_reward_fn).
   """
+  workdir = train_loop.check_paths(config, workdir)  # before resolving them
   config = resolve_paths(config)
   validate(config)
   config_lib.validate_run(config)

@@ -54,6 +54,7 @@ from ml_collections import config_flags
 
 from jaxdistill import cli
 from jaxdistill import compile_only
+from jaxdistill import storage
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
 from jaxdistill.sweep import programs as sweep_programs
@@ -85,6 +86,8 @@ def main(argv):
   del argv
   f = flags.FLAGS
   grid = f.config
+  if f.workdir is not None:
+    storage.check(f.workdir, "--workdir")  # a sweep on gs:// is not built yet
   if f.compile_only:
     report = sweep_programs.compile_for(grid, f.compile_only, f.only)
     compile_only.emit(report, f.json)

@@ -30,9 +30,11 @@ import os
 import sys
 import time
 
+from jaxdistill import cli
 from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
+from jaxdistill import storage
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import figures
@@ -369,6 +371,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   (exit status 128 + signal): during an arm's training after its
   checkpoint, elsewhere at once; finished runs are kept.
   """
+  storage.check(workdir, "--workdir")  # a sweep on gs:// is not built yet
   # Hub names pinned to their commits (nothing written yet), so that every
   # check below sees what the runs will train with.
   runs = inputs.plan(grid, workdir, only, prepare=False)
@@ -383,7 +386,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   # A runlocal grid's student is its init until prepare_assets saves it: the
   # same ModelConfig either way.
   _check_runnable(todo)
-  ckpt_lib.check_writable_dir(workdir)
+  cli.check_writable_dir(workdir)  # local: a sweep on gs:// is not built yet
   # One sweep per workdir: a second one would race on the assets and arms.
   with ckpt_lib.WorkdirLock(workdir), preempt.stop_at_once(
       f"finished runs, and the checkpoints of the one in progress, are kept "

@@ -2,10 +2,11 @@
 
 A checkpoint holds the train state pytree (params, optimizer state, step), the
 RNG key, and a small JSON record (step, data position, config fingerprint).
-Saves are atomic (Orbax writes to a temporary directory and renames it), so a
-run killed mid-save leaves the previous checkpoint intact. A checkpoint that
-fails to restore (truncated, corrupted) is reported and the one before it is
-tried. A save that fails (a full disk, ...) is found at the next step at the
+Saves are atomic, so a run killed mid-save leaves the previous checkpoint
+intact: Orbax writes to a temporary directory and renames it, or on gs://
+(no rename there) writes commit_success.txt last and ignores a step without
+it. A checkpoint that fails to restore (truncated, corrupted) is reported
+and the one before it is tried. A save that fails (a full disk, ...) is found at the next step at the
 latest (`check`) and stops the run with one line: the step, the directory,
 the bytes a checkpoint needs and the free space for a full disk, and the
 checkpoints actually kept.
@@ -16,7 +17,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import socket
 import time
 
@@ -24,14 +24,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxdistill import cli
+from jaxdistill import storage
 
 
 class Checkpointer:
   """Thin wrapper over ocp.CheckpointManager for {state, meta} checkpoints."""
 
   def __init__(self, directory: str, *, keep: int = 3):
-    self.directory = os.path.abspath(directory)
+    self.directory = storage.abspath(directory)
     if int(keep) < 1:
       raise ValueError(f"config.keep_ckpts: must be >= 1, got {keep}")
     check_writable_dir(self.directory)
@@ -112,10 +112,12 @@ class Checkpointer:
     if not steps or jax.process_index() != 0:
       return
     aside = os.path.join(os.path.dirname(self.directory), "broken_checkpoints")
-    os.makedirs(aside, exist_ok=True)
+    storage.makedirs(aside)
     for step in steps:
       dst = os.path.join(aside, f"{step}-{int(time.time())}")
-      shutil.move(os.path.join(self.directory, str(step)), dst)
+      # On gs:// a copy then a delete: killed in between, the step is still
+      # there, still broken, and is set aside again by the next run.
+      storage.move(os.path.join(self.directory, str(step)), dst)
       logging.warning("moved the unreadable checkpoint %d to %s", step, dst)
     self._mngr.reload()
 
@@ -183,11 +185,20 @@ def _size(n: float) -> str:
 
 
 def kept_steps(directory: str) -> list[int]:
-  """The steps of the complete checkpoints in `directory`, on disk."""
+  """The steps of the complete checkpoints in `directory` (on gs://, those
+  with Orbax's commit marker: it writes a step in place there)."""
   try:
-    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    steps = [int(n) for n in storage.listdir(directory) if n.isdigit()]
+    if storage.is_gs(directory):
+      steps = [s for s in steps if storage.exists(
+          os.path.join(directory, str(s), ORBAX_COMMITTED))]
+    return sorted(steps)
   except OSError:
     return []
+
+
+# What Orbax writes last into a step on an object store (its commit there).
+ORBAX_COMMITTED = "commit_success.txt"
 
 
 class CheckpointWriteError(OSError):
@@ -227,7 +238,7 @@ class CheckpointWriteError(OSError):
     return self.args[1]
 
 
-check_writable_dir = cli.check_writable_dir
+check_writable_dir = storage.check_writable_dir
 
 
 class WorkdirLock:
@@ -243,12 +254,12 @@ class WorkdirLock:
   NAME = ".lock"
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(os.path.abspath(workdir), self.NAME)
+    self.path = os.path.join(storage.abspath(workdir), self.NAME)
     self._held = False
 
   def _holder(self):
     try:
-      with open(self.path) as f:
+      with storage.open(self.path) as f:
         return json.load(f)
     except (OSError, ValueError):
       return None
@@ -257,7 +268,7 @@ class WorkdirLock:
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     for _ in range(3):
       try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        storage.create_exclusive(self.path, json.dumps(me))
       except FileExistsError:
         holder = self._holder()
         if holder is None:  # being written by its creator, or garbage
@@ -282,8 +293,6 @@ class WorkdirLock:
             f"{os.path.dirname(self.path)}: in use by pid {holder.get('pid')} "
             f"on host {holder.get('host')} (lock {self.path}); wait for it, "
             "or remove the lock if that process is gone")
-      with os.fdopen(fd, "w") as f:
-        json.dump(me, f)
       self._held = True
       return self
     raise ValueError(f"{self.path}: could not take the workdir lock")
@@ -318,8 +327,4 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
-def _remove(path):
-  try:
-    os.remove(path)
-  except FileNotFoundError:
-    pass
+_remove = storage.remove

@@ -9,6 +9,11 @@ with one line naming the file. TensorBoard is a convenience: its events are
 written synchronously (tensorboardX's background writer blocks the caller
 forever once its thread has died on a full disk), and the first error
 disables it with a warning while training goes on.
+
+On a gs:// workdir (an object cannot be appended to) metrics.jsonl is
+uploaded whole: at most every SYNC_S seconds, at every checkpoint (`sync`,
+so the lines up to the step a resume starts from are never lost) and at the
+end; TensorBoard events go through tensorboardX's own GCS writer.
 """
 from __future__ import annotations
 
@@ -20,6 +25,11 @@ import time
 
 import jax
 from tqdm.auto import tqdm
+
+from jaxdistill import storage
+
+# A gs:// metrics.jsonl is uploaded at most this often between checkpoints.
+SYNC_S = 30.0
 
 
 class Logger:
@@ -33,7 +43,8 @@ class Logger:
       return
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     try:
-      self._jsonl = open(self._jsonl_path, "a")
+      self._jsonl = (_ObjectLog(self._jsonl_path) if storage.is_gs(workdir)
+                     else open(self._jsonl_path, "a"))
     except OSError as e:
       raise OSError(e.errno, f"{self._jsonl_path}: cannot open the metrics "
                     f"log ({e.strerror or e})") from None
@@ -73,6 +84,18 @@ class Logger:
                         self._tb.logdir, type(e).__name__, e)
         self._tb = None
 
+  def sync(self):
+    """The metrics so far made durable (an upload on gs://)."""
+    if self.active:
+      try:
+        if isinstance(self._jsonl, _ObjectLog):
+          self._jsonl.flush(force=True)
+        else:
+          self._jsonl.flush()
+      except OSError as e:
+        raise OSError(e.errno, f"{self._jsonl_path}: cannot write the "
+                      f"metrics log ({e.strerror or e})") from None
+
   def close(self):
     if not self.active:
       return
@@ -89,12 +112,41 @@ class Logger:
       logging.error("%s: %s", self._jsonl_path, e)
 
 
+class _ObjectLog:
+  """metrics.jsonl on an object store: its earlier lines (a resumed run) and
+  the new ones, uploaded whole every SYNC_S seconds and when forced."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._text = storage.read_text(path) if storage.exists(path) else ""
+    if self._text and not self._text.endswith("\n"):
+      self._text += "\n"  # read_metrics skips a cut line; do not extend it
+    self._dirty, self._last = False, time.monotonic()
+
+  def write(self, line: str):
+    self._text += line
+    self._dirty = True
+
+  def flush(self, force: bool = False):
+    if self._dirty and (force or time.monotonic() - self._last > SYNC_S):
+      try:
+        storage.write_text(self.path, self._text)
+      except Exception as e:  # pylint: disable=broad-except
+        if isinstance(e, OSError):
+          raise
+        raise OSError(None, f"{type(e).__name__}: {e}") from None
+      self._dirty, self._last = False, time.monotonic()
+
+  def close(self):
+    self.flush(force=True)
+
+
 class _TensorBoard:
   """Scalar events written in the caller's thread (errors raise here)."""
 
   def __init__(self, logdir: str):
     from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
-    os.makedirs(logdir, exist_ok=True)
+    storage.makedirs(logdir)
     self.logdir = logdir
     self._w = event_file_writer.EventsWriter(os.path.join(logdir, "events"))
     self._last_flush = 0.0
@@ -130,8 +182,8 @@ def read_metrics(workdir: str) -> list[dict]:
   """The JSON-lines records of a run, last record per step wins (resumes)."""
   path = os.path.join(workdir, "metrics.jsonl")
   by_step = {}
-  if os.path.exists(path):
-    with open(path) as f:
+  if storage.exists(path):
+    with storage.open(path) as f:
       for line in f:
         line = line.strip()
         if line:

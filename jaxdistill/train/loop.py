@@ -20,6 +20,10 @@ checkpoint is written, and the run stops with `Preempted` (the CLI exits with
 status 128 + signal); the same command resumes it. One process per workdir
 (<workdir>/.lock names the holder).
 
+--workdir may be gs://bucket/run (jaxdistill/storage.py, docs/cloud_storage.md):
+checkpoints, logs, the export and the lock are written there, and no path
+of the config may be a URL yet (refused before any compute).
+
 jaxdistill.rl.train runs through the same pieces (init_or_restore, run_steps,
 main) with its own step.
 """
@@ -48,6 +52,7 @@ from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import sharding
 from jaxdistill import sparsity
+from jaxdistill import storage
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
@@ -69,7 +74,7 @@ REVISIONS = "revisions.json"
 
 def _read_json(path: str) -> dict:
   try:
-    with open(path) as f:
+    with storage.open(path) as f:
       return json.load(f)
   except ValueError as e:
     raise ValueError(f"{path}: not valid JSON ({e}); move the workdir "
@@ -94,7 +99,7 @@ def _unknown_commits(old: dict, revisions: dict, workdir: str) -> list[str]:
   """The hub names of a trained workdir whose commits are unknown: its
   revisions.json is gone and its config.json does not pin them."""
   ckpts = os.path.join(workdir, "checkpoints")
-  if not (os.path.isdir(ckpts) and os.listdir(ckpts)):
+  if not (storage.isdir(ckpts) and storage.listdir(ckpts)):
     return []  # nothing trained yet: the commits resolved now are the run's
   pinned = _pinned(old, revisions)
   return [f for f in revisions if _value(old, f) != _value(pinned, f)]
@@ -127,18 +132,18 @@ def prepare_workdir(config, workdir: str, overwrite: bool,
   taken from the hub (train.setup.revisions), kept apart so that a hub name
   in the config stays as written. Refuses to reuse a workdir of a different
   config, or whose hub names now resolve to other commits."""
-  os.makedirs(workdir, exist_ok=True)
+  storage.makedirs(workdir)
   path = os.path.join(workdir, "config.json")
   rev_path = os.path.join(workdir, REVISIONS)
   new = json.loads(config_lib.to_json(config))
-  if os.path.exists(path):
+  if storage.exists(path):
     old = _read_json(path)
-    if os.path.exists(rev_path):
+    if storage.exists(rev_path):
       old, new = (_pinned(old, _read_revisions(rev_path)),
                   _pinned(new, revisions or {}))
     changed = [d for d in config_lib.diff(old, new)
                if d.split(":")[0] not in RESUMABLE_FIELDS]
-    if not os.path.exists(rev_path):
+    if not storage.exists(rev_path):
       unknown = _unknown_commits(old, revisions or {}, workdir)
       if unknown and not overwrite:
         raise ValueError(
@@ -155,18 +160,23 @@ def prepare_workdir(config, workdir: str, overwrite: bool,
           "aside (into <workdir>/replaced-<time>/) and start fresh.")
     if changed and overwrite:
       aside = os.path.join(workdir, time.strftime("replaced-%Y%m%d-%H%M%S"))
-      os.makedirs(aside)
-      for entry in os.listdir(workdir):
-        if not entry.startswith("replaced-") and entry != ckpt_lib.WorkdirLock.NAME:
-          shutil.move(os.path.join(workdir, entry), aside)
+      storage.makedirs(aside)
+      # config.json last: a kill part way (a move on gs:// copies object by
+      # object) leaves it in place, so the next run refuses again, or with
+      # --overwrite moves the rest, rather than resuming another config's
+      # checkpoints.
+      entries = [e for e in storage.listdir(workdir)
+                 if not e.startswith("replaced-") and
+                 e != ckpt_lib.WorkdirLock.NAME]
+      for entry in sorted(entries, key=lambda e: e == "config.json"):
+        storage.move(os.path.join(workdir, entry), os.path.join(aside, entry))
       logging.warning("moved the previous run of %s into %s", workdir, aside)
-  with open(path, "w") as f:
-    f.write(config_lib.to_json(config))
+  storage.write_text(path, config_lib.to_json(config))
   if revisions:
-    with open(rev_path, "w") as f:
-      json.dump(revisions, f, indent=2, sort_keys=True)
-  elif os.path.exists(rev_path):
-    os.remove(rev_path)
+    storage.write_text(rev_path, json.dumps(revisions, indent=2,
+                                            sort_keys=True))
+  elif storage.exists(rev_path):
+    storage.remove(rev_path)
 
 
 def config_mesh(config, devices=None):
@@ -207,7 +217,11 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
 def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   """Saves the trained student as a Hugging Face directory <workdir>/hf_student
   (with its tokenizer). Sharded params are gathered on every host; host 0
-  writes. Returns the directory on host 0, else None."""
+  writes. Returns the directory on host 0, else None.
+
+  On gs:// the directory is built locally and uploaded, config.json last
+  (a Hugging Face directory without it does not load); its earlier
+  config.json is removed first, so a kill during a re-export leaves none."""
   if jax.process_count() > 1:
     params = multihost_utils.process_allgather(params, tiled=True)
   else:
@@ -215,8 +229,19 @@ def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   if jax.process_index() != 0:
     return None
   out = os.path.join(workdir, "hf_student")
-  models.save_pretrained(scfg, params, out)
-  tok_lib.save_tokenizer(tokenizer, out)
+  if not storage.is_gs(out):
+    models.save_pretrained(scfg, params, out)
+    tok_lib.save_tokenizer(tokenizer, out)
+    return out
+  local = storage.local_staging()
+  try:
+    models.save_pretrained(scfg, params, local)
+    tok_lib.save_tokenizer(tokenizer, local)
+    storage.remove(os.path.join(out, "config.json"))
+    storage.upload_dir(local, out, last="config.json")
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+  logging.info("exported the student to %s", out)
   return out
 
 
@@ -261,6 +286,7 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
           or stopping):
         ckpt.save(done, state, {"step": done, "data_position": done,
                                 "seed": int(config.seed), **(meta or {})})
+        log.sync()
     ckpt.wait()
     stop.raise_if_stopped(ckpt)
   finally:
@@ -280,6 +306,7 @@ def train(config, workdir: str, *, overwrite: bool = False,
 
   `devices` restricts the mesh to these devices (default: all).
   """
+  workdir = check_paths(config, workdir)
   config_lib.validate(config)
   config_lib.validate_run(config)
   mesh = config_mesh(config, devices)
@@ -287,6 +314,22 @@ def train(config, workdir: str, *, overwrite: bool = False,
   config_lib.validate_run(config, mesh, rules)
   with locked_workdir(workdir):
     return _train(config, workdir, overwrite, mesh, rules)
+
+
+def check_paths(config, workdir: str) -> str:
+  """The workdir as the run uses it (local or gs://), after refusing, in one
+  line, a workdir of another scheme and any URL among the config's fields
+  (teacher caches, prepared data, checkpoints to load: local only yet)."""
+  workdir = storage.check(workdir, "--workdir", gs_ok=True)
+
+  def walk(node, prefix):
+    for k, v in node.items():
+      if isinstance(v, dict):
+        walk(v, f"{prefix}{k}.")
+      elif isinstance(v, str) and storage.looks_remote(v):
+        storage.check(v, f"config.{prefix}{k}")
+  walk(json.loads(config_lib.to_json(config)), "")
+  return workdir
 
 
 def model_configs(config):

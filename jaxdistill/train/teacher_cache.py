@@ -58,6 +58,7 @@ from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill import storage
 from jaxdistill.models import flops
 from jaxdistill.models import hub
 from jaxdistill.train import batches as train_batches
@@ -492,7 +493,7 @@ def build(config, out_dir: str, *, overwrite: bool = False,
   _check_buildable(config)
   config_lib.validate(config)
   config_lib.validate_run(config)
-  out_dir = os.path.realpath(os.path.expanduser(out_dir))
+  out_dir = os.path.realpath(storage.check(out_dir, "--out"))  # no gs: dir
   replacing = _check_out(out_dir, overwrite)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)

@@ -1,0 +1,248 @@
+"""Where runs are written: a local path, or a Google Cloud Storage URL.
+
+A path is local, or `gs://bucket/dir`. Any other URL (s3://, hdfs://, ...)
+and anything that only looks like one (`gs:/bucket`, what os.path.abspath
+makes of a gs URL) is refused in one line: it must never become a local
+directory named `gs:`. Commands and config fields that cannot take gs:// yet
+refuse it the same way (`check(path, what)`); docs/cloud_storage.md lists
+which take it.
+
+Object stores have no rename of a directory, so nothing here renames on
+gs://: a file is uploaded whole (an object appears complete or not at all), a
+directory of files is uploaded with its marker file last, and a "move" is a
+copy then a delete, which callers order so that a kill part way is safe.
+
+Local paths go through os; gs:// through gcsfs (fsspec), which reads
+STORAGE_EMULATOR_HOST as Google's own clients do. Orbax writes checkpoints
+to gs:// itself, through tensorstore (its own commit marker, no rename).
+"""
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import shutil
+import tempfile
+import uuid
+
+import fsspec
+
+GS = "gs://"
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+
+
+def looks_remote(path) -> bool:
+  """A URL of any scheme, or a path that starts like a gs one."""
+  path = os.fspath(path)
+  return bool(_URL.match(path)) or path.lower().startswith("gs:")
+
+
+def is_gs(path) -> bool:
+  return os.fspath(path).startswith(GS)
+
+
+def check(path, what: str, *, gs_ok: bool = False) -> str:
+  """`path` as the project will use it (gs:// without a trailing slash, a
+  local path with ~ expanded), or ValueError in one line: an unknown scheme,
+  a malformed gs URL, or a gs:// path where `what` does not take one."""
+  path = os.fspath(path)
+  if not looks_remote(path):
+    return os.path.expanduser(path)
+  if not is_gs(path):
+    scheme = path.split(":", 1)[0]
+    if scheme.lower() == "gs":
+      raise ValueError(f"{what}: {path} is not a gs:// URL (write "
+                       f"gs://bucket/path)")
+    raise ValueError(f"{what}: {path}: the {scheme}:// scheme is not "
+                     "supported (a local path, or gs:// where "
+                     "docs/cloud_storage.md says so)")
+  bucket = path[len(GS):].split("/", 1)[0]
+  if not _BUCKET.match(bucket):
+    raise ValueError(f"{what}: {path}: {bucket!r} is not a bucket name")
+  if not gs_ok:
+    raise ValueError(f"{what}: {path}: gs:// is not supported here yet "
+                     "(docs/cloud_storage.md says what is); give a local path")
+  return path.rstrip("/")
+
+
+def abspath(path) -> str:
+  path = os.fspath(path)
+  if looks_remote(path):
+    return check(path, path, gs_ok=True)
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def _fs():
+  # Listings are not cached: Orbax and other hosts write behind our back.
+  return fsspec.filesystem("gcs", use_listings_cache=False)
+
+
+def _key(path: str) -> str:
+  return path[len(GS):]
+
+
+def exists(path) -> bool:
+  return _fs().exists(_key(path)) if is_gs(path) else os.path.exists(path)
+
+
+def isdir(path) -> bool:
+  return _fs().isdir(_key(path)) if is_gs(path) else os.path.isdir(path)
+
+
+def isfile(path) -> bool:
+  return _fs().isfile(_key(path)) if is_gs(path) else os.path.isfile(path)
+
+
+def listdir(path) -> list[str]:
+  """The names in a directory ([] for a gs:// prefix with no object under
+  it: object stores have no empty directories)."""
+  if not is_gs(path):
+    return os.listdir(path)
+  try:
+    entries = _fs().ls(_key(path), detail=False)
+  except FileNotFoundError:
+    return []
+  return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
+
+
+def makedirs(path) -> None:
+  """A local directory and its parents; nothing on gs:// (no directories)."""
+  if not is_gs(path):
+    os.makedirs(path, exist_ok=True)
+
+
+def open(path, mode: str = "r"):  # pylint: disable=redefined-builtin
+  """A file object. On gs:// a file opened for writing is uploaded when it
+  is closed, whole, and replaces any earlier object; there is no "a"."""
+  if not is_gs(path):
+    return builtins.open(path, mode)
+  if "a" in mode or "+" in mode:
+    raise ValueError(f"{path}: mode {mode!r}: objects cannot be appended to")
+  return _fs().open(_key(path), mode)
+
+
+def read_text(path) -> str:
+  with open(path) as f:
+    return f.read()
+
+
+def write_text(path, text: str) -> None:
+  """The whole file (on gs://, one upload)."""
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def create_exclusive(path, text: str) -> None:
+  """Writes a new file; FileExistsError if `path` exists. On GCS the
+  upload carries ifGenerationMatch=0, so of two racing writers one fails."""
+  if not is_gs(path):
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    return
+  fs = _fs()
+  try:
+    fs.pipe_file(_key(path), text.encode(), mode="create")  # 412: exists
+  except TypeError:  # a gcsfs before mode="create": checked, not atomic
+    if fs.exists(_key(path)):
+      raise FileExistsError(path) from None
+    fs.pipe_file(_key(path), text.encode())
+
+
+def remove(path) -> None:
+  """Removes a file; no error if it is gone."""
+  try:
+    if is_gs(path):
+      _fs().rm_file(_key(path))
+    else:
+      os.remove(path)
+  except FileNotFoundError:
+    pass
+
+
+def rmtree(path) -> None:
+  if is_gs(path):
+    try:
+      _fs().rm(_key(path), recursive=True)
+    except FileNotFoundError:
+      pass
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def move(src, dst) -> None:
+  """A file or directory moved. On gs:// a copy, then a delete of `src`:
+  killed part way, both may hold part of it (callers move the file that
+  marks a directory as a run last)."""
+  if not is_gs(src):
+    shutil.move(src, dst)
+    return
+  fs = _fs()
+  if fs.isdir(_key(src)):
+    fs.copy(_key(src), _key(dst), recursive=True)
+    fs.rm(_key(src), recursive=True)
+  else:
+    fs.copy(_key(src), _key(dst))
+    fs.rm_file(_key(src))
+
+
+def upload_dir(local: str, remote: str, *, last: str | None = None) -> None:
+  """Copies the files under `local` into `remote`, the file `last` (a name
+  relative to `local`) after every other one: its presence says the copy
+  is complete."""
+  fs = _fs()
+  names = sorted(os.path.relpath(os.path.join(d, n), local)
+                 for d, _, ns in os.walk(local) for n in ns)
+  names.sort(key=lambda n: n == last)
+  for name in names:
+    fs.put_file(os.path.join(local, name), f"{_key(remote)}/{name}")
+
+
+def download_dir(remote: str, local: str) -> None:
+  fs = _fs()
+  root = _key(remote).rstrip("/")
+  for key in fs.find(root):
+    dst = os.path.join(local, os.path.relpath(key, root))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    fs.get_file(key, dst)
+
+
+def local_staging(prefix: str = "jaxdistill-") -> str:
+  """A fresh local directory to build files in before their upload."""
+  return tempfile.mkdtemp(prefix=prefix)
+
+
+def check_writable_dir(path) -> None:
+  """Raises ValueError (one line naming `path`) unless `path` is, or can be
+  created as, a writable directory; on gs:// unless its bucket can be
+  written (a small object written and removed: credentials, bucket name and
+  permission all checked before any compute)."""
+  path = os.fspath(path)
+  if looks_remote(path):
+    path = check(path, path, gs_ok=True)
+    probe = f"{path}/.write-check-{uuid.uuid4().hex[:12]}"
+    try:
+      fs = _fs()
+      if fs.isfile(_key(path)):
+        raise ValueError(f"{path}: exists and is not a directory")
+      fs.pipe_file(_key(probe), b"")
+      fs.rm_file(_key(probe))
+    except ValueError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+      raise ValueError(
+          f"{path}: cannot write there ({type(e).__name__}: {why}); check the "
+          "bucket name and the credentials (gcloud auth application-default "
+          "login, or the TPU VM's service account)") from None
+    return
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{path}: exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"{path}: cannot create it "
+                     f"({os.strerror(e.errno) if e.errno else e})") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"{path}: not writable")
