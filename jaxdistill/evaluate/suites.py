@@ -4,7 +4,13 @@ A suite spec is a small dict in `config.suites`:
 
   countdown3 = dict(kind='countdown', n_numbers=3, num_problems=500, data_seed=0)
       the Countdown-3 TEST split of tasks.countdown.generate_problems (its
-      targets never occur in any training split, whatever the seed).
+      targets never occur in any training split, whatever the seed): the
+      project's own generator, not the paper's.
+  countdown4e = dict(kind='countdown', source='countdown4e', split='test',
+                     data_dir=None, num_problems=None)
+      the paper's Countdown set `source` (tasks.countdown.PRESETS), split
+      `split` (default 'test'), its first `num_problems` (None: all), from
+      `data_dir` if given (data.prepare NAME writes it), else generated.
   science = dict(kind='mcq', path='/data/sciq/test.jsonl', source='sciq',
                  num_problems=None, data_seed=0)
       a user file (JSONL / JSON / CSV / Parquet) in one of
@@ -27,6 +33,7 @@ import os
 import numpy as np
 
 from jaxdistill.data import builders
+from jaxdistill.data import pipeline
 from jaxdistill.data import sources
 from jaxdistill.tasks import countdown
 
@@ -45,6 +52,11 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
     raise ValueError(f"{_field(name, 'num_problems')}: must be a positive int or "
                      f"None, got {num!r}")
   seed = int(spec.get("data_seed") or 0)
+  if kind == "countdown" and spec.get("source") is not None:
+    records = pipeline.paper_countdown_records(
+        spec.source, spec.get("split") or "test", spec.get("data_dir"),
+        f"config.suites.{name}")
+    return records[:num] if num is not None else records
   if kind == "countdown":
     n = spec.get("n_numbers")
     if n is None:
