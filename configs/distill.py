@@ -88,7 +88,9 @@ def get_config(arg=None):
   # D.1, Table 1's prompt; tasks.countdown.PRESETS; read from data_dir when
   # `python -m jaxdistill.data.prepare countdown3` wrote it there, else
   # generated); source None is the project's own generator (not the
-  # paper's), Countdown-n_numbers from data_seed. task='mcq' reads the user's files
+  # paper's), Countdown-n_numbers from data_seed. task='mcq': prompt
+  # 'science' / 'medreason' is that Table 1 prompt (None: the project's);
+  # it reads the user's files
   # (manual_dir, format `source`) prepared as TFDS under data_dir;
   # task='records' reads records_file (.jsonl of Countdown/MCQ records).
   # bucket=None pads every batch to max_prompt_len + max_new_tokens (one
@@ -107,7 +109,8 @@ def get_config(arg=None):
                 manual_dir=config_dict.placeholder(str),
                 source=config_dict.placeholder(str),
                 records_file=config_dict.placeholder(str),
-                system=config_dict.placeholder(str), batch_size=32,
+                system=config_dict.placeholder(str),
+                prompt=config_dict.placeholder(str), batch_size=32,
                 max_prompt_len=2048, fixed_batch=False,
                 bucket=config_dict.placeholder(int),
                 teacher_prompt=config_dict.placeholder(str),

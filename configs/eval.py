@@ -59,13 +59,14 @@ def _names(s):
   return tuple(n for n in str(s or "").split("+") if n)
 
 
-def _mcq(source, split="test"):
+def _mcq(source, prompt, split="test"):
   # path: a data file; or data_dir: where `python -m jaxdistill.data.prepare
   # SOURCE --data_dir DIR` wrote it (with manual_dir: your own files).
+  # prompt: Table 1's (tasks.mcq.PROMPTS), the answer letter in <answer>.
   return dict(kind="mcq", path=config_dict.placeholder(str), source=source,
               manual_dir=config_dict.placeholder(str),
               data_dir=config_dict.placeholder(str), split=split,
-              num_problems=500, data_seed=0)
+              num_problems=500, data_seed=0, prompt=prompt)
 
 
 def _paper_countdown(source):
@@ -96,8 +97,9 @@ def get_config(arg=None):
   # wrote them; the first num_problems of the split.
   c.suites.countdown3_paper = _paper_countdown("countdown3")
   c.suites.countdown4e = _paper_countdown("countdown4e")
-  c.suites.science = _mcq("sciq")
-  c.suites.medical = _mcq("medmcqa", "validation")  # its test split is unlabelled
+  c.suites.science = _mcq("sciq", "science")
+  # MedMCQA's test split is unlabelled.
+  c.suites.medical = _mcq("medmcqa", "medreason", "validation")
   c.eval_suites = _names(arg.suites or suites)
   c.in_distribution = tuple(n for n in _names(in_dist) if n in c.eval_suites)
   c.harder = tuple(n for n in _names(harder) if n in c.eval_suites)

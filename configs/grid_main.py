@@ -55,10 +55,11 @@ CHECKPOINTS = {
 }
 
 
-def _mcq(source):
+def _mcq(source, prompt):
   # manual_dir None: the data set prepared by name (jaxdistill.data.prepare);
-  # completions up to 1,024 tokens for the MCQ tasks (Table 3).
-  return dict(data=dict(task="mcq", source=source,
+  # Table 1's prompt (tasks.mcq.PROMPTS); completions up to 1,024 tokens for
+  # the MCQ tasks (Table 3).
+  return dict(data=dict(task="mcq", source=source, prompt=prompt,
                         manual_dir=config_dict.placeholder(str)),
               rollout=dict(max_new_tokens=1024))
 
@@ -73,7 +74,8 @@ def get_config(arg=None):
   c.presets = dict(
       family={f: dict(student=dict(path=CHECKPOINTS[f][0]),
                       teacher=dict(path=CHECKPOINTS[f][1])) for f in FAMILIES},
-      task=dict(science=_mcq("sciq"), medical=_mcq("medmcqa"),
+      task=dict(science=_mcq("sciq", "science"),
+                medical=_mcq("medmcqa", "medreason"),
                 # The paper's Countdown-3 (App. D.1, Table 1's prompt).
                 countdown=dict(data=dict(task="countdown", source="countdown3"),
                                rollout=dict(max_new_tokens=512))))

@@ -405,6 +405,8 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     'generic') over the user's files in `manual_dir`, prepared under the
     required `data_dir`; without manual_dir, the data set `source` (sciq,
     medmcqa, gpqa) that `python -m jaxdistill.data.prepare` wrote there.
+    `prompt` None asks with the project's prompt; 'science' or 'medreason'
+    with that Table 1 prompt (mcq.PROMPTS; the answer letter in <answer>).
   data.task 'records': records already in jaxdistill's form, read from
     `records_file` (.jsonl, one object per line, or .json, an array): each
     one Countdown (numbers, target, and solution or response) or multiple
@@ -432,7 +434,11 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
         config=builders.countdown_config(n, sizes["train"], seed))
     return builders.load_records(builder, split)
   if task == "mcq":
-    return builders.load_records(builders.mcq_builder(data, "data"), split)
+    mcq.check_prompt(data.get("prompt"), "data.prompt")
+    records = builders.load_records(builders.mcq_builder(data, "data"), split)
+    if data.get("prompt") is not None:
+      records = [dict(r, prompt=data.prompt) for r in records]
+    return records
   if task == "records":
     path = data.get("records_file")
     if not path:

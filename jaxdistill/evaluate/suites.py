@@ -19,6 +19,8 @@ A suite spec is a small dict in `config.suites`:
       the prepared `mcq_files` TFDS builder over that directory; or, with
       `data_dir` alone, the data set `source` that `python -m
       jaxdistill.data.prepare` wrote there (builders.mcq_builder).
+      `prompt`: None, the project's prompt; 'science' / 'medreason', that
+      Table 1 prompt (tasks.mcq.PROMPTS).
 
 `num_problems` caps a suite: Countdown generates exactly that many; an MCQ
 file keeps a seeded random subset (in file order) of that size, or all rows
@@ -36,6 +38,7 @@ from jaxdistill.data import builders
 from jaxdistill.data import pipeline
 from jaxdistill.data import sources
 from jaxdistill.tasks import countdown
+from jaxdistill.tasks import mcq
 
 KINDS = ("countdown", "mcq")
 
@@ -70,7 +73,10 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
       raise ValueError(f"config.suites.{name}: {e}") from None
     return [p.to_record() for p in problems]
   if kind == "mcq":
+    mcq.check_prompt(spec.get("prompt"), _field(name, "prompt"))
     records = _mcq_records(name, spec)
+    if spec.get("prompt") is not None:
+      records = [dict(r, prompt=spec.prompt) for r in records]
     if num is not None and len(records) > num:
       keep = np.sort(np.random.default_rng(seed).permutation(len(records))[:num])
       records = [records[i] for i in keep]

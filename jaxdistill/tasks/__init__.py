@@ -4,8 +4,9 @@ A record is a plain dict. Countdown records carry `numbers`, `target` (and
 `solution`), and those of the paper's Countdown sets also `variant` (a key
 of countdown.PRESETS: Table 1's prompt, step-equation answers, the paper's
 verifier; task id COUNTDOWN_STEPS); multiple-choice records carry
-`question`, `options`, `answer`; arithmetic records carry `expression` and
-`value`.
+`question`, `options`, `answer` (and optionally `prompt`, a key of
+mcq.PROMPTS: Table 1's science or MedReason prompt); arithmetic records carry
+`expression` and `value`.
 `task_of(record)` tells them apart, and batches from
 jaxdistill.data.pipeline carry the same information as arrays ('task',
 'numbers', 'target', 'gold'), so `score_batch(texts, batch)` needs nothing
@@ -49,8 +50,12 @@ def task_of(record: Mapping) -> int:
 def prompt_messages(record: Mapping) -> tuple[str | None, str]:
   """(system, user) messages of a record before the chat template: the
   task's own system line (Table 1 for the paper's variants), else None."""
-  if task_of(record) == COUNTDOWN_STEPS:
+  t = task_of(record)
+  if t == COUNTDOWN_STEPS:
     return countdown.table1_prompt(record["numbers"], record["target"])
+  if t == MCQ and record.get("prompt") is not None:
+    mcq.check_prompt(record["prompt"], "record: field 'prompt'")
+    return mcq.PROMPTS[record["prompt"]](record["question"], record["options"])
   return None, prompt_text(record)
 
 
@@ -63,6 +68,8 @@ def prompt_text(record: Mapping) -> str:
     return countdown.build_prompt(record["numbers"], record["target"])
   if t == ARITH:
     return arith.build_prompt(record["expression"])
+  if record.get("prompt") is not None:
+    return prompt_messages(record)[1]
   return mcq.build_prompt(record["question"], record["options"])
 
 
@@ -84,6 +91,9 @@ def reference_response(record: Mapping) -> str:
         record["numbers"], record["target"], record["solution"])
   if t == ARITH:
     return arith.reference_completion(record["expression"])
+  if record.get("prompt") is not None:  # Table 1's: the letter in <answer>.
+    mcq.letter_index(record["answer"])
+    return f"<answer>{record['answer']}</answer>"
   return mcq.reference_completion(record["answer"])
 
 

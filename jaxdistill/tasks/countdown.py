@@ -509,7 +509,7 @@ def paper_problems(name: str, split: str, *, count: int | None = None,
   splits are drawn independently from their own seeds, as the paper does, so
   they can share problems (`overlap`; `unseen` drops the shared ones).
 
-  Measured (python -c 'from jaxdistill.tasks import countdown as cd; ...'):
+  Measured with this function and `overlap`:
   Countdown-3's 5,000 distinct training problems take 7,774 draws (2,258
   repeats, 516 targets above 1,000 discarded); 277 of its 500 test problems
   also occur in training (487 of 500 test targets do). Targets are skewed

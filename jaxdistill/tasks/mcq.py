@@ -112,6 +112,18 @@ def medreason_prompt(question: str, options: Sequence[str]) -> tuple[str, str]:
   return _table1(MEDREASON_SYSTEM, MEDREASON_INSTRUCTION, question, options)
 
 
+# Table 1's prompts by name: an MCQ record with field `prompt` set to one of
+# these is asked with it (tasks.prompt_messages); data.prompt / a suite's
+# `prompt` sets the field.
+PROMPTS = {"science": science_prompt, "medreason": medreason_prompt}
+
+
+def check_prompt(name, field: str) -> None:
+  if name is not None and name not in PROMPTS:
+    raise ValueError(f"{field}: expected None (the project's prompt) or one "
+                     f"of Table 1's {sorted(PROMPTS)}, got {name!r}")
+
+
 def _check_num_options(num_options) -> int:
   if num_options is None:
     return MAX_OPTIONS

@@ -1,15 +1,18 @@
 """`python -m jaxdistill.data.prepare countdown3|countdown4e|countdown4` end to
-end on a tmp dir, and data configs / eval suites reading what it wrote."""
+end on a tmp dir, data configs / eval suites reading what it wrote, and the
+Table 1 MCQ prompts chosen by data.prompt / a suite's prompt."""
 import json
 import os
 
 import ml_collections
 import pytest
 
+from jaxdistill import tasks
 from jaxdistill.data import pipeline
 from jaxdistill.data import prepare
 from jaxdistill.evaluate import suites
 from jaxdistill.tasks import countdown as cd
+from jaxdistill.tasks import mcq
 
 
 def test_prepare_all_three_and_read_back(tmp_path):
@@ -72,3 +75,37 @@ def test_prompt_batches_use_table1_system_line(tiny_tokenizer):
   got = b.score(["<answer>" + recs[0]["solution"] + "</answer>",
                  "<answer>1+1=2</answer>"], row)
   assert list(got["reward"]) == [1.0, 0.0]
+
+
+def test_mcq_table1_prompt_by_data_and_suite_field(tmp_path, tiny_tokenizer):
+  files = tmp_path / "files"
+  files.mkdir()
+  rows = [{"question": "Which drug?", "options": ["a", "b", "c", "d"],
+           "answer": "C"}]
+  (files / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  data = ml_collections.ConfigDict(dict(
+      task="mcq", source="generic", manual_dir=str(files),
+      data_dir=str(tmp_path / "tfds"), split="test", prompt="medreason"))
+  recs = pipeline.records_from_config(data)
+  assert recs == [dict(rows[0], prompt="medreason")]
+  assert tasks.prompt_messages(recs[0]) == mcq.medreason_prompt(
+      "Which drug?", ["a", "b", "c", "d"])
+  assert tasks.reference_response(recs[0]) == "<answer>C</answer>"
+  b = pipeline.make_prompt_batches(recs, tiny_tokenizer, batch_size=1,
+                                   max_prompt_len=1024, seed=0, shuffle=False,
+                                   num_epochs=1)
+  row = b[0]
+  text = tiny_tokenizer.decode(row["prompt"][0][row["prompt_mask"][0] == 1])
+  assert "You are a careful medical reasoning assistant." in text
+  got = b.score(["<think>x</think><answer>C</answer>"], row)
+  assert list(got["reward"]) == [1.0]
+  spec = ml_collections.ConfigDict(dict(kind="mcq", source="generic",
+                                        path=str(files / "test.jsonl"),
+                                        prompt="science", num_problems=None))
+  assert suites.suite_records("science", spec)[0]["prompt"] == "science"
+  spec.prompt = "poetry"
+  with pytest.raises(ValueError, match=r"config\.suites\.science\.prompt"):
+    suites.suite_records("science", spec)
+  data.prompt = "poetry"
+  with pytest.raises(ValueError, match=r"data\.prompt"):
+    pipeline.records_from_config(data)
