@@ -449,11 +449,13 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
 
 
 def paper_countdown_records(name: str, split: str, data_dir: str | None,
-                            field: str) -> list[dict]:
+                            field: str, unseen: bool = False) -> list[dict]:
   """Records of the paper's Countdown set `name` (a tasks.countdown.PRESETS
   key), split `split`: from the paper_countdown builder under `data_dir`
   (built there if missing), or generated in memory without one. `field`
-  names the config block in errors ('data', 'config.suites.NAME')."""
+  names the config block in errors ('data', 'config.suites.NAME').
+  `unseen` drops the test problems that also occur in the set's train split
+  (277 of Countdown-3's 500; the paper keeps them)."""
   if name not in countdown_lib.PRESETS:
     raise ValueError(f"{field}.source: for Countdown, one of the paper's sets "
                      f"{sorted(countdown_lib.PRESETS)} (or None: the project's "
@@ -461,6 +463,15 @@ def paper_countdown_records(name: str, split: str, data_dir: str | None,
   splits = countdown_lib.PRESETS[name].splits
   if split not in splits:
     raise ValueError(f"{field}.split: {name} has {sorted(splits)}, got {split!r}")
+  if unseen:
+    if split != "test" or "train" not in splits:
+      raise ValueError(f"{field}.unseen: only for the test split of a set "
+                       "with a train split (countdown3)")
+    key = lambda r: (tuple(sorted(r["numbers"])), int(r["target"]))
+    seen = {key(r) for r in paper_countdown_records(name, "train", data_dir,
+                                                    field)}
+    return [r for r in paper_countdown_records(name, split, data_dir, field)
+            if key(r) not in seen]
   if not data_dir:
     return [dict(p.to_record(), variant=name)
             for p in countdown_lib.paper_problems(name, split)]

@@ -10,7 +10,9 @@ A suite spec is a small dict in `config.suites`:
                      data_dir=None, num_problems=None)
       the paper's Countdown set `source` (tasks.countdown.PRESETS), split
       `split` (default 'test'), its first `num_problems` (None: all), from
-      `data_dir` if given (data.prepare NAME writes it), else generated.
+      `data_dir` if given (data.prepare NAME writes it), else generated;
+      `unseen=True` first drops the test problems that also occur in the
+      set's training split (the paper keeps them).
   science = dict(kind='mcq', path='/data/sciq/test.jsonl', source='sciq',
                  num_problems=None, data_seed=0)
       a user file (JSONL / JSON / CSV / Parquet) in one of
@@ -58,7 +60,7 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
   if kind == "countdown" and spec.get("source") is not None:
     records = pipeline.paper_countdown_records(
         spec.source, spec.get("split") or "test", spec.get("data_dir"),
-        f"config.suites.{name}")
+        f"config.suites.{name}", unseen=bool(spec.get("unseen")))
     return records[:num] if num is not None else records
   if kind == "countdown":
     n = spec.get("n_numbers")

@@ -42,6 +42,14 @@ def test_prepare_all_three_and_read_back(tmp_path):
   recs = suites.suite_records("countdown4e", spec)
   assert len(recs) == 200 and all(len(r["numbers"]) == 4 for r in recs)
   assert recs[0]["variant"] == "countdown4e"
+  spec = ml_collections.ConfigDict(dict(kind="countdown", source="countdown3",
+                                        data_dir=out, num_problems=None,
+                                        unseen=True))
+  fresh = suites.suite_records("countdown3_paper", spec)
+  want_fresh = cd.unseen(cd.paper_problems("countdown3", "train"),
+                         cd.paper_problems("countdown3", "test"))
+  assert [r["target"] for r in fresh] == [p.target for p in want_fresh]
+  assert len(fresh) == 500 - rec["overlap"]["problems"]
   # A second prepare is a no-op with the same record.
   prepare.main(["countdown3", "--data_dir", out])
   with open(os.path.join(out, "prepared", "countdown3.json")) as f:
@@ -57,6 +65,9 @@ def test_bad_names_and_splits(tmp_path):
                                         split="train", data_dir=None))
   with pytest.raises(ValueError, match="data.split"):
     pipeline.records_from_config(data)
+  with pytest.raises(ValueError, match="unseen"):
+    pipeline.paper_countdown_records("countdown4e", "test", None, "data",
+                                     unseen=True)
   data.source = "countdown7"
   with pytest.raises(ValueError, match="data.source"):
     pipeline.records_from_config(data)
