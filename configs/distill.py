@@ -84,7 +84,13 @@ def get_config(arg=None):
                    temperature=0.5, overrides={})
   c.tokenizer = config_dict.placeholder(str)  # default: the student's
 
-  # Countdown is generated from data_seed; task='mcq' reads the user's files
+  # task='countdown': source 'countdown3' is the paper's Countdown-3 (App.
+  # D.1, Table 1's prompt; tasks.countdown.PRESETS; read from data_dir when
+  # `python -m jaxdistill.data.prepare countdown3` wrote it there, else
+  # generated); source None is the project's own generator (not the
+  # paper's), Countdown-n_numbers from data_seed. task='mcq': prompt
+  # 'science' / 'medreason' is that Table 1 prompt (None: the project's);
+  # it reads the user's files
   # (manual_dir, format `source`) prepared as TFDS under data_dir;
   # task='records' reads records_file (.jsonl of Countdown/MCQ records).
   # bucket=None pads every batch to max_prompt_len + max_new_tokens (one
@@ -103,12 +109,15 @@ def get_config(arg=None):
                 manual_dir=config_dict.placeholder(str),
                 source=config_dict.placeholder(str),
                 records_file=config_dict.placeholder(str),
-                system=config_dict.placeholder(str), batch_size=32,
+                system=config_dict.placeholder(str),
+                prompt=config_dict.placeholder(str), batch_size=32,
                 max_prompt_len=2048, fixed_batch=False,
                 bucket=config_dict.placeholder(int),
                 teacher_prompt=config_dict.placeholder(str),
                 teacher_system=config_dict.placeholder(str),
                 max_teacher_prompt_len=config_dict.placeholder(int))
+  if arg.task == "countdown":
+    c.data.source = "countdown3"
   # Completions: 512 tokens for Countdown-3, 1,024 for the MCQ tasks.
   c.rollout = dict(policy=arg.policy, lam=arg.lam,
                    max_new_tokens=512 if arg.task == "countdown" else 1024,

@@ -30,6 +30,9 @@ def get_config(arg=None):
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = config_lib.load_config(c.base_spec)
   c.base.student.path = "Qwen/Qwen2.5-1.5B-Instruct"
+  # The project's own Countdown-N generator (not the paper's sets): the
+  # train_n axis and the Countdown-5/6 suites need N beyond the paper's.
+  c.base.data.source = None
   c.axes = (("train_n", "data.n_numbers", (3, 4)),
             ("kl", "loss.kind", ("forward", "reverse")),
             ("policy", "rollout.policy", ("student", "teacher")))

@@ -2,7 +2,8 @@ r"""The study's main factorial grid: family x KL x rollout policy x lr x task.
 
 Llama 3 (3.1-8B-Instruct -> 3.2-1B-Instruct) and Qwen2.5 (7B-Instruct ->
 0.5B / 1.5B-Instruct) x forward / reverse KL x student / teacher rollouts x
-lr 1e-5 / 5e-5 x science (SciQ) / medical (MedMCQA) / Countdown-3. Every arm
+lr 1e-5 / 5e-5 x science (SciQ) / medical (MedMCQA) / Countdown-3 (the
+paper's set, tasks.countdown.PRESETS). Every arm
 shares data, seeds and sampler settings (the runner checks it). The
 checkpoints are the study's, by hub name (the Llama repos are gated: accept
 their licence and set HF_TOKEN); SciQ and MedMCQA are prepared from the hub
@@ -54,10 +55,11 @@ CHECKPOINTS = {
 }
 
 
-def _mcq(source):
+def _mcq(source, prompt):
   # manual_dir None: the data set prepared by name (jaxdistill.data.prepare);
-  # completions up to 1,024 tokens for the MCQ tasks (Table 3).
-  return dict(data=dict(task="mcq", source=source,
+  # Table 1's prompt (tasks.mcq.PROMPTS); completions up to 1,024 tokens for
+  # the MCQ tasks (Table 3).
+  return dict(data=dict(task="mcq", source=source, prompt=prompt,
                         manual_dir=config_dict.placeholder(str)),
               rollout=dict(max_new_tokens=1024))
 
@@ -72,8 +74,10 @@ def get_config(arg=None):
   c.presets = dict(
       family={f: dict(student=dict(path=CHECKPOINTS[f][0]),
                       teacher=dict(path=CHECKPOINTS[f][1])) for f in FAMILIES},
-      task=dict(science=_mcq("sciq"), medical=_mcq("medmcqa"),
-                countdown=dict(data=dict(task="countdown", n_numbers=3),
+      task=dict(science=_mcq("sciq", "science"),
+                medical=_mcq("medmcqa", "medreason"),
+                # The paper's Countdown-3 (App. D.1, Table 1's prompt).
+                countdown=dict(data=dict(task="countdown", source="countdown3"),
                                rollout=dict(max_new_tokens=512))))
   c.axes = (("family", None, tuple(arg.families.split("+"))),
             ("task", None, tuple(arg.tasks.split("+"))),

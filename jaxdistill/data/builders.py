@@ -6,6 +6,10 @@ is random access and TensorFlow-free (grain can consume it directly):
 
   countdown_tasks   configs n3, n4, n5, n6 (Countdown-N), splits train / test
                     with disjoint targets; fields numbers, target, solution.
+  paper_countdown   configs countdown3, countdown4e, countdown4: the paper's
+                    Countdown sets (tasks.countdown.PRESETS, App. D.1/D.6),
+                    each split its preset's count and seed; fields numbers,
+                    target, solution (steps), variant.
   mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa; reads
                     the user's downloaded files from `manual_dir` (split from
                     each file name, see sources.split_of_file); fields
@@ -113,6 +117,41 @@ class CountdownTasks(_Builder):
     for i, p in enumerate(problems):
       yield i, {"numbers": np.asarray(p.numbers, np.int64), "target": p.target,
                 "solution": p.solution}
+
+
+class PaperCountdown(_Builder):
+  """The paper's Countdown-3 / -4E / -4 (tasks.countdown.paper_problems)."""
+
+  # A prepared version is read back as it is: bump this whenever
+  # paper_problems would draw other problems.
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=n, description=n)
+                     for n in countdown.PRESETS]
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="The paper's Countdown problems, step-form solutions.",
+        # Stored in generation order: evaluation takes the first N.
+        disable_shuffling=True,
+        features=tfds.features.FeaturesDict({
+            "numbers": tfds.features.Tensor(shape=(None,), dtype=np.int64),
+            "target": tfds.features.Scalar(dtype=np.int64),
+            "solution": tfds.features.Text(),
+            "variant": tfds.features.Text(),
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    name = self.builder_config.name
+    return {split: self._generate_examples(name, split)
+            for split in countdown.PRESETS[name].splits}
+
+  def _generate_examples(self, name, split):
+    for i, p in enumerate(countdown.paper_problems(name, split)):
+      yield i, {"numbers": np.asarray(p.numbers, np.int64), "target": p.target,
+                "solution": p.solution, "variant": name}
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -250,7 +289,8 @@ def record_path(data_dir: str, name: str) -> str:
 
 # What a record must hold, by data set kind, for prepare and the runs to use it.
 _RECORD_FIELDS = {"hub": {"repo": str, "commit": str, "records": dict},
-                  "countdown": {"configs": list}}
+                  "countdown": {"configs": list},
+                  "paper_countdown": {"generated": str, "records": dict}}
 
 
 def read_record(data_dir: str, name: str) -> dict | None:
@@ -267,7 +307,8 @@ def read_record(data_dir: str, name: str) -> dict | None:
     raise ValueError(f"{path}: not valid JSON ({e}); {again}") from None
   if not isinstance(record, dict):
     raise ValueError(f"{path}: not a JSON object; {again}")
-  kind = "countdown" if name == "countdown" else "hub"
+  kind = ("countdown" if name == "countdown" else "paper_countdown"
+          if name in countdown.PRESETS else "hub")
   for field, typ in _RECORD_FIELDS[kind].items():
     if not isinstance(record.get(field), typ):
       raise ValueError(f"{path}: field {field!r} missing or not a "

@@ -13,7 +13,8 @@ Prompt batch (`make_prompt_batches`), for rollouts::
 
   prompt       int32 [B, P]  chat-templated prompt, LEFT-padded: ends at P-1
   prompt_mask  int32 [B, P]  1 on prompt tokens
-  task         int32 [B]     jaxdistill.tasks.COUNTDOWN / MCQ / ARITH
+  task         int32 [B]     jaxdistill.tasks.COUNTDOWN / MCQ / ARITH /
+                             COUNTDOWN_STEPS
   numbers      int32 [B, 6]  Countdown numbers, padded with -1 (else -1)
   target       int32 [B]     Countdown target, arithmetic value (-1 for MCQ)
   gold         int32 [B]     gold option index, A = 0 (-1 for the others)
@@ -166,7 +167,7 @@ def _metadata(records) -> dict[str, np.ndarray]:
   for i, r in enumerate(records):
     t = tasks.task_of(r)
     meta["task"][i] = t
-    if t == tasks.COUNTDOWN:
+    if t in (tasks.COUNTDOWN, tasks.COUNTDOWN_STEPS):
       nums = list(r["numbers"])
       if len(nums) > MAX_NUMBERS:
         raise ValueError(f"record {i}: {len(nums)} numbers > {MAX_NUMBERS}")
@@ -181,8 +182,13 @@ def _metadata(records) -> dict[str, np.ndarray]:
 
 
 def _prompt_ids(records, tokenizer, system):
-  texts = [tok_lib.chat_prompt(tokenizer, tasks.prompt_text(r), system)
-           for r in records]
+  """Chat-templated prompts; `system` (a config's) replaces the task's own
+  system line (tasks.prompt_messages: Table 1's for the paper's Countdown)."""
+  texts = []
+  for r in records:
+    own, user = tasks.prompt_messages(r)
+    texts.append(tok_lib.chat_prompt(tokenizer, user,
+                                     own if system is None else system))
   return tok_lib.encode(tokenizer, texts)
 
 
@@ -207,8 +213,11 @@ def teacher_prompt_text(template: str, record: Mapping) -> str:
 
 
 def _teacher_prompt_ids(records, tokenizer, template, system):
-  texts = [tok_lib.chat_prompt(tokenizer, teacher_prompt_text(template, r),
-                               system) for r in records]
+  # As for the student: None leaves the task's own system line.
+  texts = [tok_lib.chat_prompt(
+      tokenizer, teacher_prompt_text(template, r),
+      tasks.prompt_messages(r)[0] if system is None else system)
+           for r in records]
   return tok_lib.encode(tokenizer, texts)
 
 
@@ -379,7 +388,15 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
   """The records named by a run config's `data` block (`responses`: they
   are trained on as text, rollout.policy='dataset'; see read_records).
 
-  data.task 'countdown': Countdown-`n_numbers` problems of `split` (default
+  data.task 'countdown' with `source` countdown3 | countdown4e | countdown4:
+    the paper's Countdown set of that name (tasks.countdown.PRESETS: its
+    counts, seeds and target range; Table 1's prompt and the step verifier),
+    split `split` (countdown3: train, test; countdown4e: test; countdown4:
+    train); read from DIR/paper_countdown with `data_dir` (prepared there
+    first if missing), else generated in memory, the same problems either
+    way. n_numbers, num_problems and data_seed are not read.
+  data.task 'countdown' without `source`: the project's own generator (not
+    the paper's), Countdown-`n_numbers` problems of `split` (default
     'train'). With `data_dir`, they are prepared as (and read from) the TFDS
     builder `countdown_tasks`; without it they are generated in memory, the
     same problems either way. Optional: num_problems (train split size,
@@ -388,6 +405,8 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     'generic') over the user's files in `manual_dir`, prepared under the
     required `data_dir`; without manual_dir, the data set `source` (sciq,
     medmcqa, gpqa) that `python -m jaxdistill.data.prepare` wrote there.
+    `prompt` None asks with the project's prompt; 'science' or 'medreason'
+    with that Table 1 prompt (mcq.PROMPTS; the answer letter in <answer>).
   data.task 'records': records already in jaxdistill's form, read from
     `records_file` (.jsonl, one object per line, or .json, an array): each
     one Countdown (numbers, target, and solution or response) or multiple
@@ -395,6 +414,9 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     mixed. `split` is not used: name the file of the split you want.
   """
   task, split = data.get("task"), data.get("split") or "train"
+  if task == "countdown" and data.get("source") is not None:
+    return paper_countdown_records(data.source, split, data.get("data_dir"),
+                                   "data")
   if task == "countdown":
     n = int(data.get("n_numbers") or 3)
     size = data.get("num_problems")
@@ -412,7 +434,11 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
         config=builders.countdown_config(n, sizes["train"], seed))
     return builders.load_records(builder, split)
   if task == "mcq":
-    return builders.load_records(builders.mcq_builder(data, "data"), split)
+    mcq.check_prompt(data.get("prompt"), "data.prompt")
+    records = builders.load_records(builders.mcq_builder(data, "data"), split)
+    if data.get("prompt") is not None:
+      records = [dict(r, prompt=data.prompt) for r in records]
+    return records
   if task == "records":
     path = data.get("records_file")
     if not path:
@@ -420,6 +446,38 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     return read_records(path, responses=responses)
   raise ValueError(f"data.task: expected 'countdown', 'mcq' or 'records', "
                    f"got {task!r}")
+
+
+def paper_countdown_records(name: str, split: str, data_dir: str | None,
+                            field: str, unseen: bool = False) -> list[dict]:
+  """Records of the paper's Countdown set `name` (a tasks.countdown.PRESETS
+  key), split `split`: from the paper_countdown builder under `data_dir`
+  (built there if missing), or generated in memory without one. `field`
+  names the config block in errors ('data', 'config.suites.NAME').
+  `unseen` drops the test problems that also occur in the set's train split
+  (277 of Countdown-3's 500; the paper keeps them)."""
+  if name not in countdown_lib.PRESETS:
+    raise ValueError(f"{field}.source: for Countdown, one of the paper's sets "
+                     f"{sorted(countdown_lib.PRESETS)} (or None: the project's "
+                     f"own generator), got {name!r}")
+  splits = countdown_lib.PRESETS[name].splits
+  if split not in splits:
+    raise ValueError(f"{field}.split: {name} has {sorted(splits)}, got {split!r}")
+  if unseen:
+    if split != "test" or "train" not in splits:
+      raise ValueError(f"{field}.unseen: only for the test split of a set "
+                       "with a train split (countdown3)")
+    key = lambda r: (tuple(sorted(r["numbers"])), int(r["target"]))
+    seen = {key(r) for r in paper_countdown_records(name, "train", data_dir,
+                                                    field)}
+    return [r for r in paper_countdown_records(name, split, data_dir, field)
+            if key(r) not in seen]
+  if not data_dir:
+    return [dict(p.to_record(), variant=name)
+            for p in countdown_lib.paper_problems(name, split)]
+  builder = builders.prepare(builders.PaperCountdown,
+                             data_dir=os.path.expanduser(data_dir), config=name)
+  return builders.load_records(builder, split)
 
 
 # The fields that make a record of each kind (tasks.task_of).
@@ -470,7 +528,10 @@ def _check_record(row, responses: bool) -> None:
       if not isinstance(row["solution"], str):
         raise ValueError("field 'solution' must be text")
       try:
-        countdown_lib.reference_completion(nums, target, row["solution"])
+        # A paper variant's solution is in step form (field 'variant').
+        (countdown_lib.paper_reference_completion
+         if tasks.task_of(row) == tasks.COUNTDOWN_STEPS
+         else countdown_lib.reference_completion)(nums, target, row["solution"])
       except (ValueError, RecursionError) as e:
         raise ValueError(f"field 'solution': {e}") from None
     elif responses and row.get("response") is None:

@@ -245,6 +245,7 @@ def _answer_key(task: int, num_options: int | None = None):
   if task == tasks.MCQ:
     return lambda text: mcq.extract_answer(text, num_options)
   return {tasks.COUNTDOWN: countdown.normalize_answer,
+          tasks.COUNTDOWN_STEPS: countdown.paper_normalize_answer,
           tasks.ARITH: arith.extract_answer}[task]
 
 

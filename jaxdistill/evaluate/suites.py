@@ -4,7 +4,15 @@ A suite spec is a small dict in `config.suites`:
 
   countdown3 = dict(kind='countdown', n_numbers=3, num_problems=500, data_seed=0)
       the Countdown-3 TEST split of tasks.countdown.generate_problems (its
-      targets never occur in any training split, whatever the seed).
+      targets never occur in any training split, whatever the seed): the
+      project's own generator, not the paper's.
+  countdown4e = dict(kind='countdown', source='countdown4e', split='test',
+                     data_dir=None, num_problems=None)
+      the paper's Countdown set `source` (tasks.countdown.PRESETS), split
+      `split` (default 'test'), its first `num_problems` (None: all), from
+      `data_dir` if given (data.prepare NAME writes it), else generated;
+      `unseen=True` first drops the test problems that also occur in the
+      set's training split (the paper keeps them).
   science = dict(kind='mcq', path='/data/sciq/test.jsonl', source='sciq',
                  num_problems=None, data_seed=0)
       a user file (JSONL / JSON / CSV / Parquet) in one of
@@ -13,6 +21,8 @@ A suite spec is a small dict in `config.suites`:
       the prepared `mcq_files` TFDS builder over that directory; or, with
       `data_dir` alone, the data set `source` that `python -m
       jaxdistill.data.prepare` wrote there (builders.mcq_builder).
+      `prompt`: None, the project's prompt; 'science' / 'medreason', that
+      Table 1 prompt (tasks.mcq.PROMPTS).
 
 `num_problems` caps a suite: Countdown generates exactly that many; an MCQ
 file keeps a seeded random subset (in file order) of that size, or all rows
@@ -27,8 +37,10 @@ import os
 import numpy as np
 
 from jaxdistill.data import builders
+from jaxdistill.data import pipeline
 from jaxdistill.data import sources
 from jaxdistill.tasks import countdown
+from jaxdistill.tasks import mcq
 
 KINDS = ("countdown", "mcq")
 
@@ -45,6 +57,11 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
     raise ValueError(f"{_field(name, 'num_problems')}: must be a positive int or "
                      f"None, got {num!r}")
   seed = int(spec.get("data_seed") or 0)
+  if kind == "countdown" and spec.get("source") is not None:
+    records = pipeline.paper_countdown_records(
+        spec.source, spec.get("split") or "test", spec.get("data_dir"),
+        f"config.suites.{name}", unseen=bool(spec.get("unseen")))
+    return records[:num] if num is not None else records
   if kind == "countdown":
     n = spec.get("n_numbers")
     if n is None:
@@ -58,7 +75,10 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
       raise ValueError(f"config.suites.{name}: {e}") from None
     return [p.to_record() for p in problems]
   if kind == "mcq":
+    mcq.check_prompt(spec.get("prompt"), _field(name, "prompt"))
     records = _mcq_records(name, spec)
+    if spec.get("prompt") is not None:
+      records = [dict(r, prompt=spec.prompt) for r in records]
     if num is not None and len(records) > num:
       keep = np.sort(np.random.default_rng(seed).permutation(len(records))[:num])
       records = [records[i] for i in keep]

@@ -127,7 +127,11 @@ class Collector:
         rules=self.rules, return_logprobs=True, vocab_size=self.vocab)
     host_ro = jax.tree.map(to_host, ro)
     scores = self.reward_fn(host_ro, host_batch)
-    reward = np.asarray(scores["reward"], np.float32)
+    # The verifiers score 1 for right; grpo.reward_scale 2 is the paper's
+    # RLVR reward (App. D.6: 2 if correct, else 0). The advantages barely
+    # change (scale_by_std), the logged rl/reward_mean does.
+    reward = np.asarray(scores["reward"], np.float32) * np.float32(
+        self.grpo.get("reward_scale", 1.0))
     if reward.shape != (rows,):
       raise ValueError(
           f"reward_fn: expected {rows} rewards, got shape {reward.shape}")

@@ -128,6 +128,8 @@ def validate(config) -> None:
          f"{grpo.REDUCTIONS}")
   if not float(g.adv_eps) > 0:
     _err("grpo.adv_eps", f"must be > 0, got {g.adv_eps}")
+  if not float(g.get("reward_scale", 1.0)) > 0:
+    _err("grpo.reward_scale", f"must be > 0, got {g.reward_scale}")
   rows = int(config.data.batch_size) * int(ro.group_size)
   if int(g.ppo_epochs) < 1:
     _err("grpo.ppo_epochs", f"must be >= 1, got {g.ppo_epochs}")

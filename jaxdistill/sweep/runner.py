@@ -77,7 +77,9 @@ def study_factors(config) -> dict:
   task = config.data.task
   if task == "mcq" and config.data.get("source"):
     task = config.data.source
-  if task == "countdown":
+  if task == "countdown" and config.data.get("source"):
+    task = config.data.source  # the paper's set: countdown3, countdown4, ...
+  elif task == "countdown":
     task = f"countdown{int(config.data.get('n_numbers') or 3)}"
   return {"kl": config.loss.kind, "policy": ro.policy, "lam": lam,
           "lr": float(config.optim.lr), "task": task, "seed": int(config.seed),

@@ -1,8 +1,12 @@
 """Tasks: prompts and verifiers, and the glue from a batch row to its verifier.
 
 A record is a plain dict. Countdown records carry `numbers`, `target` (and
-`solution`); multiple-choice records carry `question`, `options`, `answer`;
-arithmetic records carry `expression` and `value`.
+`solution`), and those of the paper's Countdown sets also `variant` (a key
+of countdown.PRESETS: Table 1's prompt, step-equation answers, the paper's
+verifier; task id COUNTDOWN_STEPS); multiple-choice records carry
+`question`, `options`, `answer` (and optionally `prompt`, a key of
+mcq.PROMPTS: Table 1's science or MedReason prompt); arithmetic records carry
+`expression` and `value`.
 `task_of(record)` tells them apart, and batches from
 jaxdistill.data.pipeline carry the same information as arrays ('task',
 'numbers', 'target', 'gold'), so `score_batch(texts, batch)` needs nothing
@@ -18,14 +22,21 @@ from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
 from jaxdistill.tasks import mcq
 
-COUNTDOWN, MCQ, ARITH = 0, 1, 2
-TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq", ARITH: "arith"}
+COUNTDOWN, MCQ, ARITH, COUNTDOWN_STEPS = 0, 1, 2, 3
+TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq", ARITH: "arith",
+              COUNTDOWN_STEPS: "countdown_steps"}
 
 
 def task_of(record: Mapping) -> int:
-  """COUNTDOWN or MCQ from a record's fields; ValueError if neither fits."""
+  """The task id of a record from its fields; ValueError if none fits."""
   if "numbers" in record and "target" in record:
-    return COUNTDOWN
+    variant = record.get("variant")
+    if variant is None:
+      return COUNTDOWN
+    if variant not in countdown.PRESETS:
+      raise ValueError(f"record: Countdown variant {variant!r} is not one of "
+                       f"{sorted(countdown.PRESETS)}")
+    return COUNTDOWN_STEPS
   if "question" in record and "options" in record and "answer" in record:
     return MCQ
   if "expression" in record and "value" in record:
@@ -36,13 +47,29 @@ def task_of(record: Mapping) -> int:
       f"value), got keys {sorted(record)}")
 
 
+def prompt_messages(record: Mapping) -> tuple[str | None, str]:
+  """(system, user) messages of a record before the chat template: the
+  task's own system line (Table 1 for the paper's variants), else None."""
+  t = task_of(record)
+  if t == COUNTDOWN_STEPS:
+    return countdown.table1_prompt(record["numbers"], record["target"])
+  if t == MCQ and record.get("prompt") is not None:
+    mcq.check_prompt(record["prompt"], "record: field 'prompt'")
+    return mcq.PROMPTS[record["prompt"]](record["question"], record["options"])
+  return None, prompt_text(record)
+
+
 def prompt_text(record: Mapping) -> str:
   """The user message for a record (before the chat template)."""
   t = task_of(record)
+  if t == COUNTDOWN_STEPS:
+    return countdown.table1_prompt(record["numbers"], record["target"])[1]
   if t == COUNTDOWN:
     return countdown.build_prompt(record["numbers"], record["target"])
   if t == ARITH:
     return arith.build_prompt(record["expression"])
+  if record.get("prompt") is not None:
+    return prompt_messages(record)[1]
   return mcq.build_prompt(record["question"], record["options"])
 
 
@@ -52,6 +79,11 @@ def reference_response(record: Mapping) -> str:
   if record.get("response") is not None:
     return str(record["response"])
   t = task_of(record)
+  if t == COUNTDOWN_STEPS:
+    if not record.get("solution"):
+      raise ValueError("record: Countdown record has no 'solution' or 'response'")
+    return countdown.paper_reference_completion(
+        record["numbers"], record["target"], record["solution"])
   if t == COUNTDOWN:
     if not record.get("solution"):
       raise ValueError("record: Countdown record has no 'solution' or 'response'")
@@ -59,6 +91,9 @@ def reference_response(record: Mapping) -> str:
         record["numbers"], record["target"], record["solution"])
   if t == ARITH:
     return arith.reference_completion(record["expression"])
+  if record.get("prompt") is not None:  # Table 1's: the letter in <answer>.
+    mcq.letter_index(record["answer"])
+    return f"<answer>{record['answer']}</answer>"
   return mcq.reference_completion(record["answer"])
 
 
@@ -88,6 +123,11 @@ def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
       nums = [int(n) for n in numbers[row] if n >= 0]
       out["reward"][i] = countdown.reward(text, nums, int(target[row]))
       out["format"][i] = countdown.format_score(text)
+      out["parsed"][i] = out["format"][i] == 1.0
+    elif task[row] == COUNTDOWN_STEPS:
+      nums = [int(n) for n in numbers[row] if n >= 0]
+      out["reward"][i] = countdown.paper_reward(text, nums, int(target[row]))
+      out["format"][i] = countdown.paper_format_score(text)
       out["parsed"][i] = out["format"][i] == 1.0
     elif task[row] == ARITH:
       out["reward"][i] = arith.reward(text, int(target[row]))

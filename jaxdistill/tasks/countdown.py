@@ -34,6 +34,7 @@ import itertools
 import random
 
 from jaxdistill.tasks import expr as expr_lib
+from jaxdistill.tasks import steps as steps_lib
 
 MAX_SCAN_CHARS = 32_768
 MIN_NUMBERS, MAX_NUMBERS = 3, 6
@@ -428,3 +429,239 @@ def _steps(node, out) -> Fraction:
 
 def _fmt(x: Fraction) -> str:
   return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+# -- The paper's Countdown variants (arXiv 2609.35259, App. D.1, D.6, Table 1) --
+
+# Operands are drawn with replacement from this pool (App. D.1).
+PAPER_POOL = tuple(range(1, 11)) + (12, 15, 20, 25, 50, 75)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """One of the paper's Countdown data sets: `splits` maps a split to its
+  (count, seed); targets lie in [min_target, max_target]."""
+  name: str
+  pool: tuple[int, ...]
+  n_numbers: int
+  splits: dict
+  min_target: int
+  max_target: int
+
+
+PRESETS = {
+    # 5,000 train / 500 eval candidates, seeds 42 / 43 (D.1). The target range
+    # is not given; 1..1,000 is ours (the game's three digits).
+    "countdown3": Preset("countdown3", PAPER_POOL, 3,
+                         {"train": (5000, 42), "test": (500, 43)}, 1, 1000),
+    # Evaluation only: four operands from 1-10 (D.1). With replacement, 500
+    # problems, seed 43 and targets 1..10,000 are ours.
+    "countdown4e": Preset("countdown4e", tuple(range(1, 11)), 4,
+                          {"test": (500, 43)}, 1, 10_000),
+    # RLVR (D.6): 5,000 problems, four operands from the pool, targets
+    # 1..10,000, seed 42.
+    "countdown4": Preset("countdown4", PAPER_POOL, 4, {"train": (5000, 42)},
+                         1, 10_000),
+}
+
+TABLE1_SYSTEM = "You are a careful arithmetic solver."
+TABLE1_INSTRUCTION = (
+    "Solve the Countdown arithmetic problem. Using the provided numbers, create "
+    "an equation that equals the target. You may use the operations +, -, *, "
+    "and /, and each number must be used exactly once; every division must "
+    "have an integer result. Show your work in <think>...</think> tags and "
+    "return the solution as compact, comma-separated equations in "
+    "<answer>...</answer> tags. For example, <answer>2+3=5,5*4=20</answer>.")
+
+
+def table1_prompt(numbers: Sequence[int], target: int) -> tuple[str, str]:
+  """(system, user) of the paper's Countdown prompt (Table 1), verbatim.
+
+  The table typesets the multiplication sign as ×; we write `*`, the
+  character the instruction's list of operations stands for and what a model
+  types (the verifier reads × and ÷ too). The question is appended after a
+  blank line as "Numbers: [a, b, c]" and "Target: t" on two lines (the
+  paper gives the two fields, not the layout).
+  """
+  nums = ", ".join(str(int(n)) for n in numbers)
+  return TABLE1_SYSTEM, (f"{TABLE1_INSTRUCTION}\n\nNumbers: [{nums}]\n"
+                         f"Target: {int(target)}")
+
+
+def paper_problems(name: str, split: str, *, count: int | None = None,
+                   seed: int | None = None,
+                   distinct: bool = True) -> list[Problem]:
+  """The problems of preset `name`'s `split`, each with a reference solution
+  in the paper's step format ('3+5=8,8*2=16').
+
+  Deterministic in (name, split, count, seed); `count` and `seed` default to
+  the preset's. Each problem: `n_numbers` operands drawn independently and
+  uniformly from the pool (with replacement), then a random combination of
+  ALL of them: pick two values of the working pool uniformly (without
+  order), an operation uniformly among those whose result is a positive
+  integer (a+b, a*b, the larger minus the smaller when they differ, the
+  larger divided by the smaller when exact, by 1 included), put the result
+  back, until one value is left: the target. A draw whose target falls
+  outside [min_target, max_target] is discarded and drawn again (operands
+  included), and so is one that repeats a problem (same multiset of numbers
+  and target) of the split: the candidates are distinct within a split
+  (`distinct=False` keeps repeats; the paper does not say). Train and test
+  splits are drawn independently from their own seeds, as the paper does, so
+  they can share problems (`overlap`; `unseen` drops the shared ones).
+
+  Measured with this function and `overlap`:
+  Countdown-3's 5,000 distinct training problems take 7,774 draws (2,258
+  repeats, 516 targets above 1,000 discarded); 277 of its 500 test problems
+  also occur in training (487 of 500 test targets do). Targets are skewed
+  small: median 40 (Countdown-3), 20 (-4E), 68 (-4).
+  """
+  if name not in PRESETS:
+    raise ValueError(f"Countdown preset: expected one of {sorted(PRESETS)}, "
+                     f"got {name!r}")
+  p = PRESETS[name]
+  if split not in p.splits:
+    raise ValueError(f"{name} has split(s) {sorted(p.splits)}, got {split!r}")
+  n, s = p.splits[split]
+  n = n if count is None else int(count)
+  s = s if seed is None else int(seed)
+  if n < 0:
+    raise ValueError(f"count must be >= 0, got {n}")
+  rng = random.Random(s)
+  seen, out = set(), []
+  attempts = 0
+  while len(out) < n:
+    attempts += 1
+    if attempts > 1000 + 100 * n:
+      raise RuntimeError(f"{name}: only {len(out)} of {n} distinct problems")
+    numbers = [rng.choice(p.pool) for _ in range(p.n_numbers)]
+    target, steps = _random_steps(rng, numbers)
+    key = (tuple(sorted(numbers)), target)
+    if not p.min_target <= target <= p.max_target or (distinct and key in seen):
+      continue
+    seen.add(key)
+    out.append(Problem(tuple(numbers), target, steps_lib.render(steps)))
+  return out
+
+
+def _random_steps(rng, numbers):
+  work, steps = list(numbers), []
+  while len(work) > 1:
+    i, j = sorted(rng.sample(range(len(work)), 2))
+    a, b = max(work[i], work[j]), min(work[i], work[j])
+    ops = ["+", "*"] + (["-"] if a != b else []) + (["/"] if a % b == 0 else [])
+    op = rng.choice(ops)
+    value = steps_lib.apply(a, op, b)
+    del work[j], work[i]
+    work.append(value)
+    steps.append((a, op, b, value))
+  return work[0], steps
+
+
+def overlap(train: Sequence[Problem], test: Sequence[Problem]) -> dict:
+  """How many test problems also occur in training: same multiset of numbers
+  and target ('problems'), or same target only ('targets')."""
+  key = lambda q: (tuple(sorted(q.numbers)), q.target)
+  seen = {key(q) for q in train}
+  targets = {q.target for q in train}
+  return {"problems": sum(key(q) in seen for q in test),
+          "targets": sum(q.target in targets for q in test), "test": len(test)}
+
+
+def unseen(train: Sequence[Problem], test: Sequence[Problem]) -> list[Problem]:
+  """The test problems whose (multiset of numbers, target) is not in train."""
+  seen = {(tuple(sorted(q.numbers)), q.target) for q in train}
+  return [q for q in test if (tuple(sorted(q.numbers)), q.target) not in seen]
+
+
+def _paper_verdict(answer: str, numbers, target) -> bool:
+  """The paper's verifier on an answer's text (see `paper_reward`)."""
+  answer = answer.translate(_UNICODE_OPS)
+  try:
+    return steps_lib.check(steps_lib.parse(answer), numbers, target)
+  except expr_lib.ExprError:
+    if "," in answer:
+      return False
+  # The single-expression form, with Table 1's rule that divisions are exact.
+  tree, stated = _parse_answer(answer)
+  if stated is not None and stated != target:
+    return False
+  if sorted(expr_lib.literals(tree)) != sorted(numbers):
+    return False
+  return _exact_divisions(tree) and expr_lib.evaluate(tree) == target
+
+
+_UNICODE_OPS = str.maketrans({"×": "*", "÷": "/"})
+
+
+def _exact_divisions(node) -> bool:
+  if node[0] == "num":
+    return True
+  if node[0] == "/":
+    den = expr_lib.evaluate(node[2])
+    if den == 0 or (expr_lib.evaluate(node[1]) / den).denominator != 1:
+      return False
+  return all(_exact_divisions(child) for child in node[1:])
+
+
+def paper_reward(completion: str, numbers: Sequence[int], target: int) -> float:
+  """1.0 if the last <answer> solves the problem under the paper's rules.
+
+  The answer is comma-separated steps 'x op y = z' (tasks.steps: each
+  operand from the current pool, used once, exact arithmetic, the pool left
+  as [target]); or, as the project's older prompts asked, one expression
+  over all numbers ('(3+5)*2', optionally '= 16'), which here must also keep
+  every division exact. × and ÷ read as * and /. Never raises on any text.
+  """
+  numbers = _check_numbers(numbers)
+  answer = extract_answer(completion)
+  if answer is None:
+    return 0.0
+  try:
+    return 1.0 if _paper_verdict(answer, numbers, int(target)) else 0.0
+  except (expr_lib.ExprError, RecursionError):
+    return 0.0
+
+
+def paper_format_score(completion: str) -> float:
+  """0.0 no <answer>; 0.5 one that is neither steps nor an expression; 1.0."""
+  answer = extract_answer(completion)
+  if answer is None:
+    return 0.0
+  answer = answer.translate(_UNICODE_OPS)
+  try:
+    steps_lib.parse(answer)
+    return 1.0
+  except expr_lib.ExprError:
+    pass
+  try:
+    if "," not in answer:
+      _parse_answer(answer)
+      return 1.0
+  except (expr_lib.ExprError, RecursionError):
+    pass
+  return 0.5
+
+
+def paper_normalize_answer(completion: str) -> str | None:
+  """A key for counting distinct answers: the steps in compact form (as
+  written, in order), or the expression's `normalize_answer` key."""
+  answer = extract_answer(completion)
+  if answer is None:
+    return None
+  try:
+    return steps_lib.render(steps_lib.parse(answer.translate(_UNICODE_OPS)))
+  except expr_lib.ExprError:
+    return normalize_answer(completion)
+
+
+def paper_reference_completion(numbers: Sequence[int], target: int,
+                               solution: str) -> str:
+  """SFT / off-policy text in Table 1's format for a step-form solution."""
+  steps = steps_lib.parse(solution)
+  if not steps_lib.check(steps, _check_numbers(numbers), int(target)):
+    raise ValueError(f"solution {solution!r} does not solve {list(numbers)} "
+                     f"-> {target}")
+  said = " ".join(f"{x} {op} {y} = {z}." for x, op, y, z in steps)
+  return (f"<think>Combine the numbers step by step: {said} This reaches "
+          f"{int(target)} using each number once.</think>\n"
+          f"<answer>{steps_lib.render(steps)}</answer>")

@@ -1,8 +1,10 @@
 """Multiple-choice science and medical questions: prompt, answer extraction, reward.
 
 A record is `{question: str, options: list[str], answer: 'A'..}` (see
-jaxdistill.data.sources). The model is asked to reason and finish with
-"The answer is: X". The grading rule is `extract_answer`'s docstring.
+jaxdistill.data.sources). `build_prompt` asks the model to reason and finish with
+"The answer is: X"; the paper's prompts (Table 1: `science_prompt`,
+`medreason_prompt`) ask for the letter inside <answer>...</answer>. The
+grading rule, which reads both, is `extract_answer`'s docstring.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ _BOXED_MAX = 64
 _LINE_MAX = 40
 _BACK = 48
 _CLAUSE = re.compile(r"[ \t]{1,4}(?!(?:and|or)(?![a-z]))[a-z]")
+_OPEN_TAG, _CLOSE_TAG = "<answer>", "</answer>"
 _NONE = "no letter"  # A statement that names letters but no answer.
 _NOT = re.compile(r"(?i)not(?![a-z])")
 
@@ -73,6 +76,52 @@ def build_prompt(question: str, options: Sequence[str]) -> str:
   lines += ["", "Think step by step, then finish with a line of the form "
             "'The answer is: X', where X is the letter of the correct option."]
   return "\n".join(lines)
+
+
+SCIENCE_SYSTEM = "You are a careful solver of multiple-choice science questions."
+SCIENCE_INSTRUCTION = (
+    "Given a question and four options, select the correct answer. Reason step "
+    "by step in <think>...</think> tags and place only the corresponding option "
+    "letter (A, B, C, or D) in <answer>...</answer> tags.")
+MEDREASON_SYSTEM = "You are a careful medical reasoning assistant."
+MEDREASON_INSTRUCTION = (
+    "Given a medical multiple-choice question and its answer choices, select "
+    "the correct answer. Reason step by step in <think>...</think> tags and "
+    "place only the letter corresponding to the correct option in "
+    "<answer>...</answer> tags; do not repeat the answer text.")
+
+
+def _table1(system, instruction, question, options) -> tuple[str, str]:
+  """(system, user): Table 1's instruction, a blank line, the question, a
+  blank line, one 'A. option' line per choice (the paper does not give the
+  layout of the appended question; this one is ours)."""
+  if not options or len(options) > MAX_OPTIONS:
+    raise ValueError(f"options: need 1..{MAX_OPTIONS} options, got {len(options)}")
+  lines = [instruction, "", str(question).strip(), ""]
+  lines += [f"{LETTERS[i]}. {str(o).strip()}" for i, o in enumerate(options)]
+  return system, "\n".join(lines)
+
+
+def science_prompt(question: str, options: Sequence[str]) -> tuple[str, str]:
+  """(system, user) of the paper's Science prompt (Table 1), verbatim."""
+  return _table1(SCIENCE_SYSTEM, SCIENCE_INSTRUCTION, question, options)
+
+
+def medreason_prompt(question: str, options: Sequence[str]) -> tuple[str, str]:
+  """(system, user) of the paper's MedReason prompt (Table 1), verbatim."""
+  return _table1(MEDREASON_SYSTEM, MEDREASON_INSTRUCTION, question, options)
+
+
+# Table 1's prompts by name: an MCQ record with field `prompt` set to one of
+# these is asked with it (tasks.prompt_messages); data.prompt / a suite's
+# `prompt` sets the field.
+PROMPTS = {"science": science_prompt, "medreason": medreason_prompt}
+
+
+def check_prompt(name, field: str) -> None:
+  if name is not None and name not in PROMPTS:
+    raise ValueError(f"{field}: expected None (the project's prompt) or one "
+                     f"of Table 1's {sorted(PROMPTS)}, got {name!r}")
 
 
 def _check_num_options(num_options) -> int:
@@ -205,6 +254,12 @@ def _statements(tail: str, offered: str) -> list[tuple[int, str]]:
   for m in _BOXED.finditer(tail):
     content = _boxed(tail, m.end())
     found.append((m.start(), None if content is None else _label(content, offered)))
+  # <answer>X</answer>, the paper's format (Table 1); rfind keeps it linear.
+  end = tail.rfind(_CLOSE_TAG)
+  start = tail.rfind(_OPEN_TAG, 0, end) if end >= 0 else -1
+  if start >= 0 and end - start <= _BOXED_MAX:
+    content = tail[start + len(_OPEN_TAG):end].strip()
+    found.append((start, _label(content, offered) if content else None))
   return [f for f in found if f[1]]
 
 
@@ -219,7 +274,8 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
      "here" or "to this question" between; "the correct option/choice is X";
      "X is the correct answer/option" or "option X is correct." where X
      starts the clause or follows "option" ("Vitamin B is the correct answer"
-     names no letter); or \\boxed{X}. A letter merely mentioned ("answer A is a
+     names no letter); \\boxed{X}; or the last <answer>X</answer> (the
+     paper's format, Table 1). A letter merely mentioned ("answer A is a
      common distractor", "Option D needs more data") is not an answer.
   2. Among the statements, the LAST one (by position) wins: models restate or
      revise their choice, and the final statement is the answer.

@@ -22,6 +22,7 @@ from safetensors.numpy import save_file
 
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import run as evaluate_run
+from jaxdistill.evaluate import suites
 from tests.evaluate.conftest import MCQ
 from tests.evaluate.suites_test import get_config
 from tests.evaluate.suites_test import write_jsonl
@@ -271,3 +272,39 @@ def test_found_before_any_evaluation(tiny_ckpt, tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"config\.sampler\.temperature: must "
                      "be a finite number, got nan"):
     evaluate_run.run(c, str(tiny_ckpt))
+
+
+def test_paper_countdown_suites_score_step_answers(tiny_ckpt, tmp_path):
+  """The paper's Countdown-3 / -4E suites: Table 1 prompts in, step answers
+  scored by the paper's verifier (right on even problems only)."""
+  c = get_config("runlocal,suites=countdown3_paper+countdown4e,ood=")
+  c.progress = False
+  c.sampler.max_prompt_len = 448  # Table 1's prompt in the tiny tokenizer
+  recs = {n: suites.suite_records(n, c.suites[n]) for n in c.eval_suites}
+
+  def factory(role, cfg, params, tokenizer, eos):
+    del role, cfg, params, eos
+    def gen(prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+            temperature, rng):
+      del sample_ids, row_ids, temperature, rng
+      texts = []
+      for row, p in zip(prompts, problem_ids):
+        text = tokenizer.decode(row)
+        name = "countdown4e" if "Numbers: [" in text and len(
+            text.split("Numbers: [")[1].split("]")[0].split(",")) == 4 else (
+                "countdown3_paper")
+        sol = recs[name][p]["solution"]
+        texts.append(f"<think>..</think><answer>{sol if p % 2 == 0 else '1+1=2'}"
+                     "</answer>")
+      assert all("careful arithmetic solver" in tokenizer.decode(r)
+                 for r in prompts)
+      return texts, np.full(len(prompts), 5), np.ones(len(prompts), bool)
+    return gen
+
+  res = evaluate_run.run(c, str(tiny_ckpt), None, str(tmp_path / "r.json"),
+                         generator_factory=factory)
+  m = res["metrics"]
+  assert m["countdown3_paper/num_problems"] == 4
+  assert m["countdown3_paper/greedy_acc"] == 0.5
+  assert m["countdown4e/greedy_acc"] == 0.5
+  assert m["countdown4e/greedy_format"] == 1.0

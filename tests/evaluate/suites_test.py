@@ -30,11 +30,13 @@ ROWS = [{"question": f"Q{i}?", "options": ["x", "y", "z"], "answer": "ABC"[i % 3
 
 def test_config_variants():
   c = get_config()
-  assert c.eval_suites == ("countdown3", "countdown4", "countdown5", "countdown6",
-                           "science", "medical")
-  assert c.ood == ("science", "medical") and c.harder == ("countdown5", "countdown6")
+  assert c.eval_suites == ("countdown3_paper", "countdown4e", "science",
+                           "medical")
+  assert c.in_distribution == ("countdown3_paper",)
+  assert c.ood == ("science", "medical") and c.harder == ("countdown4e",)
+  assert c.suites.countdown4e.source == "countdown4e"
   c = get_config("task=medical")
-  assert c.in_distribution == ("medical",) and "countdown3" in c.ood
+  assert c.in_distribution == ("medical",) and "countdown3_paper" in c.ood
   c = get_config("suites=countdown3+countdown6,ood=")
   assert c.eval_suites == ("countdown3", "countdown6") and c.ood == ()
   assert c.harder == ("countdown6",)

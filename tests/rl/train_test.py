@@ -123,6 +123,7 @@ def test_resolve_init_prefers_the_hf_student_export(tmp_path):
     ("data.task", "synthetic", "config.data.task"),
     ("optim.grad_accum", 3, "config.optim.grad_accum"),
     ("student.path", "/nonexistent/ckpt", "config.student.path"),
+    ("grpo.reward_scale", 0.0, "config.grpo.reward_scale"),
 ])
 def test_bad_configs_fail_before_compute_naming_the_field(tmp_path, field,
                                                           value, match):
@@ -176,3 +177,20 @@ def test_no_zero_variance_warning_once_a_group_differs(capsys):
   err = capsys.readouterr().err
   assert err.count("zero reward variance") == 1  # once, after 5 iterations
   assert "the first 5 iterations" in err and "every sample was rewarded" in err
+
+
+def test_paper_arg_is_the_papers_rlvr_data_and_reward():
+  c = grpo_countdown.get_config("paper")
+  assert c.data.source == "countdown4" and c.grpo.reward_scale == 2.0
+  assert grpo_countdown.get_config().grpo.reward_scale == 1.0
+  rl_train.validate(c)
+
+
+@pytest.mark.slow  # a 1-iteration GRPO run (its compilation: seconds)
+def test_reward_scale_multiplies_the_logged_reward(tmp_path):
+  """App. D.6: 2 for a right answer. Half the rows right -> mean 1.0."""
+  c = _config(total_steps=1, ckpt_every=1, export_hf=False)
+  c.grpo.reward_scale = 2.0
+  m = rl_train.train(c, str(tmp_path), devices=ONE_DEVICE,
+                     reward_fn=_rewards([1.0, 0.0]))
+  assert m["rl/reward_mean"] == pytest.approx(1.0)
