@@ -217,14 +217,14 @@ def get_config(arg=None):
   if arg.lrs is not None:
     c.grid.lrs = _lrs(arg.lrs)
   # '+'-separated: precisions=float32+bfloat16, kl=forward,
-  # policies=student+teacher (names of grid.policy).
+  # policies=student+teacher (names of SPECTRUM's points).
   if arg.precisions is not None:
     c.grid.precisions = _names(arg.precisions)
   if arg.kl is not None:
     c.grid.kl = _names(arg.kl)
   if arg.policies is not None:
     want = _names(arg.policies)
-    known = dict(c.grid.policy)
+    known = dict(SPECTRUM)  # student, teacher and the spectrum's points
     unknown = [p for p in want if p not in known]
     if unknown:
       raise ValueError(f"config arg policies: {unknown[0]!r} is not one of "

@@ -123,7 +123,9 @@ CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
                      ("eval.py", "task"): "medical",
                      ("grid_spectrum.py", "task"): "medical",
                      ("grid_topk.py", "task"): "medical",
-                     ("demo.py", "rlvr"): True}
+                     ("demo.py", "rlvr"): True,
+                     ("demo.py", "precisions"): "float32+bfloat16",
+                     ("demo.py", "policies"): "teacher"}
 MODES = ("runlocal", "quick")  # variants, not settings
 
 
