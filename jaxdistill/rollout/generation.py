@@ -206,8 +206,9 @@ def _hoisted_layers(cfg, params, platform):
 # 512 positions it is a quarter of that, for a weight pass per chunk (4 per
 # prompt, against one per generated token): the teacher rollout of
 # Qwen2.5-1.5B <- 7B at 1,024-token completions needs 8.0 GiB per chip of a
-# v5e-8 instead of 15.3 (compile_only). Each query attends over the same
-# cached keys either way.
+# v5e-8 instead of 15.3 (compile_only). Each real token's query attends over
+# the same cached keys either way (a left-padding query, masked out of every
+# other, averages over whatever slots are written so far).
 PREFILL_CHUNK = 512
 
 
