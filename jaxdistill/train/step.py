@@ -163,12 +163,15 @@ def distill_loss(params, teacher_params, batch, *, student_cfg, teacher_cfg,
         iw_clip=loss_cfg.get("iw_clip"), reduction="sum",
         vocab_size=vocab_size)
   elif fused:
-    t_head = jax.lax.stop_gradient(
-        head(teacher_cfg, teacher_params))
+    # The exact loss splits the heads over the vocabulary itself
+    # (losses/fused.py, `shard`): gathering them here first would hold both
+    # heads whole on every chip (3 GiB per chip for Qwen2.5-1.5B <- 7B).
+    pick = models.output_head if k is None else head
+    t_head = jax.lax.stop_gradient(pick(teacher_cfg, teacher_params))
     loss, metrics = losses.fused_divergence(
-        s_out, head(student_cfg, params), t_out, t_head, w,
+        s_out, pick(student_cfg, params), t_out, t_head, w,
         chunk_size=chunk, teacher_topk=k, topk_variant=variant,
-        teacher_temperature=tt, **kw)
+        teacher_temperature=tt, shard=shard if k is None else None, **kw)
   elif k is not None:
     t = losses.teacher_topk(t_out, k, temperature=tt, vocab_size=vocab_size)
     loss, metrics = losses.topk_divergence(

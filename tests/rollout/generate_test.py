@@ -257,3 +257,40 @@ def test_vocab_size_keeps_padding_ids_out_of_rollouts(student):
                              _full_logprobs(model, r, t, real), atol=2e-4)
   with pytest.raises(ValueError, match="vocab_size"):
     rollout.generate(model, None, prompts, mask, vocab_size=97, **kw)
+
+
+def test_prefill_in_chunks_is_the_one_pass_prefill(student, batch,
+                                                   monkeypatch):
+  """Prompts of width 8 prefilled in passes of 3 positions (2, then 3 and
+  3; the short prompts' first passes are all padding): the same cache as
+  one pass, the cache-free forward's last hidden state, and rollouts whose
+  log-probs are those of cache-free forwards (float64 softmax)."""
+  cfg, params = student
+  prompts, mask = (jnp.asarray(x) for x in batch)
+  one = generate_lib._prefill(cfg, params, prompts, mask,
+                              models.init_cache(cfg, 32, 14))
+  monkeypatch.setattr(generate_lib, "PREFILL_CHUNK", 3)
+  last, cache = generate_lib._prefill(cfg, params, prompts, mask,
+                                      models.init_cache(cfg, 32, 14))
+  want = models.apply(cfg, params, prompts, mask, return_hidden=True)[:, -1]
+  np.testing.assert_allclose(last, want, atol=1e-5)
+  np.testing.assert_allclose(last, one[0], atol=1e-5)
+  # Keys and values of real tokens; a padding slot's (never attended to)
+  # depends on what its all-masked query averaged over.
+  real = np.asarray(one[1]["mask"])  # [B, S]
+  np.testing.assert_array_equal(cache["mask"], real)
+  for k in ("pos", "index"):
+    np.testing.assert_array_equal(cache[k], one[1][k])
+  for k in ("k", "v"):  # [L, B, K, S, H] and [L, B, K, H, S]
+    keep = np.expand_dims(real, (0, 2, 4))
+    keep = np.broadcast_to(keep if k == "k" else np.swapaxes(keep, 3, 4),
+                           cache[k].shape)
+    np.testing.assert_allclose(np.where(keep, cache[k], 0),
+                               np.where(keep, one[1][k], 0), atol=1e-5,
+                               err_msg=k)
+  # max_new_tokens=7: a signature no other test compiles, so the rollout is
+  # traced with the 3-position passes.
+  r = rollout.generate(student, None, prompts, mask, rng=jax.random.key(5),
+                       max_new_tokens=7, temperature=0.9, eos_token_ids=())
+  np.testing.assert_allclose(np.asarray(r.logprobs),
+                             _full_logprobs(student, r, 0.9, 96), atol=2e-4)
