@@ -31,7 +31,7 @@ def _config(**updates):
   c.progress = False
   return config_util.set_fields(c, {
       "student.init": None, "teacher.init": None, "data.task": "countdown",
-      "data.num_problems": 16, "data.max_prompt_len": 256, "total_steps": 2,
+      "data.num_problems": 16, "data.max_prompt_len": 448, "total_steps": 2,
       "ckpt_every": 2, "eval_every": 2, **updates})
 
 

@@ -265,7 +265,7 @@ def test_countdown_from_hf_checkpoints_with_padded_vocabularies(tmp_path):
       "teacher.path": str(tmp_path / "teacher"),
       "tokenizer": str(tmp_path / "tok"), "student.dtype": "float32",
       "teacher.dtype": "float32", "teacher.param_dtype": "float32",
-      "data.batch_size": 4, "data.max_prompt_len": 320,
+      "data.batch_size": 4, "data.max_prompt_len": 448,
       "data.num_problems": 100, "rollout.max_new_tokens": 8,
       "total_steps": 2, "ckpt_every": 2, "eval_every": 2})
   m = train_loop.train(c, str(tmp_path / "work"), devices=ONE_DEVICE)
