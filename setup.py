@@ -18,7 +18,12 @@ setuptools.setup(
         "Intended Audience :: Science/Research",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
-    packages=setuptools.find_packages(include=["jaxdistill", "jaxdistill.*"]),
+    # configs/ ships inside the package as jaxdistill/configs, so an install
+    # that is not editable (Colab's `pip install git+...`, a wheel) still finds
+    # `configs/distill.py` and friends (jaxdistill/config_lib.py: find_config).
+    packages=setuptools.find_packages(include=["jaxdistill", "jaxdistill.*"])
+    + ["jaxdistill.configs"],
+    package_dir={"jaxdistill.configs": "configs"},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.4.35",

@@ -19,9 +19,13 @@ import ml_collections
 
 from jaxdistill import choices
 
-# The checkout jaxdistill runs from (pip install -e): its configs/ directory is
-# where a relative config path falls back to, so commands work from any cwd.
+# Where a relative config path falls back to, so commands work from any cwd:
+# the checkout jaxdistill runs from (pip install -e), whose configs/ sit beside
+# the package, and the package itself, where a regular install (a wheel, `pip
+# install git+URL` on Colab) puts the same files as jaxdistill/configs/
+# (setup.py's package_dir).
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # The loss kinds, estimators, reductions and top-k variants are
 # jaxdistill.choices' (those jaxdistill.losses implements); the rollout
@@ -34,18 +38,20 @@ SCHEDULES = ("constant", "cosine")
 def find_config(path: str) -> str:
   """A config file's path: as given if it exists (absolute, or relative to the
   working directory), else relative to PROJECT_DIR (`configs/distill.py`
-  works from anywhere). Raises FileNotFoundError saying where it looked."""
+  works from anywhere), else relative to PACKAGE_DIR (installed copies).
+  Raises FileNotFoundError saying where it looked."""
   given = os.path.expanduser(path)
   if os.path.isfile(given):
     return given
-  fallback = os.path.join(PROJECT_DIR, given)
-  if not os.path.isabs(given) and os.path.isfile(fallback):
-    return fallback
-  where = (given if os.path.isabs(given) else
-           f"{os.path.abspath(given)} and {fallback}")
-  raise FileNotFoundError(f"config file {path!r} not found (looked for {where}; "
-                          f"the project's configs are in {PROJECT_DIR}/configs)")
-
+  fallbacks = [] if os.path.isabs(given) else [
+      os.path.join(root, given) for root in (PROJECT_DIR, PACKAGE_DIR)]
+  for fallback in fallbacks:
+    if os.path.isfile(fallback):
+      return fallback
+  where = " and ".join([os.path.abspath(given)] + fallbacks)
+  raise FileNotFoundError(
+      f"config file {path!r} not found (looked for {where}); the project's "
+      f"own configs are named like 'configs/distill.py'")
 
 
 def load_config(spec: str):
