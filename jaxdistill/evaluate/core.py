@@ -10,6 +10,10 @@ namespaced numbers, per suite S (accuracies are fractions in [0, 1]):
     S/greedy_parse_rate             fraction whose answer could be parsed
     S/greedy_len                    mean generated tokens (incl. the EOS)
     S/greedy_truncated              fraction that hit max_new_tokens
+  single (one completion per problem SAMPLED at `single_temperature`; the
+  paper's in-distribution accuracy, App. D.3: T 0.5, top-p 1.0):
+    S/single_acc, S/single_format, S/single_parse_rate, S/single_len,
+    S/single_truncated              as for greedy
   sampled (num_samples = n completions per problem at `temperature`):
     S/sampled_acc                   mean reward over all samples (= pass@1)
     S/pass@k                        unbiased pass@k with n samples, per problem
@@ -28,7 +32,14 @@ check the scoring against known completions.
 
 RNG: the key of suite S is fold_in(key(seed), crc32(S)); row r of a batch,
 answering problem i with sample j, draws from row id i * n + j. A sample
-therefore does not depend on the batch size or on the other suites.
+therefore does not depend on the batch size or on the other suites. The
+single mode folds crc32('single') into its suite's key, so its one sample is
+not sampled mode's first.
+
+Per-suite settings (`per_suite={S: {...}}`): `temperature`,
+`single_temperature` and `max_new_tokens` replace the run's for suite S (the
+paper evaluates Countdown-4E at T 0.5 with 4,096 new tokens, App. D.3); a
+generator is then called with `max_new_tokens=` as a keyword.
 """
 from __future__ import annotations
 
@@ -51,7 +62,9 @@ from jaxdistill.tasks import countdown
 from jaxdistill.tasks import mcq
 
 Generator = Callable[..., tuple[Sequence[str], np.ndarray, np.ndarray]]
-MODES = ("greedy", "sampled")
+MODES = ("greedy", "single", "sampled")
+# What per_suite may set for one suite (evaluate_suites).
+PER_SUITE = ("temperature", "single_temperature", "max_new_tokens")
 
 
 def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
@@ -78,10 +91,14 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
   pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
             else eos_token_ids[0])
 
-  def generate(prompts, prompt_mask, *, row_ids, temperature, rng, **_):
+  default_new_tokens = max_new_tokens
+
+  def generate(prompts, prompt_mask, *, row_ids, temperature, rng,
+               max_new_tokens=None, **_):
     r = rollout_lib.generate(
         (cfg, params), None, prompts, prompt_mask, rng=rng, policy="student",
-        max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+        max_new_tokens=int(max_new_tokens or default_new_tokens),
+        temperature=float(temperature),
         top_k=top_k, top_p=top_p, eos_token_ids=eos_token_ids,
         pad_token_id=pad, return_logprobs=False, row_ids=row_ids, mesh=mesh,
         rules=rules, vocab_size=vocab)
@@ -97,7 +114,9 @@ def evaluate_model(cfg, params, tokenizer, suites: Mapping[str, Sequence[Mapping
                    top_k: int | None = None, top_p: float | None = None,
                    eos_token_ids: Sequence[int] | None = None,
                    max_prompt_len: int = 1024, prompt_bucket: int | None = 64,
-                   system: str | None = None, progress: bool = True) -> dict:
+                   system: str | None = None, progress: bool = True,
+                   single_temperature: float | None = None,
+                   per_suite: Mapping[str, Mapping] | None = None) -> dict:
   """Metrics of the model (cfg, params) on `suites` ({name: records}).
 
   See the module docstring for the keys. `batch_size` is the number of
@@ -115,16 +134,37 @@ def evaluate_model(cfg, params, tokenizer, suites: Mapping[str, Sequence[Mapping
       gen, tokenizer, suites, greedy=greedy, num_samples=num_samples,
       temperature=temperature, ks=ks, batch_size=batch_size, seed=seed,
       max_prompt_len=max_prompt_len, prompt_bucket=prompt_bucket,
-      system=system, progress=progress)
+      system=system, progress=progress, single_temperature=single_temperature,
+      per_suite=per_suite)
 
 
-def check_settings(*, greedy, num_samples, temperature, ks, batch_size, seed):
+def check_settings(*, greedy, num_samples, temperature, ks, batch_size, seed,
+                   single_temperature=None, per_suite=None):
   """ValueError naming the first bad sampler setting."""
   if not isinstance(num_samples, (int, np.integer)) or num_samples < 0:
     raise ValueError(f"num_samples: must be an int >= 0, got {num_samples!r}")
-  if not greedy and num_samples == 0:
-    raise ValueError("greedy, num_samples: nothing to evaluate (greedy=False "
-                     "and num_samples=0)")
+  if not greedy and num_samples == 0 and single_temperature is None:
+    raise ValueError("greedy, single_temperature, num_samples: nothing to "
+                     "evaluate (greedy=False, no single_temperature and "
+                     "num_samples=0)")
+  for name, over in [(None, {"single_temperature": single_temperature})] + list(
+      (per_suite or {}).items()):
+    where = f"per_suite[{name!r}]." if name else ""
+    unknown = sorted(set(over) - set(PER_SUITE))
+    if unknown:
+      raise ValueError(f"{where}{unknown[0]}: not a per-suite setting; "
+                       f"choose from {PER_SUITE}")
+    t = over.get("single_temperature")
+    if t is not None and not float(t) > 0:
+      raise ValueError(f"{where}single_temperature: one sampled completion "
+                       f"needs a temperature > 0, got {t} (greedy decoding "
+                       "is greedy=True)")
+    t = over.get("temperature")
+    if name and t is not None and not float(t) > 0:
+      raise ValueError(f"{where}temperature: must be > 0, got {t}")
+    m = over.get("max_new_tokens")
+    if m is not None and (not isinstance(m, (int, np.integer)) or m < 1):
+      raise ValueError(f"{where}max_new_tokens: must be an int >= 1, got {m!r}")
   if num_samples:
     if not float(temperature) > 0:
       raise ValueError(f"temperature: sampling needs temperature > 0, got "
@@ -145,12 +185,21 @@ def evaluate_suites(generate: Generator, tokenizer,
                     num_samples: int = 16, temperature: float = 1.0,
                     ks: Sequence[int] = (1, 4, 16), batch_size: int, seed: int,
                     max_prompt_len: int = 1024, prompt_bucket: int | None = 64,
-                    system: str | None = None, progress: bool = True) -> dict:
+                    system: str | None = None, progress: bool = True,
+                    single_temperature: float | None = None,
+                    per_suite: Mapping[str, Mapping] | None = None) -> dict:
   """`evaluate_model` with completions from any generator (module docstring)."""
+  per_suite = {k: {kk: vv for kk, vv in dict(v).items() if vv is not None}
+               for k, v in (per_suite or {}).items()}
   check_settings(greedy=greedy, num_samples=num_samples, temperature=temperature,
-                 ks=ks, batch_size=batch_size, seed=seed)
+                 ks=ks, batch_size=batch_size, seed=seed,
+                 single_temperature=single_temperature, per_suite=per_suite)
   if not suites:
     raise ValueError("suites: no suite to evaluate")
+  unknown = sorted(set(per_suite) - set(suites))
+  if unknown:
+    raise ValueError(f"per_suite[{unknown[0]!r}]: no such suite is evaluated "
+                     f"({sorted(suites)})")
   for name, records in suites.items():
     if not records:
       raise ValueError(f"suites[{name!r}]: no problems")
@@ -168,20 +217,28 @@ def evaluate_suites(generate: Generator, tokenizer,
   key = jax.random.key(int(seed))
   out = {}
   for name, records in suites.items():
-    rng = jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+    rng = jax.random.fold_in(key, _crc(name))
+    over = per_suite.get(name, {})
+    single = over.get("single_temperature", single_temperature)
     runs = {}
-    modes = [("greedy", 1, 0.0, batch_size)] if greedy else []
+    modes = [("greedy", 1, 0.0, batch_size, rng)] if greedy else []
+    if single is not None:
+      modes.append(("single", 1, float(single), batch_size,
+                    jax.random.fold_in(rng, _crc("single"))))
     if num_samples:
-      modes.append(("sampled", int(num_samples), float(temperature),
-                    max(1, batch_size // num_samples)))
+      modes.append(("sampled", int(num_samples),
+                    float(over.get("temperature", temperature)),
+                    max(1, batch_size // num_samples), rng))
+    gen_kw = ({"max_new_tokens": int(over["max_new_tokens"])}
+              if "max_new_tokens" in over else {})
     batches = None
-    for mode, n, temp, prompts_per_call in modes:
+    for mode, n, temp, prompts_per_call, mode_rng in modes:
       batches = pipeline.make_prompt_batches(
           records, tokenizer, batch_size=prompts_per_call,
           max_prompt_len=max_prompt_len, seed=0, shuffle=False, num_epochs=1,
           bucket=prompt_bucket, system=system)
-      runs[mode] = _run(generate, batches, n=n, temperature=temp, rng=rng,
-                        desc=f"{name} {mode}", progress=progress)
+      runs[mode] = _run(generate, batches, n=n, temperature=temp, rng=mode_rng,
+                        desc=f"{name} {mode}", progress=progress, **gen_kw)
     kept = batches.keep
     if batches.num_dropped:
       logging.warning("suite %s: %d of %d prompts exceed max_prompt_len=%d and "
@@ -193,12 +250,18 @@ def evaluate_suites(generate: Generator, tokenizer,
     out[f"{name}/num_problems"] = float(len(kept))
     out[f"{name}/num_dropped"] = float(batches.num_dropped)
     for k, v in summarize(task_ids, runs.get("greedy"), runs.get("sampled"),
-                          ks if num_samples else (), num_options).items():
+                          ks if num_samples else (), num_options,
+                          single=runs.get("single")).items():
       out[f"{name}/{k}"] = v
   return out
 
 
-def _run(generate, batches, *, n, temperature, rng, desc, progress) -> dict:
+def _crc(text: str) -> int:
+  return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _run(generate, batches, *, n, temperature, rng, desc, progress,
+         **gen_kw) -> dict:
   """Completions and scores of every kept problem: arrays [P, n], texts [P][n]."""
   size = len(batches.records)
   res = {"reward": np.full((size, n), np.nan, np.float32),
@@ -217,7 +280,7 @@ def _run(generate, batches, *, n, temperature, rng, desc, progress) -> dict:
     t, lengths, ended = generate(
         np.repeat(b["prompt"], n, axis=0), np.repeat(b["prompt_mask"], n, axis=0),
         problem_ids=pid, sample_ids=sid, row_ids=(pid * n + sid).astype(np.int32),
-        temperature=temperature, rng=rng)
+        temperature=temperature, rng=rng, **gen_kw)
     t = list(t)
     if len(t) != rows or np.shape(lengths) != (rows,) or np.shape(ended) != (rows,):
       raise ValueError(f"generator returned {len(t)} texts, lengths "
@@ -251,7 +314,8 @@ def _answer_key(task: int, num_options: int | None = None):
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,
               sampled: Mapping | None, ks: Sequence[int],
-              num_options: Sequence[int | None] | None = None) -> dict:
+              num_options: Sequence[int | None] | None = None, *,
+              single: Mapping | None = None) -> dict:
   """Suite metrics (unprefixed keys) from per-problem results of `_run`.
 
   `num_options[p]` is problem p's number of options (MCQ; None: all 26).
@@ -259,7 +323,8 @@ def summarize(task_ids: np.ndarray, greedy: Mapping | None,
   if num_options is None:
     num_options = [None] * len(task_ids)
   out = {}
-  for mode, res in (("greedy", greedy), ("sampled", sampled)):
+  for mode, res in (("greedy", greedy), ("single", single),
+                    ("sampled", sampled)):
     if res is None:
       continue
     correct = res["reward"] > 0.5  # [P, n]; rewards are 0 or 1.

@@ -3,10 +3,13 @@ config.json alone (no weights): for `python -m jaxdistill.evaluate
 --compile_only=SLICE` (compile_only.py compiles and reports).
 
   greedy    one decode of sampler.batch_size prompts at temperature 0;
+  single    the same at sampler.single_temperature (one sample per prompt);
   sampled   sampler.num_samples samples of each of batch_size // num_samples
             prompts at sampler.temperature.
 Prompts are as wide as sampler.max_prompt_len rounded up to the prompt
 bucket, answers sampler.max_new_tokens long: the largest the run compiles.
+A suite whose sampler.per_suite entry sets other new-token counts or
+temperatures adds those programs (e.g. 'sampled, 4096 new tokens').
 """
 from __future__ import annotations
 
@@ -51,18 +54,27 @@ def eval_programs(config, cfg, vocab, mesh, rules):
   bucket = s.get("prompt_bucket") or 1
   p = -(-int(s.max_prompt_len) // bucket) * bucket
   params = train_programs.abstract_params(cfg, mesh, rules)
-  modes = []
-  if s.greedy:
-    modes.append(("greedy", int(s.batch_size), 0.0))
   n = int(s.num_samples)
-  if n:
-    modes.append(("sampled", max(1, int(s.batch_size) // n) * n,
-                  float(s.temperature)))
+  over = {k: dict(v) for k, v in (s.get("per_suite") or {}).items()
+          if k in tuple(config.get("eval_suites") or ())}
+  modes = {}  # (name, rows, temperature, new tokens), each once
+  for o in [{}] + list(over.values()):
+    new = int(o.get("max_new_tokens") or s.max_new_tokens)
+    single = o.get("single_temperature", s.get("single_temperature"))
+    if s.greedy:
+      modes[("greedy", int(s.batch_size), 0.0, new)] = None
+    if single is not None:
+      modes[("single", int(s.batch_size), float(single), new)] = None
+    if n:
+      modes[("sampled", max(1, int(s.batch_size) // n) * n,
+             float(o.get("temperature") or s.temperature), new)] = None
+  default = int(s.max_new_tokens)
   return [train_programs.rollout_program(
-      name, cfg, None, params, None, mesh, rules, vocab, rows=rows,
-      policy="student", prompt_len=p, max_new_tokens=s.max_new_tokens,
-      temperature=temp, top_k=s.get("top_k"), top_p=s.get("top_p"))
-          for name, rows, temp in modes]
+      name if new == default else f"{name}, {new} new tokens", cfg, None,
+      params, None, mesh, rules, vocab, rows=rows, policy="student",
+      prompt_len=p, max_new_tokens=new, temperature=temp, top_k=s.get("top_k"),
+      top_p=s.get("top_p"))
+          for name, rows, temp, new in modes]
 
 
 def mesh_of(config, devices):

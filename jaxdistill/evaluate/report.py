@@ -3,7 +3,8 @@
 Keys added next to the per-suite ones of evaluation.core:
 
   {group}/{metric}            mean over a group's suites (group: id, harder,
-                              ood; metric: greedy_acc, sampled_acc, pass@k)
+                              ood; metric: greedy_acc, single_acc,
+                              sampled_acc, pass@k)
   baseline/{suite}/{metric}   the baseline model's figures
   forgetting/{suite}_pp       100 * (baseline - checkpoint) accuracy, per OOD
   forgetting/mean_pp          suite, and their mean (positive = forgotten)
@@ -30,10 +31,11 @@ import numpy as np
 
 from jaxdistill.evaluate import metrics
 
-GROUP_METRICS = ("greedy_acc", "sampled_acc")
+GROUP_METRICS = ("greedy_acc", "single_acc", "sampled_acc")
 # Rows of the per-suite table: (key suffix, label, is a fraction to show in %).
 _ROWS = (
     ("greedy_acc", "greedy accuracy", True),
+    ("single_acc", "accuracy, one sample", True),
     ("sampled_acc", "sampled accuracy", True),
     ("pass@*", None, True),
     ("distinct_correct", "distinct correct / problem", False),
@@ -41,6 +43,10 @@ _ROWS = (
     ("greedy_parse_rate", "parse rate (greedy)", True),
     ("greedy_len", "response tokens (greedy)", False),
     ("greedy_truncated", "truncated (greedy)", True),
+    ("single_format", "format score (one sample)", False),
+    ("single_parse_rate", "parse rate (one sample)", True),
+    ("single_len", "response tokens (one sample)", False),
+    ("single_truncated", "truncated (one sample)", True),
     ("sampled_format", "format score (sampled)", False),
     ("sampled_parse_rate", "parse rate (sampled)", True),
     ("sampled_len", "response tokens (sampled)", False),

@@ -88,16 +88,29 @@ def check_config(config) -> tuple[str, ...]:
   config_lib.check_finite(config)
   names = suites_lib.check_names(config)
   s = config.sampler
-  core.check_settings(greedy=bool(s.greedy), num_samples=int(s.num_samples),
-                      temperature=s.temperature, ks=tuple(s.ks),
-                      batch_size=s.batch_size, seed=config.seed)
+  per_suite = _per_suite(config)
+  unknown = sorted(set(per_suite) - set(config.suites))
+  if unknown:
+    raise ValueError(f"config.sampler.per_suite.{unknown[0]}: no such suite in "
+                     f"config.suites ({sorted(config.suites)})")
+  try:
+    core.check_settings(greedy=bool(s.greedy), num_samples=int(s.num_samples),
+                        temperature=s.temperature, ks=tuple(s.ks),
+                        batch_size=s.batch_size, seed=config.seed,
+                        single_temperature=s.get("single_temperature"),
+                        per_suite=per_suite)
+  except ValueError as e:
+    raise ValueError(f"config.sampler.{e}") from None
   f = config.forgetting
-  if f.metric not in ("greedy_acc", "sampled_acc"):
-    raise ValueError(f"config.forgetting.metric: expected 'greedy_acc' or "
-                     f"'sampled_acc', got {f.metric!r}")
+  if f.metric not in ("greedy_acc", "single_acc", "sampled_acc"):
+    raise ValueError(f"config.forgetting.metric: expected 'greedy_acc', "
+                     f"'single_acc' or 'sampled_acc', got {f.metric!r}")
   if f.metric == "greedy_acc" and not s.greedy:
     raise ValueError("config.forgetting.metric: 'greedy_acc' needs "
                      "config.sampler.greedy=True")
+  if f.metric == "single_acc" and s.get("single_temperature") is None:
+    raise ValueError("config.forgetting.metric: 'single_acc' needs "
+                     "config.sampler.single_temperature")
   if f.metric == "sampled_acc" and not (s.num_samples and f.baseline_samples):
     raise ValueError("config.forgetting.metric: 'sampled_acc' needs "
                      "sampler.num_samples > 0 and forgetting.baseline_samples=True")
@@ -110,17 +123,35 @@ def check_config(config) -> tuple[str, ...]:
   return names
 
 
+def _per_suite(config, names=None) -> dict:
+  """config.sampler.per_suite as plain dicts without None values, for the
+  suites in `names` (default: all it names)."""
+  over = config.sampler.get("per_suite") or {}
+  return {k: {kk: vv for kk, vv in dict(v).items() if vv is not None}
+          for k, v in dict(over).items() if names is None or k in names}
+
+
+def max_new_tokens(config, names=None) -> int:
+  """The most new tokens any evaluated suite decodes (per-suite settings
+  included)."""
+  return max([int(config.sampler.max_new_tokens)] + [
+      int(o["max_new_tokens"]) for o in _per_suite(config, names).values()
+      if "max_new_tokens" in o])
+
+
 def check_positions(config, cfg, flag: str) -> None:
   """The widest prompt (sampler.max_prompt_len rounded up to its bucket) plus
-  sampler.max_new_tokens must fit the model's max_position_embeddings."""
+  the most new tokens a suite decodes must fit the model's
+  max_position_embeddings."""
   s = config.sampler
   prompt = rollout.bucket_length(int(s.max_prompt_len), s.get("prompt_bucket"))
   limit = int(cfg.max_position_embeddings)
-  if prompt + int(s.max_new_tokens) > limit:
+  new = max_new_tokens(config, config.get("eval_suites"))
+  if prompt + new > limit:
     raise ValueError(
         f"config.sampler.max_new_tokens: prompts up to {prompt} tokens "
         f"(sampler.max_prompt_len {s.max_prompt_len}, bucket "
-        f"{s.get('prompt_bucket')}) + {s.max_new_tokens} new tokens exceed the "
+        f"{s.get('prompt_bucket')}) + {new} new tokens exceed the "
         f"{flag} model's max_position_embeddings {limit}; lower "
         "sampler.max_prompt_len or sampler.max_new_tokens")
 
@@ -168,7 +199,9 @@ def _evaluate(role, path, config, mesh, rules, factory, suites, *,
       temperature=float(s.temperature), ks=tuple(s.ks),
       batch_size=int(s.batch_size), seed=int(config.seed),
       max_prompt_len=int(s.max_prompt_len), prompt_bucket=s.get("prompt_bucket"),
-      system=config.get("system"), progress=bool(config.get("progress", True)))
+      system=config.get("system"), progress=bool(config.get("progress", True)),
+      single_temperature=s.get("single_temperature"),
+      per_suite=_per_suite(config, suites))
 
 
 def run(config, checkpoint: str, baseline: str | None = None,

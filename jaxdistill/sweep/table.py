@@ -4,7 +4,9 @@ A row is a flat dict: run identity (name, arm), the grid's factor labels, the
 study's factors (kl, policy, lam, lr, task, seed, clip, max_new_tokens) and
 the metrics below (None when a run has no such figure):
 
-  accuracy        in-distribution greedy accuracy (evaluation 'id/greedy_acc')
+  accuracy        in-distribution accuracy: the paper's one sample at T 0.5
+                  (evaluation 'id/single_acc', configs/eval.py's default)
+                  where the evaluation has it, else greedy ('id/greedy_acc')
   coverage        in-distribution pass@k at the largest k evaluated
   forgetting_pp   mean accuracy drop on the OOD suites, percentage points
   sparsity_S_1e-6_f32, sparsity_S_1e-8_f32   update sparsity as the paper
@@ -18,8 +20,9 @@ the metrics below (None when a run has no such figure):
   sparsity_equal_bf16, sparsity_equal_f32   equal after that rounding
                   (IEEE ==, so -0.0 == 0.0)
   sparsity        row field only (figures): sparsity_S_1e-6_f32
-  harder_acc      mean greedy accuracy of the harder suites (Countdown 5/6)
-  acc/<suite>     greedy accuracy per suite
+  harder_acc      mean accuracy of the harder suites (Countdown-4E, 5/6),
+                  single sample or greedy as `accuracy`
+  acc/<suite>     accuracy per suite, single sample or greedy as `accuracy`
   tokens_generated, flops   compute of the run (runner.compute_record)
 
 Arms with a finished RLVR stage (study.rlvr) also carry, for each metric m
@@ -94,6 +97,11 @@ def read_results(path: str) -> dict:
   return result
 
 
+# The accuracy a row reports, first found first: the paper's protocol (one
+# sample at T 0.5, App. D.3), then greedy decoding (runlocal, the demo).
+ACC_METRICS = ("single_acc", "greedy_acc")
+
+
 def row_of(result: Mapping) -> dict:
   """The table row of one results.json."""
   ev, tr = result.get("eval") or {}, result.get("train") or {}
@@ -106,17 +114,19 @@ def row_of(result: Mapping) -> dict:
                          if not p.startswith("seed="))}
   row.update({f"f:{k}": factors[k] for k in order})
   row.update(result["study"])
-  row["accuracy"] = ev.get("id/greedy_acc")
+  acc = ACC_METRICS[0] if any(k.endswith("/" + ACC_METRICS[0]) for k in ev) \
+      else ACC_METRICS[1]
+  row["accuracy"] = ev.get(f"id/{acc}")
   row["coverage"] = _pass_at_max_k(ev)
   row["forgetting_pp"] = ev.get("forgetting/mean_pp")
   for col in SPARSITY:
     key = col.replace("_", "/", 1)
     row[col] = ev.get(key, tr.get(key))
   row["sparsity"] = row["sparsity_S_1e-6_f32"]
-  row["harder_acc"] = ev.get("harder/greedy_acc")
+  row["harder_acc"] = ev.get(f"harder/{acc}")
   for k, v in sorted(ev.items()):
     suite, _, metric = k.partition("/")
-    if metric == "greedy_acc" and suite not in ("id", "ood", "harder", "baseline"):
+    if metric == acc and suite not in ("id", "ood", "harder", "baseline"):
       row[f"acc/{suite}"] = v
   c = result.get("compute") or {}
   row["tokens_generated"] = c.get("tokens_generated")

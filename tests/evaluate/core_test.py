@@ -242,3 +242,72 @@ def test_mcq_records_with_null_options_name_the_suite_and_record(tokenizer):
     core.evaluate_suites(Stub(tokenizer), tokenizer, {"mc": [MCQ[0], bad]},
                          batch_size=2, seed=0, num_samples=0, ks=(),
                          progress=False)
+
+
+class SingleStub:
+  """One answer per (problem, temperature): 'single' rows answer by a table of
+  their own, every call records its temperature, new tokens and key."""
+
+  SINGLE = {0.5: [(A.format("2*3+4"), 1), ("no", 0), (A.format("8*7+9"), 1)]}
+
+  def __init__(self):
+    self.calls = []
+
+  def __call__(self, prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+               temperature, rng, max_new_tokens=None):
+    del prompt_mask, row_ids
+    self.calls.append((float(temperature), max_new_tokens, len(prompts),
+                       tuple(np.asarray(jax.random.key_data(rng)).ravel())))
+    if temperature in self.SINGLE:
+      texts = [self.SINGLE[temperature][i][0] for i in problem_ids]
+    else:
+      texts = [CD_SAMPLES[i][j][0] for i, j in zip(problem_ids, sample_ids)]
+    return texts, np.full(len(prompts), 3), np.ones(len(prompts), bool)
+
+
+def test_single_sample_accuracy_and_per_suite_settings(tokenizer):
+  # The paper's protocol: one sample at T 0.5 (accuracy) and n at T 1.0
+  # (coverage); one suite decodes longer, its samples at T 0.5 too.
+  stub = SingleStub()
+  got = core.evaluate_suites(
+      stub, tokenizer, {"cd": CD_PROBLEMS, "cd4e": CD_PROBLEMS}, greedy=False,
+      single_temperature=0.5, num_samples=4, temperature=1.0, ks=(1, 4),
+      batch_size=8, seed=42, max_prompt_len=512, prompt_bucket=16,
+      progress=False, per_suite={"cd4e": dict(max_new_tokens=4096)})
+  want = np.mean([c for _, c in SingleStub.SINGLE[0.5]])
+  assert got["cd/single_acc"] == pytest.approx(want)
+  assert got["cd4e/single_acc"] == pytest.approx(want)
+  assert "cd/greedy_acc" not in got
+  sampled = np.mean([s[1] for row in CD_SAMPLES for s in row])
+  assert got["cd/sampled_acc"] == pytest.approx(sampled)
+  assert got["cd/pass@4"] == pytest.approx(np.mean(
+      [brute_pass_at_k([s[1] for s in row], 4) for row in CD_SAMPLES]))
+  # cd: defaults (no max_new_tokens keyword); cd4e: 4096 for both modes.
+  # (3 prompts in padded batches of 8 rows: one single call, two sampled
+  # calls of 2 prompts x 4 samples.)
+  assert [(t, m, r) for t, m, r, _ in stub.calls] == [
+      (0.5, None, 8), (1.0, None, 8), (1.0, None, 8),
+      (0.5, 4096, 8), (1.0, 4096, 8), (1.0, 4096, 8)]
+  # The single sample draws from a key of its own, not sampled mode's.
+  assert stub.calls[0][3] != stub.calls[1][3] == stub.calls[2][3]
+
+  stub = SingleStub()
+  core.evaluate_suites(
+      stub, tokenizer, {"cd": CD_PROBLEMS}, greedy=False,
+      single_temperature=0.5, num_samples=4, temperature=1.0, ks=(1,),
+      batch_size=8, seed=42, max_prompt_len=512, prompt_bucket=16,
+      progress=False, per_suite={"cd": dict(temperature=0.5)})
+  assert {t for t, *_ in stub.calls} == {0.5}
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(single_temperature=0.0), "single_temperature: one sampled"),
+    (dict(per_suite={"cd": dict(top_p=0.9)}), "top_p: not a per-suite"),
+    (dict(per_suite={"cd": dict(max_new_tokens=0)}), "max_new_tokens: must be"),
+    (dict(per_suite={"other": dict(temperature=0.5)}), "no such suite"),
+])
+def test_single_and_per_suite_errors(tokenizer, kw, match):
+  with pytest.raises(ValueError, match=match):
+    core.evaluate_suites(SingleStub(), tokenizer, {"cd": CD_PROBLEMS},
+                         greedy=False, num_samples=2, temperature=1.0, ks=(1,),
+                         batch_size=8, seed=0, progress=False, **kw)
