@@ -49,10 +49,12 @@ import sys
 import zlib
 
 import jax
+from jax.sharding import NamedSharding
 import numpy as np
 from tqdm import tqdm
 
 from jaxdistill import rollout as rollout_lib
+from jaxdistill import sharding
 from jaxdistill import tasks
 from jaxdistill.data import pipeline
 from jaxdistill.data import sources
@@ -95,6 +97,15 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
 
   def generate(prompts, prompt_mask, *, row_ids, temperature, rng,
                max_new_tokens=None, **_):
+    if mesh is not None and jax.process_count() > 1:
+      # Every process holds the whole batch; each places its devices' rows
+      # (the rows sharding rollout.generate would give them).
+      prompts, prompt_mask, row_ids = (
+          sharding.put_global(np.asarray(x, np.int32), NamedSharding(
+              mesh, sharding.logical_to_spec(
+                  ("batch",) + (None,) * (np.ndim(x) - 1), np.shape(x), mesh,
+                  rules or sharding.DEFAULT_RULES)))
+          for x in (prompts, prompt_mask, row_ids))
     r = rollout_lib.generate(
         (cfg, params), None, prompts, prompt_mask, rng=rng, policy="student",
         max_new_tokens=int(max_new_tokens or default_new_tokens),
@@ -102,6 +113,10 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
         top_k=top_k, top_p=top_p, eos_token_ids=eos_token_ids,
         pad_token_id=pad, return_logprobs=False, row_ids=row_ids, mesh=mesh,
         rules=rules, vocab_size=vocab)
+    # On several processes the rows live on every host's devices: gathered
+    # (a collective every process runs), so each scores the whole batch.
+    r = r.replace(**{k: sharding.to_host(getattr(r, k)) for k in (
+        "tokens", "prompt_mask", "response_mask", "lengths", "ended")})
     texts = rollout_lib.decode_responses(r, tokenizer, skip_special_tokens=True)
     return texts, np.asarray(r.lengths), np.asarray(r.ended)
   return generate
@@ -271,7 +286,8 @@ def _run(generate, batches, *, n, temperature, rng, desc, progress,
          "ended": np.zeros((size, n), bool)}
   texts: list[list[str] | None] = [None] * size
   for step in tqdm(range(len(batches)), desc=desc, file=sys.stderr,
-                   disable=not progress, leave=False):
+                   disable=not progress or jax.process_index() != 0,
+                   leave=False):
     b = batches[step]
     idx = np.asarray(b["index"], np.int64)
     rows = len(idx) * n

@@ -19,8 +19,9 @@ logs go to stderr. --out writes the JSON: {'metrics': flat namespaced numbers
 
 With --baseline (the student before training):
   forgetting   the baseline is evaluated on the OOD suites (config.ood),
-               greedily unless config.forgetting asks otherwise, and the drop in
-               accuracy is reported in percentage points per suite and mean.
+               by config.forgetting.metric's mode (the paper's: one sample at
+               T 0.5), and the drop in accuracy is reported in percentage
+               points per suite and mean.
   sparsity     both checkpoints are read tensor by tensor in their stored
                dtypes (sparsity.update_sparsity_from_checkpoints): the paper's
                S_tau (|delta| < tau, strict, on the stored values upcast to
@@ -29,6 +30,11 @@ With --baseline (the student before training):
                former figures, whole model, |delta| <= config.sparsity.atol
                and equal after rounding both to bfloat16 / float32
                (sparsity/unchanged_1e-5_bf16, sparsity/equal_bf16, ...).
+
+On a multi-host slice run the same command on every host with --distributed
+(train's flags): the mesh spans all chips, each host places its rows of every
+batch, the generated rows are gathered to every host, every host scores the
+same completions and process 0 alone writes --out and prints.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import sys
 import time
 
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 from jaxdistill import cli
@@ -55,6 +62,7 @@ from jaxdistill.evaluate import programs
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import hub
+from jaxdistill.train import distributed
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -267,7 +275,7 @@ def run(config, checkpoint: str, baseline: str | None = None,
   result["metrics"] = flat
   result["config"] = json.loads(json.dumps(config.to_dict(), default=str))
   result["elapsed_s"] = time.time() - t0
-  if out:
+  if out and jax.process_index() == 0:  # every process has the same result
     tmp = out + ".tmp"
     with open(tmp, "w") as fh:
       json.dump(result, fh, indent=2, sort_keys=True)
@@ -297,8 +305,10 @@ def main(argv):
     compile_only.emit(rep, f.json)
     compile_only.check(rep, advice=functools.partial(programs.advice, f.config))
     return
+  distributed.initialize_from_flags(f)
   result = run(f.config, f.checkpoint, f.baseline, f.out)
-  print(report.format_report(result))
+  if jax.process_index() == 0:
+    print(report.format_report(result))
   sys.stdout.flush()
 
 
@@ -312,5 +322,6 @@ def define_flags():
   flags.DEFINE_string("baseline", None,
                       "The student before training: forgetting and sparsity.")
   flags.DEFINE_string("out", None, "Write the results JSON here.")
+  distributed.define_flags()
   compile_only.define_flags()
   flags.mark_flags_as_required(["config", "checkpoint"])

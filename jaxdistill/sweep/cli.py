@@ -9,9 +9,15 @@ r"""Run a grid of distillation runs, or print their launch commands.
       --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
       --config.presets.family.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
       --workdir /runs/main
-  # One launch command per run, for a cluster or a TPU pod:
+  # One launch command per run, for a cluster (each on one machine):
   python -m jaxdistill.sweep --config configs/grid_spectrum.py ... \
       --workdir /runs/spectrum --print_commands
+  # A multi-host TPU slice: the same command on every host, one arm at a
+  # time over all chips (training and evaluation), the workdir shared:
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=llama \
+      --workdir /mnt/shared/main --distributed
+  # Or one command per run for such a slice, each to run on every host:
+  python -m jaxdistill.sweep ... --print_commands --distributed
   # Only the runs whose name contains a string; tiny CPU version of a grid:
   python -m jaxdistill.sweep --config configs/grid_main.py:runlocal \
       --workdir /tmp/grid --only kl=reverse
@@ -50,6 +56,7 @@ import os
 import sys
 
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 from jaxdistill import cli
@@ -61,9 +68,10 @@ from jaxdistill.sweep import programs as sweep_programs
 from jaxdistill.sweep import rlvr
 from jaxdistill.sweep import runner
 from jaxdistill.sweep import table
+from jaxdistill.train import distributed
 
 
-def print_rlvr_commands(grid, runs, workdir):
+def print_rlvr_commands(grid, runs, workdir, extra=""):
   """One `python -m jaxdistill.rl.train` line per arm's RLVR stage, to run
   after that arm's training; with grid.rlvr.select, once every arm has
   finished (the choice needs their results)."""
@@ -79,13 +87,20 @@ def print_rlvr_commands(grid, runs, workdir):
           "--print_commands) for the RLVR commands")
     return
   for run in chosen:
-    print(rlvr.command(grid, run, workdir))
+    print(rlvr.command(grid, run, workdir) + extra)
 
 
 def main(argv):
   del argv
   f = flags.FLAGS
   grid = f.config
+  if f.print_commands:  # printing joins no cluster; the commands will
+    if any(getattr(f, k) is not None for k in distributed.FLAG_NAMES):
+      raise ValueError("--print_commands: the commands it prints take "
+                       "--distributed alone; run them with the cluster "
+                       "flags on each host")
+  elif not f.compile_only:
+    distributed.initialize_from_flags(f)
   if f.workdir is not None:
     storage.check(f.workdir, "--workdir")  # a sweep on gs:// is not built yet
   if f.compile_only:
@@ -99,14 +114,22 @@ def main(argv):
                        log=runner.log)
     if not runs:
       raise ValueError(f"--only {f.only!r}: no run of the grid matches")
+    extra = " --distributed" if f.distributed else ""
+    if f.distributed:
+      print("# multi-host: run each command on every host of the slice "
+            "(e.g. gcloud compute tpus tpu-vm ssh NAME --worker=all "
+            "--command='...'), one after another")
     for run in runs:  # snapshots first: a command may read its run's
       grid_lib.write_snapshot(run, os.path.join(f.workdir, run.dirname))
-      print(grid_lib.command(grid, run, f.workdir))
+      print(grid_lib.command(grid, run, f.workdir) + extra)
     if rlvr.declared(grid):
-      print_rlvr_commands(grid, runs, f.workdir)
+      print_rlvr_commands(grid, runs, f.workdir, extra)
+    print("# then, to evaluate the runs and tabulate them: this command "
+          "without --print_commands" + (" (on every host)" if extra else ""))
     return
   runner.run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
-  print(open(f"{f.workdir}/summary/results.md").read())
+  if jax.process_index() == 0:  # it wrote the summary
+    print(open(f"{f.workdir}/summary/results.md").read())
   sys.stdout.flush()
 
 
@@ -121,5 +144,6 @@ def define_flags():
   flags.DEFINE_bool("rerun_stale", False,
                     "Rerun runs trained under a config other than the grid's "
                     "now (moved into <workdir>/stale/); default: refuse.")
+  distributed.define_flags()
   compile_only.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])

@@ -21,14 +21,24 @@ resumes from the run's newest good checkpoint by itself. results.json holds
 
 With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
 <run>/rlvr/ with its own results.json (run_rlvr_one).
+
+Several hosts (`python -m jaxdistill.sweep --distributed`, the same command on
+every host of a slice, the workdir one they all see): one arm at a time over
+all chips, its training and its evaluation alike; process 0 alone holds the
+workdir's lock, prepares the inputs and writes the sweep's files (snapshots,
+results.json, sweep.json, the summary), and the others wait for it at the
+points where they would read them (train.distributed.barrier).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+import contextlib
 import json
 import os
 import sys
 import time
+
+import jax
 
 from jaxdistill import cli
 from jaxdistill import config_lib
@@ -45,6 +55,7 @@ from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import runlocal
 from jaxdistill.sweep import table
 from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import preempt
@@ -55,7 +66,14 @@ SWEEP = "sweep.json"
 
 
 def log(msg: str):
-  print(f"[sweep] {msg}", file=sys.stderr, flush=True)
+  if _primary():
+    print(f"[sweep] {msg}", file=sys.stderr, flush=True)
+
+
+def _primary() -> bool:
+  """Process 0: the one that writes the sweep's own files (every process
+  trains and evaluates)."""
+  return jax.process_index() == 0
 
 
 def write_json_atomic(path: str, obj) -> None:
@@ -145,7 +163,8 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
             evaluate_fn: Callable | None = None, devices=None) -> dict:
   """Trains (or resumes) one run, evaluates it, writes results.json."""
   t0 = time.time()
-  grid_lib.write_snapshot(run, run_dir)
+  if _primary():
+    grid_lib.write_snapshot(run, run_dir)
   train_loop.train(run.config, run_dir, devices=devices)
   records = train_log.read_metrics(run_dir)
   last = {}
@@ -158,7 +177,9 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
             "eval": ev, "compute": compute_record(run.config, records),
             "revisions": run_revisions(grid, run, run_dir),
             "elapsed_s": time.time() - t0, "finished": time.time()}
-  write_json_atomic(os.path.join(run_dir, RESULTS), result)
+  if _primary():
+    write_json_atomic(os.path.join(run_dir, RESULTS), result)
+  distributed.barrier(f"sweep: {run.name} finished")
   return result
 
 
@@ -169,7 +190,8 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   t0 = time.time()
   out = rlvr_lib.stage_dir(run_dir)
   config = rlvr_lib.stage_config(grid, run, run_dir)
-  grid_lib.write_config_snapshot(config, out)
+  if _primary():
+    grid_lib.write_config_snapshot(config, out)
   rl_train.train(config, out, devices=devices)
   records = train_log.read_metrics(out)
   last = {}
@@ -181,7 +203,9 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   result.update({"stage": "rlvr", "train": last,
                  "rewards": rlvr_lib.rewards_of(records), "eval": ev,
                  "elapsed_s": time.time() - t0, "finished": time.time()})
-  write_json_atomic(os.path.join(out, RESULTS), result)
+  if _primary():
+    write_json_atomic(os.path.join(out, RESULTS), result)
+  distributed.barrier(f"sweep: {run.name} RLVR finished")
   return result
 
 
@@ -315,6 +339,8 @@ def _handle_stale(grid, runs, workdir: str, rerun_stale: bool,
         f"{'; '.join(changes[:5])}; pass rerun_stale=True (--rerun_stale) to "
         f"move them into {os.path.join(workdir, STALE_DIR)}/ and rerun them"
         f"{hint}")
+  if not _primary():  # process 0 moves them; the sweep waits for it
+    return
   aside = os.path.join(workdir, STALE_DIR)
   os.makedirs(aside, exist_ok=True)
   for name, path, changes in stale:
@@ -389,8 +415,15 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   # same ModelConfig either way.
   _check_runnable(todo)
   cli.check_writable_dir(workdir)  # local: a sweep on gs:// is not built yet
+  if jax.process_count() > 1 and train_runs is not None:
+    raise ValueError("train_runs: a hook of its own processes cannot run in "
+                     "a multi-host sweep")
   # One sweep per workdir: a second one would race on the assets and arms.
-  with ckpt_lib.WorkdirLock(workdir), preempt.stop_at_once(
+  # On several hosts (--distributed) process 0 holds the lock and writes the
+  # sweep's files; every process trains and evaluates each arm together.
+  lock = (ckpt_lib.WorkdirLock(workdir) if _primary()
+          else contextlib.nullcontext())
+  with lock, preempt.stop_at_once(
       f"finished runs, and the checkpoints of the one in progress, are kept "
       f"in {workdir}"):
     return _run_locked(grid, runs, workdir, only=only, evaluate_fn=evaluate_fn,
@@ -419,16 +452,23 @@ def read_finished(grid, runs, workdir: str) -> dict:
 
 def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
                 rerun_stale, rlvr_evaluate_fn, paths_root, train_runs):
-  if grid.get("local_assets"):
-    runlocal.prepare_assets(grid, workdir)
-  # Again: the assets' paths are in the base; now the data is prepared too.
-  runs = inputs.plan(grid, workdir, only, is_finished=is_finished, log=log)
+  # Process 0 first: it writes the assets and the prepared data, which the
+  # others then find in place.
+  for turn in (True, False):
+    if _primary() == turn:
+      if grid.get("local_assets"):
+        runlocal.prepare_assets(grid, workdir)
+      # Again: the assets' paths are in the base; now the data is prepared
+      # too.
+      runs = inputs.plan(grid, workdir, only, is_finished=is_finished, log=log)
+    distributed.barrier(f"sweep: inputs ready ({turn})")
   _handle_stale(grid, runs, workdir, rerun_stale, paths_root)
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, SWEEP)
-  if not os.path.isfile(path) or table.read_json(path) != sweep:
+  if _primary() and (not os.path.isfile(path) or table.read_json(path) != sweep):
     write_json_atomic(path, sweep)
+  distributed.barrier("sweep: stale runs moved, sweep.json written")
   done = read_finished(grid, runs, workdir)
   todo = [r for r in runs if r.name not in done]
   if train_runs is not None and todo:
@@ -449,7 +489,7 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   if rlvr_lib.declared(grid):
     _run_rlvr(grid, runs, workdir, results, devices=devices,
               evaluate_fn=rlvr_evaluate_fn or evaluate_fn)
-  if summarize:
+  if summarize and _primary():
     rows = table.aggregate(workdir)
     out = os.path.join(workdir, "summary")
     table.write_table(rows, out)

@@ -88,3 +88,48 @@ def initialize(given: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:
                                initialization_timeout=int(timeout) + 60)
   finally:
     done.set()
+
+
+FLAG_NAMES = ("coordinator_address", "num_processes", "process_id")
+
+
+def define_flags() -> None:
+  """--distributed and its cluster flags, for every command that runs on a
+  multi-host slice (train, rl.train, evaluate, sweep)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_bool("distributed", False,
+                    "Call jax.distributed.initialize() (multi-host TPU/GPU).")
+  flags.DEFINE_string("coordinator_address", None,
+                      "--distributed: host:port of process 0's coordinator "
+                      "(default: found by JAX on a TPU VM / SLURM / MPI).")
+  flags.DEFINE_integer("num_processes", None,
+                       "--distributed: number of processes (default: found "
+                       "by JAX).")
+  flags.DEFINE_integer("process_id", None,
+                       "--distributed: this process's index (default: found "
+                       "by JAX).")
+  flags.DEFINE_float("coordinator_timeout", DEFAULT_TIMEOUT_S,
+                     "--distributed: seconds to wait for the coordinator and "
+                     "every process, with progress lines, then a one-line "
+                     "error.")
+
+
+def initialize_from_flags(f) -> None:
+  """--distributed: jax.distributed.initialize(), before any JAX computation.
+  On a TPU VM (or SLURM, Open MPI, Kubernetes) JAX finds the coordinator and
+  this process's id itself; elsewhere pass --coordinator_address,
+  --num_processes and --process_id. The wait for the cluster is bounded by
+  --coordinator_timeout (initialize)."""
+  given = {k: getattr(f, k) for k in FLAG_NAMES if getattr(f, k) is not None}
+  if given and not f.distributed:
+    raise ValueError(f"--{next(iter(given))} needs --distributed")
+  if f.distributed:
+    initialize(given, f.coordinator_timeout)
+
+
+def barrier(name: str) -> None:
+  """Every process waits here for the others (nothing on one process): what
+  process 0 writes before it is seen by all after it."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)

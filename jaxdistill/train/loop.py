@@ -529,18 +529,8 @@ def main(argv, train_fn=None, compile_fn=None, advice_fn=None):
 
 
 def initialize_distributed(f) -> None:
-  """--distributed: jax.distributed.initialize(), before any JAX computation.
-  On a TPU VM (or SLURM, Open MPI, Kubernetes) JAX finds the coordinator and
-  this process's id itself; elsewhere pass --coordinator_address,
-  --num_processes and --process_id. The wait for the cluster is bounded by
-  --coordinator_timeout (train/distributed.py)."""
-  given = {k: getattr(f, k) for k in ("coordinator_address", "num_processes",
-                                      "process_id")
-           if getattr(f, k) is not None}
-  if given and not f.distributed:
-    raise ValueError(f"--{next(iter(given))} needs --distributed")
-  if f.distributed:
-    distributed.initialize(given, f.coordinator_timeout)
+  """--distributed (train/distributed.py: initialize_from_flags)."""
+  distributed.initialize_from_flags(f)
 
 
 def define_flags():
@@ -551,20 +541,6 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Run directory (resumes if it exists).")
   flags.DEFINE_bool("overwrite", False,
                     "Move an existing run of a different config aside.")
-  flags.DEFINE_bool("distributed", False,
-                    "Call jax.distributed.initialize() (multi-host TPU/GPU).")
-  flags.DEFINE_string("coordinator_address", None,
-                      "--distributed: host:port of process 0's coordinator "
-                      "(default: found by JAX on a TPU VM / SLURM / MPI).")
-  flags.DEFINE_integer("num_processes", None,
-                       "--distributed: number of processes (default: found "
-                       "by JAX).")
-  flags.DEFINE_integer("process_id", None,
-                       "--distributed: this process's index (default: found "
-                       "by JAX).")
+  distributed.define_flags()
   compile_only.define_flags()
-  flags.DEFINE_float("coordinator_timeout", distributed.DEFAULT_TIMEOUT_S,
-                     "--distributed: seconds to wait for the coordinator and "
-                     "every process, with progress lines, then a one-line "
-                     "error.")
   flags.mark_flags_as_required(["config", "workdir"])
