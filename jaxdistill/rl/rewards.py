@@ -55,9 +55,10 @@ def think_answer_terms(text: str, num_options: int | None = None
 def format_bonus(texts: Sequence[str], num_options=None, *, group: int = 1
                  ) -> np.ndarray:
   """[len(texts)] float32 sums of think_answer_terms; `num_options` [B] per
-  prompt (text i answers prompt i // group) or None."""
+  prompt (text i answers prompt i // group; <= 0: not a multiple-choice
+  prompt, any letter) or None."""
   out = np.zeros(len(texts), np.float32)
   for i, text in enumerate(texts):
     k = None if num_options is None else int(num_options[i // group])
-    out[i] = sum(think_answer_terms(text, k))
+    out[i] = sum(think_answer_terms(text, k if k and k > 0 else None))
   return out

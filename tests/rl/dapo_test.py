@@ -167,14 +167,16 @@ def test_nucleus_rollouts_keep_the_ratio_on_the_tempered_distribution():
   config = ml_collections.ConfigDict(dict(
       rollout=dict(group_size=4, temperature=temp, max_new_tokens=n,
                    top_p=top_p),
-      grpo=dict(scale_by_std=True, adv_eps=1e-6, reward_scale=1.0),
+      grpo=dict(scale_by_std=True, adv_eps=1e-6, reward_scale=2.0),
       optim=dict(grad_accum=2)))
   params = models.init(TINY, jax.random.key(0))
   prompts = np.array([[0, 5, 6, 7], [8, 9, 10, 11]], np.int32)
   host = {"prompt": prompts, "prompt_mask": (prompts > 0).astype(np.int32)}
 
-  def reward_fn(ro, unused_batch):
-    return {"reward": np.float32(np.arange(ro.tokens.shape[0]) % 2)}
+  rows = np.arange(8)
+  def reward_fn(unused_ro, unused_batch):
+    return {"reward": np.float32(rows % 2),
+            "format_bonus": np.float32(0.25 * (rows % 3))}
   collect = rl_step.Collector(config, TINY, reward_fn, eos_ids=[2])
   batch, metrics = collect(host, params, jax.random.key(1))
   tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"]) > 0
@@ -191,6 +193,10 @@ def test_nucleus_rollouts_keep_the_ratio_on_the_tempered_distribution():
   p_tok = np.take_along_axis(p, tok[..., None], -1)
   above = np.where(p > p_tok, p, 0.0).sum(-1)
   assert np.all(above[mask] < top_p + 1e-6)
+  # reward_scale times the verifier's reward, plus the formatting rewards.
+  assert metrics["rl/reward_mean"] == pytest.approx(
+      np.mean(2.0 * (rows % 2) + 0.25 * (rows % 3)))
+  assert metrics["rl/format_bonus"] == pytest.approx(np.mean(0.25 * (rows % 3)))
   # Truncation happened: the nucleus held less than all the mass.
   assert metrics["rollout/log_nucleus_mass"] < -0.05
   # rho = 1: the loss's log-probs equal old_logp on the fresh batch.
