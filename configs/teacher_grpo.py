@@ -2,7 +2,8 @@ r"""The teachers' GRPO refinement (arXiv 2609.35259, App. D.2.2), after their
 SFT stage, for Science and MedReason (Countdown-3's teacher has none).
 
 Args: family (qwen | llama: Qwen2.5-7B-Instruct, Llama-3.1-8B-Instruct),
-task (science: SciQ | medical: MedMCQA, each with Table 1's prompt), lr,
+task (science | medical: the paper's SciKnowEval / MedReason sets, App. D.1,
+each with its Table 1 prompt; exact option accuracy), lr,
 seed, runlocal (a tiny random policy on the project's Countdown, no files;
 its default lr=1e-3 applies unless lr is given).
 
@@ -23,11 +24,11 @@ and the seed (not stated; 42).
   # One command per (family, task); the starting point is that pair's SFT
   # teacher (configs/teacher_sft.py is not built yet: any HF directory or
   # workdir serves), the data prepared first (jaxdistill.data.prepare):
-  python -m jaxdistill.data.prepare sciq --data_dir /data
+  python -m jaxdistill.data.prepare sciknoweval --data_dir /data
   python -m jaxdistill.rl.train --config configs/teacher_grpo.py:family=qwen,task=science \
     --config.student.path=/runs/teacher_sft_qwen_science \
     --config.data.data_dir=/data --workdir /runs/teacher_qwen_science
-  python -m jaxdistill.data.prepare medmcqa --data_dir /data
+  python -m jaxdistill.data.prepare medreason --data_dir /data
   python -m jaxdistill.rl.train --config configs/teacher_grpo.py:family=llama,task=medical \
     --config.student.path=/runs/teacher_sft_llama_medical \
     --config.data.data_dir=/data --workdir /runs/teacher_llama_medical
@@ -44,8 +45,10 @@ from jaxdistill import config_lib
 
 BACKBONES = {"qwen": "Qwen/Qwen2.5-7B-Instruct",
              "llama": "meta-llama/Llama-3.1-8B-Instruct"}
-# task -> (prepared data set, Table 1's prompt), as configs/grid_main.py.
-TASKS = {"science": ("sciq", "science"), "medical": ("medmcqa", "medreason")}
+# task -> (prepared data set, Table 1's prompt): the paper's SciKnowEval and
+# MedReason sets (App. D.1), as configs/distill.py's PAPER_MCQ.
+TASKS = {"science": ("sciknoweval", "science"),
+         "medical": ("medreason", "medreason")}
 
 
 def get_config(arg=None):
