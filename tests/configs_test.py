@@ -122,6 +122,7 @@ ARG_VALUES = {
 CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
                      ("teacher_grpo.py", "family"): "llama",
                      ("teacher_grpo.py", "task"): "medical",
+                     ("teacher_sft.py", "family"): "llama",
                      ("grpo_after_distill.py", "kl"): 0.05,
                      ("eval.py", "task"): "medical",
                      ("grid_spectrum.py", "task"): "medical",
@@ -250,3 +251,19 @@ def test_rl_configs_have_the_papers_settings(spec, paper):
         "train": (5000, 42)}
   else:  # Table 1's prompts, exact option accuracy
     assert c.data.task == "mcq" and c.data.prompt in ("science", "medreason")
+
+
+# The teachers' SFT stage (App. D.2.2); its LoRA is not built yet.
+TEACHER_SFT = {"loss.kind": "ce", "rollout.policy": "dataset",
+               "loss.reduction": "token_mean", "total_steps": 500,
+               "optim.lr": 5e-5, "optim.schedule": "cosine",
+               "optim.warmup_steps": 10, "data.batch_size": 32,
+               "optim.clip_norm": 1.0, "data.max_prompt_len": 2048,
+               "rollout.max_new_tokens": 2048}
+
+
+@pytest.mark.parametrize("spec", ["configs/teacher_sft.py",
+                                  "configs/teacher_sft.py:family=llama"])
+def test_teacher_sft_has_the_papers_settings(spec):
+  c = config_lib.load_config(spec)
+  assert {k: _setting(c, k) for k in TEACHER_SFT} == TEACHER_SFT
