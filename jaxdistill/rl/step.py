@@ -64,6 +64,12 @@ def task_reward_fn(tokenizer, format_reward: str | None = None) -> RewardFn:
   return reward_fn
 
 
+def nucleus(rollout_cfg) -> float | None:
+  """rollout.top_p when it truncates (< 1), else None."""
+  top_p = rollout_cfg.get("top_p")
+  return None if top_p is None or float(top_p) >= 1 else float(top_p)
+
+
 def to_host(x):
   """NumPy copy of a (possibly multi-host sharded) array, on every host."""
   if jax.process_count() == 1 or x.is_fully_addressable:
@@ -120,8 +126,7 @@ class Collector:
     self.eos = None if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.chunks = int(config.optim.grad_accum)
     self.vocab = None if vocab_size is None else int(vocab_size)
-    top_p = config.rollout.get("top_p")
-    self.top_p = None if top_p is None or float(top_p) >= 1 else float(top_p)
+    self.top_p = nucleus(config.rollout)
 
   def _put(self, x):
     x = np.asarray(x)

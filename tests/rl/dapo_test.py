@@ -9,10 +9,12 @@ import numpy as np
 import optax
 import pytest
 
+from jaxdistill import config_lib
 from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill.rl import grpo
 from jaxdistill.rl import step as rl_step
+from jaxdistill.rl import train as rl_train
 from jaxdistill.train import step as step_lib
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # the DAPO paper's clip-higher
@@ -204,3 +206,14 @@ def test_nucleus_rollouts_keep_the_ratio_on_the_tempered_distribution():
                                 batch["attention_mask"], n, temperature=temp)
   np.testing.assert_allclose(np.asarray(logp)[mask],
                              np.asarray(batch["old_logp"])[mask], atol=1e-5)
+
+
+def test_a_nucleus_run_compiles_its_rescoring_program():
+  """--compile_only and the fit check see the nucleus rollout and the
+  policy's rescoring pass (configs/grpo_after_distill.py: top-p 0.95)."""
+  c = config_lib.load_config("configs/grpo_after_distill.py:runlocal")
+  c.tokenizer_build = None
+  c.student.init.update(vocab_size=320)
+  progs = {p.name: p for p in rl_train.programs_for(c, jax.devices()[:1])}
+  assert list(progs) == ["rollout", "reference", "rescore", "update"]
+  progs["rescore"].trace()  # traces with the policy's abstract params
