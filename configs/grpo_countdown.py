@@ -25,7 +25,7 @@ loss is normalised over all 48 rows either way, so the update is the same
   python -m jaxdistill.rl.train --config configs/grpo_countdown.py:n=3,lr=1e-6 \
     --config.student.path=/runs/qwen_rkl_on --workdir /runs/qwen_rkl_on_grpo
 
-  # The paper's RLVR data and reward (Countdown-4, 2 for right):
+  # The paper's RLVR stage (Table 4: Countdown-4, 2 for right, DAPO, top-p):
   python -m jaxdistill.rl.train --config configs/grpo_countdown.py:paper \
     --config.student.path=/runs/qwen_rkl_on --workdir /runs/qwen_rkl_on_rlvr
 
@@ -37,7 +37,8 @@ Objective (jaxdistill/rl/grpo.py): advantages (r - mean_g r) / (std_g r +
 adv_eps) per group of g samples; clipped ratio against the sampler's tempered
 log-probs with clip range [1 - clip_low, 1 + clip_high]; averaging
 `grpo.reduction` ('sequence_mean': mean over a row's tokens, then over rows,
-as in the original GRPO; 'token_mean': over all tokens of the mini-batch);
+as in the original GRPO; 'token_mean': over all tokens of the mini-batch, as
+grpo.loss 'dapo' requires);
 KL penalty on the sampled tokens with estimator k3, whose gradient is that of
 the FORWARD KL(pi_ref || pi_theta) (its value estimates the reverse one;
 k2 follows the reverse KL). rl/kl_ref logs KL(pi_theta || pi_ref) (k3 value).
