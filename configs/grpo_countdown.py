@@ -3,16 +3,29 @@ r"""GRPO with the Countdown verifier (RLVR), from any student checkpoint.
 Sweepable args (after the colon): n (Countdown-n numbers, 3..6, the project's
 own generator), lr, g (samples per prompt), kl (coefficient beta of the KL to
 the initial policy), avg (token | sequence), seed, paper (the paper's RLVR
-data and reward, App. D.6: its Countdown-4 with Table 1's prompt and step
-verifier, reward 2 for right), runlocal (a tiny random policy; its defaults g=4,
-lr=1e-3 apply to the args not given).
+stage, App. D.6 and Table 4, below), runlocal (a tiny random policy; its
+defaults g=4, lr=1e-3 apply to the args not given).
+
+`paper` is Table 4 (arXiv 2609.35259) but for its LoRA adapters on a 4-bit
+base and its 8-bit AdamW (full fine-tuning here, float32 moments): the
+paper's Countdown-4 (5,000 problems, seed 42; Table 1's prompt, the step
+verifier), reward 2 for right and 0 otherwise, GRPO with the DAPO loss
+(grpo.py: token-level mean over all completion tokens of the step, clip
+0.2 / 0.28, no KL), 8 completions per prompt at T 1.0 and top-p 0.95,
+6 groups of 8 per optimizer step, completions up to 1,024 tokens, prompts up
+to 2,048, 300 steps, LR 2e-6 cosine after 30 warm-up steps (10 %), clip 1.0,
+seed 42, logged every 5 steps, checkpoints every 50. The paper accumulates
+16 micro-batches of 3 on one GPU; here 2 of 24 (3 rows per chip of 8): the
+loss is normalised over all 48 rows either way, so the update is the same
+(tests/rl/dapo_test.py); set optim.grad_accum to fit other slices. `n`,
+`avg` and `kl` are refused with it.
 
   # From a distillation workdir (its hf_student/ export), any HF directory or
   # hub name (default: Qwen/Qwen2.5-0.5B-Instruct):
   python -m jaxdistill.rl.train --config configs/grpo_countdown.py:n=3,lr=1e-6 \
     --config.student.path=/runs/qwen_rkl_on --workdir /runs/qwen_rkl_on_grpo
 
-  # The paper's RLVR data and reward (Countdown-4, 2 for right):
+  # The paper's RLVR stage (Table 4: Countdown-4, 2 for right, DAPO, top-p):
   python -m jaxdistill.rl.train --config configs/grpo_countdown.py:paper \
     --config.student.path=/runs/qwen_rkl_on --workdir /runs/qwen_rkl_on_rlvr
 
@@ -24,7 +37,8 @@ Objective (jaxdistill/rl/grpo.py): advantages (r - mean_g r) / (std_g r +
 adv_eps) per group of g samples; clipped ratio against the sampler's tempered
 log-probs with clip range [1 - clip_low, 1 + clip_high]; averaging
 `grpo.reduction` ('sequence_mean': mean over a row's tokens, then over rows,
-as in the original GRPO; 'token_mean': over all tokens of the mini-batch);
+as in the original GRPO; 'token_mean': over all tokens of the mini-batch, as
+grpo.loss 'dapo' requires);
 KL penalty on the sampled tokens with estimator k3, whose gradient is that of
 the FORWARD KL(pi_ref || pi_theta) (its value estimates the reverse one;
 k2 follows the reverse KL). rl/kl_ref logs KL(pi_theta || pi_ref) (k3 value).
@@ -78,10 +92,13 @@ def get_config(arg=None):
   c.rollout = dict(policy="student", group_size=arg.g, max_new_tokens=512,
                    temperature=1.0, top_k=None, top_p=None, eos_token_ids=None)
   # reward_scale: the verifier's 1 for a right answer times this (the
-  # paper's RLVR: 2, App. D.6).
-  c.grpo = dict(clip_low=0.2, clip_high=0.2, scale_by_std=True, adv_eps=1e-6,
-                reduction=f"{arg.avg}_mean", ppo_epochs=1, num_minibatches=4,
-                reward_scale=1.0)
+  # paper's RLVR: 2, App. D.6). loss: 'grpo' (reduction and KL as set) or
+  # 'dapo' (token_mean, no KL; rl/grpo.py). format_reward: None, or
+  # 'think_answer' (the teachers' formatting rewards, rl/rewards.py).
+  c.grpo = dict(loss="grpo", clip_low=0.2, clip_high=0.2, scale_by_std=True,
+                adv_eps=1e-6, reduction=f"{arg.avg}_mean", ppo_epochs=1,
+                num_minibatches=4, reward_scale=1.0,
+                format_reward=config_dict.placeholder(str))
   # reference None = the initial policy; monitor logs rl/kl_ref even at coef 0.
   c.kl = dict(coef=arg.kl, estimator="k3", direction="forward",
               reference=config_dict.placeholder(str), monitor=True)
@@ -91,19 +108,32 @@ def get_config(arg=None):
                  moment_dtype=config_dict.placeholder(str))  # train/optim.py
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 
-  if arg.paper:
-    # The paper's RLVR data and reward (App. D.6): Countdown-4, 5,000
-    # problems, seed 42, Table 1's prompt and the step verifier, reward 2;
-    # `n` is not read. Its other settings (LoRA, 4-bit, DAPO) are not ours.
-    c.data.update(source="countdown4", max_prompt_len=2048)
-    c.grpo.reward_scale = 2.0
+  if arg.paper:  # Table 4 (the docstring)
+    for key, why in (("n", "the paper's RLVR set is Countdown-4"),
+                     ("avg", "the DAPO loss is a mean over tokens"),
+                     ("kl", "the paper's RLVR has no KL penalty (beta 0)")):
+      arg.refuse(key, f"{why}; not with paper")
+    c.seed = arg.given_or("seed", 42)
+    c.total_steps = 300
+    c.log_every, c.ckpt_every = 5, 50
+    c.data.update(source="countdown4", max_prompt_len=2048, batch_size=6)
+    c.rollout.update(group_size=arg.given_or("g", 8), max_new_tokens=1024,
+                     temperature=1.0, top_p=0.95)
+    c.grpo.update(loss="dapo", reduction="token_mean", clip_low=0.2,
+                  clip_high=0.28, reward_scale=2.0, ppo_epochs=1,
+                  num_minibatches=1)
+    c.kl.coef = 0.0
+    c.optim.update(lr=arg.given_or("lr", 2e-6), schedule="cosine",
+                   warmup_steps=30, final_lr_frac=0.0, clip_norm=1.0,
+                   grad_accum=2)
   if arg.runlocal:
     c.total_steps = 4
     c.eval_every = c.ckpt_every = 2
     c.student.update(init=TINY, dtype="float32", remat="none")
     c.tokenizer_build = dict(vocab_size=300)  # trained into <workdir>/tokenizer
     c.data.update(num_problems=64, batch_size=2,
-                  max_prompt_len=2048 if arg.paper else 256)
+                  # Table 1's Countdown prompt: 359-372 tiny-tokenizer tokens.
+                  max_prompt_len=448 if arg.paper else 256)
     c.rollout.update(group_size=arg.given_or("g", 4), max_new_tokens=8)
     c.grpo.update(num_minibatches=2)
     c.optim.update(lr=arg.given_or("lr", 1e-3), warmup_steps=1, grad_accum=1)

@@ -15,6 +15,7 @@ import jax
 import pytest
 
 from jaxdistill import config_lib
+from jaxdistill import tasks
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
 from jaxdistill.sweep import grid as grid_lib
@@ -119,6 +120,9 @@ ARG_VALUES = {
     "rl_lr": 3e-6, "variant": "tail", "spectrum": True, "arm_steps": 7,
     "lrs": "2e-4+2e-3", "paper": True}
 CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
+                     ("teacher_grpo.py", "family"): "llama",
+                     ("teacher_grpo.py", "task"): "medical",
+                     ("teacher_sft.py", "family"): "llama",
                      ("grpo_after_distill.py", "kl"): 0.05,
                      ("eval.py", "task"): "medical",
                      ("grid_spectrum.py", "task"): "medical",
@@ -193,3 +197,73 @@ def test_a_bad_value_given_under_runlocal_is_refused(spec, field):
   c = config_lib.load_config(spec)
   with pytest.raises(ValueError, match=field):
     (rl_train.validate if "grpo" in spec else config_lib.validate)(c)
+
+
+# The paper's settings (arXiv 2609.35259), written here from its text: the
+# RLVR stage after distillation (App. D.6, Table 4) and the teachers' GRPO
+# (App. D.2.2). rows_per_step: completions per optimizer step (Table 4: 6
+# groups of 8; D.2.2: 8 per device x 16 accumulation steps).
+TABLE4 = {"data.source": "countdown4", "seed": 42, "total_steps": 300,
+          "optim.lr": 2e-6, "optim.schedule": "cosine",
+          "optim.warmup_steps": 30, "rollout.group_size": 8,
+          "rollout.temperature": 1.0, "rollout.top_p": 0.95,
+          "rollout.max_new_tokens": 1024, "data.max_prompt_len": 2048,
+          "grpo.loss": "dapo", "kl.coef": 0.0, "grpo.reward_scale": 2.0,
+          "grpo.format_reward": None, "optim.clip_norm": 1.0,
+          "log_every": 5, "ckpt_every": 50, "rows_per_step": 48}
+TEACHER_GRPO = {"total_steps": 500, "optim.lr": 1e-5,
+                "optim.schedule": "cosine", "optim.warmup_steps": 50,
+                "rollout.group_size": 8, "rollout.temperature": 1.0,
+                "rollout.top_p": 0.95, "rollout.max_new_tokens": 824,
+                "data.max_prompt_len": 2048, "grpo.loss": "dapo",
+                "kl.coef": 0.0, "grpo.reward_scale": 2.0,
+                "grpo.format_reward": "think_answer", "optim.clip_norm": 1.0,
+                "rows_per_step": 128}
+
+
+def _setting(c, key):
+  if key == "rows_per_step":
+    return (c.data.batch_size * c.rollout.group_size
+            // c.grpo.num_minibatches)
+  node = c
+  for k in key.split("."):
+    node = node[k]
+  return node
+
+
+@pytest.mark.parametrize("spec,paper", [
+    ("configs/grpo_countdown.py:paper", TABLE4),
+    ("configs/grpo_after_distill.py", TABLE4),
+    ("configs/teacher_grpo.py", TEACHER_GRPO),
+    ("configs/teacher_grpo.py:family=llama,task=medical", TEACHER_GRPO),
+])
+def test_rl_configs_have_the_papers_settings(spec, paper):
+  c = config_lib.load_config(spec)
+  got = {k: _setting(c, k) for k in paper}
+  assert got == paper
+  # One update per rollout batch (TRL's default: generation batch =
+  # accumulated batch), the DAPO paper's clip-higher, no reference KL.
+  assert (c.grpo.ppo_epochs, c.grpo.clip_low, c.grpo.clip_high) == (
+      1, 0.2, 0.28)
+  assert c.grpo.reduction == "token_mean" and c.optim.final_lr_frac == 0.0
+  if "data.source" in paper:  # Countdown-4: 5,000 problems, seed 42
+    assert tasks.countdown.PRESETS["countdown4"].splits == {
+        "train": (5000, 42)}
+  else:  # Table 1's prompts, exact option accuracy
+    assert c.data.task == "mcq" and c.data.prompt in ("science", "medreason")
+
+
+# The teachers' SFT stage (App. D.2.2); its LoRA is not built yet.
+TEACHER_SFT = {"loss.kind": "ce", "rollout.policy": "dataset",
+               "loss.reduction": "token_mean", "total_steps": 500,
+               "optim.lr": 5e-5, "optim.schedule": "cosine",
+               "optim.warmup_steps": 10, "data.batch_size": 32,
+               "optim.clip_norm": 1.0, "data.max_prompt_len": 2048,
+               "rollout.max_new_tokens": 2048}
+
+
+@pytest.mark.parametrize("spec", ["configs/teacher_sft.py",
+                                  "configs/teacher_sft.py:family=llama"])
+def test_teacher_sft_has_the_papers_settings(spec):
+  c = config_lib.load_config(spec)
+  assert {k: _setting(c, k) for k in TEACHER_SFT} == TEACHER_SFT

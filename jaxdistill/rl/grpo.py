@@ -15,12 +15,53 @@ divides by the number of response tokens of the mini-batch (every token counts
 the same), 'sequence_mean' averages tokens within a row, then rows (original
 GRPO: long answers get less weight per token).
 
-Temperature. The sampler's log-probs (`Rollout.logprobs`) are those of the
-TEMPERED distribution softmax(z / T) it drew from. The policy log-probs here
-use the same T, so rho = 1 exactly when nothing changed and the objective is
-that of the distribution actually sampled; top-k / top-p truncation is not
-supported (the ratio would mix two distributions). The reference log-probs
-use the same T too.
+Temperature and nucleus sampling. The policy log-probs here are those of the
+TEMPERED distribution softmax(z / T) over the whole vocabulary, and so are
+the reference's. Without truncation the sampler draws from that distribution
+and its log-probs (`Rollout.logprobs`) serve as old_t: rho = 1 exactly when
+nothing changed. With rollout.top_p < 1 (the paper's RLVR and teacher GRPO
+sample at top-p 0.95, App. D.2.2, D.6) the sampler draws from the nucleus,
+truncated and renormalised, while the ratio stays on the untruncated tempered
+distribution: rl.step.Collector then recomputes old_t under the sampling
+params with the same forward pass as the loss, so rho = 1 on a fresh batch.
+This is what TRL (the paper's trainer: vLLM samples with top-p, the trainer
+scores with logits / T) and verl do. The alternative, both log-probs under
+the truncated renormalised distribution, is the exact policy gradient of the
+nucleus policy, but a token the sampler kept can leave the current policy's
+nucleus after an update (log-prob -inf), and it is not what the paper ran.
+top_k is not supported.
+
+DAPO (Yu et al., 2025: "DAPO: An Open-Source LLM Reinforcement Learning
+System at Scale") is four changes to GRPO. grpo.loss 'dapo' is its loss, as
+the paper uses it ("GRPO with the DAPO loss", App. D.2.2 and D.6; TRL's
+loss_type 'dapo'):
+
+  L = -1 / (sum_i |o_i|) sum_i sum_t min(rho_t A_i,
+                                          clip(rho_t, 1 - eps_low, 1 + eps_high) A_i)
+
+  - token-level normalisation: one mean over EVERY completion token of the
+    optimizer step's batch (all its groups and all its gradient-accumulation
+    micro-batches; losses.reduction_weights 'token_mean' over the mini-batch
+    before rl.step.ppo_update splits it, so the accumulated gradient is the
+    whole batch's, not a mean of micro-batch means);
+  - clip-higher: eps_low and eps_high are config values (the paper's
+    configs use the DAPO paper's 0.2 and 0.28: the study does not state its
+    values, a choice);
+  - group-normalised advantages (r - mean_g r) / (std_g r + adv_eps), and no
+    KL term (beta 0: `check_loss` refuses a KL coefficient).
+
+Not included: DAPO's dynamic sampling (re-drawing prompts until no group has
+equal rewards) and overlong reward shaping are sampling and reward changes,
+not the loss, and the study names neither (App. D.6: "We add no separate
+formatting or length rewards"; TRL's loss_type 'dapo' does neither). Groups with
+equal rewards get A = 0 and only add their tokens to the normaliser, as in
+TRL. Standard deviations here are over the group with ddof 0 (TRL: ddof 1,
+eps 1e-4), so every advantage is sqrt(G / (G - 1)) times TRL's (1.069 at
+G = 8): one factor for the whole run, which Adam absorbs up to the gradient
+clip.
+
+'grpo' keeps `grpo.reduction` free ('sequence_mean': the original GRPO) and
+allows the KL penalty below.
 
 KL to the frozen reference. The per-token estimators are differentiated
 through logp only (samples come from the sampler, ~pi_theta). What each one
@@ -56,6 +97,25 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_DIRECTIONS = {"k1": "none", "k2": "reverse", "k3": "forward"}
 # The reductions GRPO offers, of losses.REDUCTIONS (whose weights it uses).
 REDUCTIONS = ("token_mean", "sequence_mean")
+# grpo.loss: 'grpo' (reduction and KL as configured) or 'dapo' (see above).
+LOSSES = ("grpo", "dapo")
+
+
+def check_loss(loss: str, reduction: str, kl_coef: float) -> None:
+  """ValueError unless `loss` is known and the config agrees with it."""
+  if loss not in LOSSES:
+    raise ValueError(f"config.grpo.loss: unknown {loss!r}; choose from "
+                     f"{LOSSES}")
+  if reduction not in REDUCTIONS:
+    raise ValueError(f"config.grpo.reduction: unknown {reduction!r}; choose "
+                     f"from {REDUCTIONS}")
+  if loss == "dapo" and reduction != "token_mean":
+    raise ValueError("config.grpo.reduction: the DAPO loss normalises by all "
+                     "completion tokens of the batch: must be 'token_mean', "
+                     f"got {reduction!r}")
+  if loss == "dapo" and kl_coef:
+    raise ValueError(f"config.kl.coef: the DAPO loss has no KL term: must be "
+                     f"0 with grpo.loss='dapo', got {kl_coef}")
 
 
 def check_kl(estimator: str, direction: str, coef: float) -> None:

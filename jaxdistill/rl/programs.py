@@ -6,6 +6,8 @@ distillation; compile_only.py compiles and reports).
   rollout    data.batch_size x rollout.group_size samples of the policy;
   reference  the frozen reference's log-probs of those samples (with a
              kl.coef or kl.monitor);
+  rescore    the policy's own untruncated log-probs of them (with
+             rollout.top_p < 1: the ratio's old log-probs, grpo.py);
   update     grpo.ppo_epochs x grpo.num_minibatches optimizer steps.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   """compile_only.Programs of a GRPO run. `rcfg`: the kl.reference's config,
   or None (the initial policy is the reference)."""
   ro, g = config.rollout, config.grpo
+  top_p = rl_step.nucleus(ro)
   p, n = int(config.data.max_prompt_len), int(ro.max_new_tokens)
   rows = int(config.data.batch_size) * int(ro.group_size)
   seq = p + n
@@ -52,22 +55,27 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   out = [train_programs.rollout_program(
       "rollout", cfg, None, policy, None, mesh, rules, vocab, rows=rows,
       policy="student", prompt_len=p, max_new_tokens=n,
-      temperature=ro.temperature, resident=run_b - size(policy))]
+      temperature=ro.temperature, top_p=top_p,
+      resident=run_b - size(policy))]
   bs = functools.partial(train_programs.batch_struct, mesh=mesh, rules=rules)
   tokens = bs((rows, seq), jnp.int32)
-  if use_ref:
-    r_cfg = rcfg or cfg
-    r_params = ref if ref is not None else policy
+
+  def scoring(name, m_cfg, m_params):
     fn = functools.partial(
-        rl_step.reference_logprobs, cfg=r_cfg, num_response=n,
+        rl_step.reference_logprobs, cfg=m_cfg, num_response=n,
         chunks=int(config.optim.grad_accum), vocab_size=vocab)
-    out.append(compile_only.Program(
-        "reference", jax.jit(fn), (r_params, tokens, tokens, jnp.float32(1.0)),
+    return compile_only.Program(
+        name, jax.jit(fn), (m_params, tokens, tokens, jnp.float32(1.0)),
         # The head runs on the N response positions only.
-        model_flops=(flops.forward_flops_per_token(r_cfg, seq) * rows * seq
-                     - _head_flops(r_cfg) * rows * p),
-        bytes_accessed=int(config.optim.grad_accum) * flops.weight_bytes(r_cfg),
-        resident_bytes=run_b - size(r_params)))
+        model_flops=(flops.forward_flops_per_token(m_cfg, seq) * rows * seq
+                     - _head_flops(m_cfg) * rows * p),
+        bytes_accessed=int(config.optim.grad_accum) * flops.weight_bytes(m_cfg),
+        resident_bytes=run_b - size(m_params))
+  if use_ref:
+    out.append(scoring("reference", rcfg or cfg,
+                       ref if ref is not None else policy))
+  if top_p is not None:
+    out.append(scoring("rescore", cfg, policy))
   batch = {"tokens": tokens, "attention_mask": tokens,
            "loss_mask": bs((rows, n), jnp.int32),
            "old_logp": bs((rows, n), jnp.float32),

@@ -7,14 +7,17 @@
 `Collector` repeats each prompt G times (prompt-major: row i answers prompt
 i // G), samples them with rollout.generate(policy='student') under row ids
 0..R-1 so every sample has its own RNG stream, keeps the sampler's log-probs
-(recorded at sampling time, tempered: see grpo.py), scores the responses with
-`reward_fn`, turns rewards into group advantages, and adds the frozen
+(recorded at sampling time, tempered: see grpo.py; with rollout.top_p < 1
+rescored on the untruncated tempered distribution), scores the responses
+with `reward_fn`, turns rewards into group advantages, and adds the frozen
 reference's log-probs when a reference is given.
 
 `ppo_update` then runs `ppo_epochs` passes over the rollout batch, each
 shuffled into `num_minibatches` mini-batches, one optimizer step
 (jaxdistill.train.step.train_step, with its gradient accumulation) per mini-batch.
-The loss weights are normalised over each mini-batch.
+The loss weights are normalised over each mini-batch before it is split into
+micro-batches, so 'token_mean' (the DAPO loss) divides by the completion
+tokens of the whole optimizer step's batch, whatever optim.grad_accum is.
 
 Shapes: B prompts, G samples each, R = B G rows, P prompt width, N new tokens.
 """
@@ -34,19 +37,37 @@ from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill import tasks
 from jaxdistill.rl import grpo
+from jaxdistill.rl import rewards
 from jaxdistill.train import step as step_lib
 
 # reward_fn(rollout with host arrays, host prompt batch) -> {'reward': [R],
-# optionally 'format': [R]} (NumPy).
+# optionally 'format': [R] (logged), 'format_bonus': [R] (added to the
+# scaled reward)} (NumPy).
 RewardFn = Callable[[rollout_lib.Rollout, Mapping[str, np.ndarray]], dict]
 
 
-def task_reward_fn(tokenizer) -> RewardFn:
-  """Rewards from the task verifiers (tasks.score_batch) on decoded answers."""
+def task_reward_fn(tokenizer, format_reward: str | None = None) -> RewardFn:
+  """Rewards from the task verifiers (tasks.score_batch) on decoded answers;
+  with format_reward 'think_answer' also rl.rewards' formatting rewards."""
+  if format_reward not in rewards.FORMAT_REWARDS:
+    raise ValueError(f"config.grpo.format_reward: unknown {format_reward!r}; "
+                     f"choose from {rewards.FORMAT_REWARDS}")
+
   def reward_fn(ro, host_batch):
     texts = rollout_lib.decode_responses(ro, tokenizer)
-    return tasks.score_batch(texts, host_batch)
+    scores = tasks.score_batch(texts, host_batch)
+    if format_reward is not None:
+      b = np.asarray(host_batch["task"]).shape[0]
+      scores["format_bonus"] = rewards.format_bonus(
+          texts, host_batch.get("num_options"), group=len(texts) // b)
+    return scores
   return reward_fn
+
+
+def nucleus(rollout_cfg) -> float | None:
+  """rollout.top_p when it truncates (< 1), else None."""
+  top_p = rollout_cfg.get("top_p")
+  return None if top_p is None or float(top_p) >= 1 else float(top_p)
 
 
 def to_host(x):
@@ -105,6 +126,7 @@ class Collector:
     self.eos = None if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.chunks = int(config.optim.grad_accum)
     self.vocab = None if vocab_size is None else int(vocab_size)
+    self.top_p = nucleus(config.rollout)
 
   def _put(self, x):
     x = np.asarray(x)
@@ -122,7 +144,8 @@ class Collector:
     ro = rollout_lib.generate(
         (self.cfg, params), None, self._put(prompts), self._put(pmask),
         rng=rng, policy="student", max_new_tokens=int(self.ro.max_new_tokens),
-        temperature=temp, pad_token_id=self.pad, eos_token_ids=self.eos,
+        temperature=temp, top_p=self.top_p, pad_token_id=self.pad,
+        eos_token_ids=self.eos,
         row_ids=self._put(np.arange(rows, dtype=np.int32)), mesh=self.mesh,
         rules=self.rules, return_logprobs=True, vocab_size=self.vocab)
     host_ro = jax.tree.map(to_host, ro)
@@ -132,20 +155,32 @@ class Collector:
     # change (scale_by_std), the logged rl/reward_mean does.
     reward = np.asarray(scores["reward"], np.float32) * np.float32(
         self.grpo.get("reward_scale", 1.0))
+    if "format_bonus" in scores:  # the teachers' GRPO (rl/rewards.py)
+      reward = reward + np.asarray(scores["format_bonus"], np.float32)
     if reward.shape != (rows,):
       raise ValueError(
           f"reward_fn: expected {rows} rewards, got shape {reward.shape}")
     adv, stats = grpo.group_advantages(
         reward, g, scale_by_std=bool(self.grpo.scale_by_std),
         eps=float(self.grpo.adv_eps))
+    old = ro.logprobs
+    n = ro.response_mask.shape[1]
+    if self.top_p is not None:
+      # The sampler's log-probs are the nucleus's; the ratio is taken on the
+      # untruncated tempered distribution (grpo.py), scored here under the
+      # params that sampled, by the loss's own forward pass.
+      old = reference_logprobs(
+          params, ro.tokens, ro.attention_mask, jnp.float32(temp),
+          cfg=self.cfg, num_response=n, chunks=self.chunks,
+          vocab_size=self.vocab)
     batch = {"tokens": ro.tokens, "attention_mask": ro.attention_mask,
-             "loss_mask": ro.response_mask, "old_logp": ro.logprobs,
+             "loss_mask": ro.response_mask, "old_logp": old,
              "advantages": self._put(np.asarray(adv))}
     if self.reference is not None:
       rcfg, rparams = self.reference
       batch["ref_logp"] = reference_logprobs(
           rparams, ro.tokens, ro.attention_mask, jnp.float32(temp), cfg=rcfg,
-          num_response=ro.response_mask.shape[1], chunks=self.chunks,
+          num_response=n, chunks=self.chunks,
           vocab_size=self.vocab)
     metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
     lengths = host_ro.lengths
@@ -158,6 +193,14 @@ class Collector:
         "rollout/tokens": float(host_ro.prompt_mask.sum() + lengths.sum())})
     if "format" in scores:
       metrics["rl/format"] = float(np.mean(scores["format"]))
+    if "format_bonus" in scores:
+      metrics["rl/format_bonus"] = float(np.mean(scores["format_bonus"]))
+    if self.top_p is not None:
+      # Mean log of the nucleus mass the sampled tokens were drawn from (<= 0).
+      m = host_ro.response_mask > 0
+      gap = to_host(old) - host_ro.logprobs
+      metrics["rollout/log_nucleus_mass"] = float(
+          gap[m].mean()) if m.any() else 0.0
     return batch, metrics
 
 

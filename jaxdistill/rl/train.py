@@ -37,6 +37,7 @@ from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.models import hub
 from jaxdistill.rl import grpo
 from jaxdistill.rl import programs as rl_programs
+from jaxdistill.rl import rewards
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
@@ -109,10 +110,12 @@ def validate(config) -> None:
   if not float(ro.temperature) > 0:
     _err("rollout.temperature", f"must be > 0 (the importance ratio needs a "
          f"sampling distribution), got {ro.temperature}")
-  for k in ("top_k", "top_p"):
-    if ro.get(k) is not None:
-      _err(f"rollout.{k}", "truncated sampling is not supported: the ratio "
-           "is taken against the full tempered distribution")
+  if ro.get("top_k") is not None:
+    _err("rollout.top_k", "top-k sampling is not supported (top_p is: the "
+         "ratio is taken on the untruncated tempered distribution, grpo.py)")
+  top_p = ro.get("top_p")
+  if top_p is not None and not 0 < float(top_p) <= 1:
+    _err("rollout.top_p", f"must be in (0, 1] or None, got {top_p}")
   if int(ro.max_new_tokens) < 1:
     _err("rollout.max_new_tokens", f"must be >= 1, got {ro.max_new_tokens}")
   if config.data.task not in ("countdown", "mcq", "records"):
@@ -123,9 +126,10 @@ def validate(config) -> None:
     _err("grpo.clip_low", f"must be in [0, 1), got {g.clip_low}")
   if not float(g.clip_high) >= 0:
     _err("grpo.clip_high", f"must be >= 0, got {g.clip_high}")
-  if g.reduction not in grpo.REDUCTIONS:
-    _err("grpo.reduction", f"unknown {g.reduction!r}; choose from "
-         f"{grpo.REDUCTIONS}")
+  grpo.check_loss(g.get("loss", "grpo"), g.reduction, float(config.kl.coef))
+  if g.get("format_reward") not in rewards.FORMAT_REWARDS:
+    _err("grpo.format_reward", f"unknown {g.format_reward!r}; choose from "
+         f"{rewards.FORMAT_REWARDS}")
   if not float(g.adv_eps) > 0:
     _err("grpo.adv_eps", f"must be > 0, got {g.adv_eps}")
   if not float(g.get("reward_scale", 1.0)) > 0:
@@ -289,7 +293,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
                           rules=rules, vocab_size=vocab), state_shard)
   collect = rl_step.Collector(
-      config, scfg, reward_fn or rl_step.task_reward_fn(tokenizer), mesh=mesh,
+      config, scfg, reward_fn or rl_step.task_reward_fn(
+          tokenizer, config.grpo.get("format_reward")), mesh=mesh,
       rules=rules, reference=reference,
       pad_id=getattr(tokenizer, "pad_token_id", None) or 0, eos_ids=eos,
       vocab_size=vocab)

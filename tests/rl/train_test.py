@@ -113,7 +113,10 @@ def test_resolve_init_prefers_the_hf_student_export(tmp_path):
 @pytest.mark.parametrize("field,value,match", [
     ("rollout.group_size", 1, "config.rollout.group_size"),
     ("rollout.temperature", 0.0, "config.rollout.temperature"),
-    ("rollout.top_p", 0.9, "config.rollout.top_p"),
+    ("rollout.top_k", 5, "config.rollout.top_k"),
+    ("rollout.top_p", 1.5, "config.rollout.top_p"),
+    ("grpo.loss", "ppo", "config.grpo.loss"),
+    ("grpo.format_reward", "xml", "config.grpo.format_reward"),
     ("rollout.policy", "teacher", "config.rollout.policy"),
     ("grpo.num_minibatches", 3, "config.grpo.num_minibatches"),
     ("grpo.reduction", "sum", "config.grpo.reduction"),
