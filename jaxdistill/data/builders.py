@@ -10,12 +10,14 @@ is random access and TensorFlow-free (grain can consume it directly):
                     Countdown sets (tasks.countdown.PRESETS, App. D.1/D.6),
                     each split its preset's count and seed; fields numbers,
                     target, solution (steps), variant.
-  mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa; reads
-                    the user's downloaded files from `manual_dir` (split from
-                    each file name, see sources.split_of_file); fields
-                    question, options, answer. `python -m
-                    jaxdistill.data.prepare NAME` builds the sciq, medmcqa
-                    and gpqa configs from the hub (HUB_DATASETS), recorded in
+  mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa,
+                    sciknoweval, medreason; reads the user's downloaded files
+                    from `manual_dir` (split from each file name, see
+                    sources.split_of_file); fields question, options, answer.
+                    `python -m jaxdistill.data.prepare NAME` builds the
+                    sciknoweval and medreason configs (the paper's, drawn by
+                    data.paper_mcq) and the sciq, medmcqa and gpqa ones (not
+                    the paper's) from the hub (HUB_DATASETS), recorded in
                     <data_dir>/prepared/NAME.json; `mcq_builder` reads either.
 
 `data_dir` is always explicit: nothing is written to ~/tensorflow_datasets by
@@ -279,7 +281,13 @@ HUB_DATASETS = {
                        ("data/train-*.parquet", "data/validation-*.parquet"),
                        ("train", "validation")),
     "gpqa": HubData("Idavidrein/gpqa", ("gpqa_diamond.csv",), ("test",)),
+    # The paper's (App. D.1): drawn from every matching file (data.paper_mcq).
+    "sciknoweval": HubData("hicai-zju/SciKnowEval", ("data/*.jsonl",),
+                           ("train", "test")),
+    "medreason": HubData("UCSC-VLAA/MedReason", ("*.jsonl",), ("train", "test")),
 }
+# The sets above that are the paper's; sciq, medmcqa and gpqa are not.
+PAPER_MCQ = ("sciknoweval", "medreason")
 RECORDS = "prepared"  # DIR/prepared/NAME.json: where a data set came from
 
 

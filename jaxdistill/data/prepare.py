@@ -6,7 +6,13 @@ r"""Prepare the study's data sets by name: `python -m jaxdistill.data.prepare`.
   python -m jaxdistill.data.prepare countdown --data_dir ~/data
   python -m jaxdistill.data.prepare countdown3 --data_dir ~/data  # the paper's
 
-  NAME       source                      files converted               splits
+  NAME         source                    files read                    splits
+  sciknoweval  hicai-zju/SciKnowEval     data/*.jsonl                  train 2,674, test 507
+               (the paper's Science set: Chemistry L3 four-option questions,
+               drawn with seed 42, data.paper_mcq)
+  medreason    UCSC-VLAA/MedReason       *.jsonl                       train 5,000, test 500
+               (the paper's MedReason pools, drawn with seed 42)
+  -- not the paper's data (extras):
   sciq       allenai/sciq                data/*.parquet                train, validation, test
   medmcqa    openlifescienceai/medmcqa   data/{train,validation}-*     train, validation
                                          (the test split is unlabelled)
@@ -24,7 +30,9 @@ its files go through the same converters as files given by path
 with data.task='mcq', data.source=NAME, data.data_dir=DIR reads, and an
 evaluation suite with source NAME and data_dir DIR. DIR/prepared/NAME.json
 records where it came from (repo, revision, commit, files, records per
-split). A second run at the same commit does nothing; another commit is
+split; for sciknoweval and medreason `source_files` and `draw`: the seed,
+the pool's size and rule, the rows left out by reason, each split's row
+ids). A second run at the same commit does nothing; another commit is
 refused unless --overwrite, and the old data stays until the new is
 complete. Countdown is generated as a run would generate it
 (builders.countdown_config) for each --n_numbers. The paper's sets are
@@ -46,6 +54,7 @@ import shutil
 from jaxdistill import cli
 from jaxdistill import storage
 from jaxdistill.data import builders
+from jaxdistill.data import paper_mcq
 from jaxdistill.data import sources
 from jaxdistill.models import hub
 from jaxdistill.tasks import countdown as countdown_lib
@@ -73,6 +82,18 @@ def _staged_files(snapshot: str, data: builders.HubData,
         raise ValueError(f"{data.repo}: two files named {n}")
       os.symlink(os.path.realpath(os.path.join(root, n)), os.path.join(out, n))
       found.setdefault(split, []).append(rel)
+  if not found:
+    raise ValueError(f"{data.repo}: no file matching {list(data.files)} in its "
+                     f"snapshot {snapshot}")
+  return found
+
+
+def _matching_files(snapshot: str, data: builders.HubData) -> list[str]:
+  """The snapshot's files matching `data.files`, as sorted repo paths."""
+  found = sorted(
+      os.path.relpath(os.path.join(root, n), snapshot).replace(os.sep, "/")
+      for root, _, names in os.walk(snapshot) for n in names)
+  found = [f for f in found if any(fnmatch.fnmatch(f, p) for p in data.files)]
   if not found:
     raise ValueError(f"{data.repo}: no file matching {list(data.files)} in its "
                      f"snapshot {snapshot}")
@@ -109,9 +130,19 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
   tmp = os.path.join(data_dir, f".prepare-{name}-{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
   try:
-    files = _staged_files(snapshot, data, os.path.join(tmp, "files"))
-    log(f"{name}: converting {sum(map(len, files.values()))} file(s) of "
-        f"{data.repo} at commit {info['commit']}")
+    extra = {}
+    if name in paper_mcq.SETS:
+      files = _matching_files(snapshot, data)
+      log(f"{name}: drawing from {len(files)} file(s) of {data.repo} at "
+          f"commit {info['commit']}")
+      extra = {"source_files": files, "draw": paper_mcq.write_splits(
+          name, [os.path.join(snapshot, f) for f in files],
+          os.path.join(tmp, "files"))}
+      files = {s: files for s in extra["draw"]["counts"]}
+    else:
+      files = _staged_files(snapshot, data, os.path.join(tmp, "files"))
+      log(f"{name}: converting {sum(map(len, files.values()))} file(s) of "
+          f"{data.repo} at commit {info['commit']}")
     built = builders.prepare(builders.McqFiles, data_dir=os.path.join(tmp, "tfds"),
                              config=name, manual_dir=os.path.join(tmp, "files"))
     counts = {s: int(built.info.splits[s].num_examples) for s in built.info.splits}
@@ -121,7 +152,8 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
       os.replace(target, os.path.join(tmp, "old"))
     os.replace(os.path.join(tmp, "tfds", "mcq_files", name), target)
     record = {"name": name, "repo": data.repo, "revision": info["revision"],
-              "commit": info["commit"], "files": files, "records": counts}
+              "commit": info["commit"], "files": files, "records": counts,
+              **extra}
     _write_record(data_dir, name, record)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)

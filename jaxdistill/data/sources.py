@@ -24,11 +24,22 @@ Sources (`SOURCES`) and the fields they read:
   pubmedqa  QUESTION/CONTEXTS/final_decision (ori_pqal.json) or
             question/context.contexts/final_decision (HF parquet); options are
             yes/no/maybe and the abstract is prepended to the question
+  sciknoweval  question, choices {text: [4], label: [A..D]}, answerKey
+            (hicai-zju/SciKnowEval); rows of another `type` than
+            mcq-4-choices, or whose labels are not A..D over four texts or
+            whose answerKey is not one of them, are skipped
+  medreason question, options (one text: lines "A. ...", other lines such
+            as "Answer Choices:" ignored), answer (the correct option's
+            TEXT, UCSC-VLAA/MedReason); the letter is the one option equal
+            to the answer (case and spacing aside), or to its part before
+            the first ". "; rows with fewer than two options or an answer
+            that names no single option are skipped
 
 Sources whose correct option sits in a fixed place (SciQ's and GPQA's
 correct_answer column) have their options shuffled with a permutation seeded
-by (seed, question text), so it does not depend on file order. Unlabelled rows
-(MedMCQA's test split has cop = -1) are skipped, and counted in the log.
+by (seed, question text), so it does not depend on file order. Rows without a
+gradable question (MedMCQA's test split has cop = -1; the skips above) are
+skipped, and counted in the log.
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ import json
 import logging
 import os
 import random
+import re
 import string
 
 LETTERS = string.ascii_uppercase
@@ -271,9 +283,61 @@ def _pubmedqa(row, seed, opts):
   return text, options, LETTERS[options.index(decision)]
 
 
+def _sciknoweval(row, seed, opts):
+  del seed, opts
+  if row.get("type") != "mcq-4-choices":
+    return None  # open-ended, true/false, two-choice ...: not the MCQ part
+  question = _text(row, "question")
+  choices = row.get("choices")
+  if (not isinstance(choices, Mapping) or not isinstance(choices.get("text"), list)
+      or not isinstance(choices.get("label"), list)):
+    raise ValueError("field 'choices' must be {'text': [...], 'label': [...]}")
+  labels = [str(x).strip().upper() for x in choices["label"]]
+  if labels != list(LETTERS[:4]) or len(choices["text"]) != 4:
+    return None  # a broken row: which text goes with which letter is unknown
+  answer = str(row.get("answerKey") or "").strip().upper()
+  if answer not in labels:
+    return None
+  return question, list(choices["text"]), answer
+
+
+_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])\s*[.):]\s*(\S.*?)\s*$")
+
+
+def _norm(text) -> str:
+  return " ".join(str(text).casefold().split()).rstrip(" .")
+
+
+def medreason_options(text: str) -> list[str]:
+  """The option texts of a MedReason `options` field, in letter order; []
+  if its lines do not give options A, B, ... in order."""
+  found = [m.groups() for m in map(_OPTION_LINE.match, str(text).splitlines()) if m]
+  if [k for k, _ in found] != list(LETTERS[:len(found)]):
+    return []
+  return [v for _, v in found]
+
+
+def _medreason(row, seed, opts):
+  del seed, opts
+  question = _text(row, "question")
+  raw = row.get("options")
+  if not isinstance(raw, str):
+    return None  # open-ended (the HuatuoGPT-o1 part has no options)
+  options = medreason_options(raw)
+  if len(options) < 2:
+    return None
+  answer = _text(row, "answer")
+  norms = [_norm(o) for o in options]
+  for cand in (_norm(answer), _norm(answer.split(". ", 1)[0])):
+    if norms.count(cand) == 1:
+      return question, options, LETTERS[norms.index(cand)]
+  return None  # the answer names no single option
+
+
 SOURCES: dict[str, Callable] = {
     "generic": _generic, "sciq": _sciq, "gpqa": _gpqa, "medmcqa": _medmcqa,
-    "medqa": _medqa, "pubmedqa": _pubmedqa,
+    "medqa": _medqa, "pubmedqa": _pubmedqa, "sciknoweval": _sciknoweval,
+    "medreason": _medreason,
 }
 
 
@@ -317,7 +381,8 @@ def convert_file(path: str, source: str = "generic", *, seed: int = 0,
     except (ValueError, TypeError, KeyError) as e:
       raise DataError(f"{where}: {e}") from None
   if skipped:
-    logging.info("%s: skipped %d unlabelled rows", path, skipped)
+    logging.info("%s: skipped %d rows without a gradable question", path,
+                 skipped)
   return out
 
 

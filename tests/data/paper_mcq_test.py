@@ -1,0 +1,235 @@
+"""`python -m jaxdistill.data.prepare sciknoweval|medreason` against a fake,
+offline hub cache in the real repos' layouts and row schemas.
+
+The fakes hold exactly the rows the test writes, so the pools, the counts and
+every answer letter are known here; the expected draw is re-derived with
+hashlib and numpy directly (sort by the question-and-options digest, one
+default_rng(42) permutation, test first), not with data.paper_mcq."""
+import hashlib
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxdistill import tasks
+from jaxdistill.data import builders
+from jaxdistill.data import paper_mcq
+from jaxdistill.data import pipeline
+from jaxdistill.data import prepare
+from jaxdistill.data import sources
+from jaxdistill.evaluate import suites as suites_lib
+from tests import hub_cache
+
+LETTERS = "ABCD"
+N_SCIENCE = 507 + 2674  # exactly the paper's two splits
+
+
+def _jsonl(rows) -> bytes:
+  return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _ske_row(i, domain="Chemistry", level="L3", kind="mcq-4-choices",
+             labels=LETTERS, n_texts=4):
+  return {"question": f"Chemistry question {i}: which reagent?",
+          "choices": {"text": [f"reagent {i}-{k}" for k in range(n_texts)],
+                      "label": list(labels)},
+          "answerKey": LETTERS[i % 4], "type": kind, "domain": domain,
+          "details": {"level": level, "task": "reaction", "subtask": "x"},
+          "answer": "", "prompt": {"default": "Answer the question."}}
+
+
+def sciknoweval_files():
+  chem = [_ske_row(i) for i in range(N_SCIENCE)]
+  # A repeated question (other case and spacing), a broken row, rows of
+  # other types, levels and domains: all outside the pool.
+  dup = dict(_ske_row(7), question="  CHEMISTRY question 7:  which reagent?")
+  chem += [dup, _ske_row(9000, labels="ABCE"), _ske_row(9001, n_texts=5),
+           dict(_ske_row(9002), answerKey="E"),
+           _ske_row(9003, kind="open-ended-qa"), _ske_row(9004, kind="true_or_false"),
+           _ske_row(9005, level="L2"), _ske_row(9006, level="L1")]
+  bio = [_ske_row(10_000 + i, domain="Biology") for i in range(20)]
+  return {"data/Chemistry/sciknoweval_chemistry_test.jsonl": _jsonl(chem),
+          "data/Biology/sciknoweval_biology_test.jsonl": _jsonl(bio),
+          "README.md": b"---\nlicense: mit\n---\n"}
+
+
+N_MED = 5600
+
+
+def _med_row(i):
+  opts = [f"finding {i}-{k}" for k in range(4 + i % 2)]  # 4 or 5 options
+  gold = i % len(opts)
+  answer = opts[gold]
+  if i % 3 == 1:
+    answer = answer.upper() + ". Explanation: it is the classic sign."
+  return {"dataset_name": "medqa" if i % 2 else "medmcqa",
+          "id_in_dataset": i, "question": f"Patient {i}: the likely finding?",
+          "options": "Answer Choices:\n" + "\n".join(
+              f"{LETTERS[k] if k < 4 else 'E'}. {o}" for k, o in enumerate(opts)),
+          "answer": answer, "reasoning": "Finding reasoning path ..."}, gold
+
+
+def medreason_files():
+  rows = [_med_row(i)[0] for i in range(N_MED)]
+  rows += [{"dataset_name": "huatuo", "id_in_dataset": 1, "question": "Why?",
+            "options": None, "answer": "Because.", "reasoning": "..."},
+           dict(_med_row(1)[0], answer="something else entirely"),
+           dict(_med_row(2)[0], question="patient 2:  the likely finding?")]
+  return {"ours_quality_33000.jsonl": _jsonl(rows),
+          "README.md": b"---\nlicense: apache-2.0\n---\n"}
+
+
+@pytest.fixture(scope="module")
+def fake_hub(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("hf_paper_mcq"))
+  commits = {
+      "hicai-zju/SciKnowEval": hub_cache.add_repo(
+          d, "hicai-zju/SciKnowEval", sciknoweval_files(), repo_type="dataset"),
+      "UCSC-VLAA/MedReason": hub_cache.add_repo(
+          d, "UCSC-VLAA/MedReason", medreason_files(), repo_type="dataset")}
+  return d, commits
+
+
+@pytest.fixture(scope="module")
+def prepared(fake_hub, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("prepared"))
+  mp = pytest.MonkeyPatch()
+  hub_cache.use(mp, fake_hub[0])
+  try:
+    yield out, {n: prepare.prepare(n, out, log=lambda m: None)
+                for n in builders.PAPER_MCQ}
+  finally:
+    mp.undo()
+
+
+def _digest(question, options):
+  text = "\0".join(" ".join(str(x).casefold().split()) for x in [question, *options])
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _expected(truth: list[dict], counts):
+  """{split: records} re-derived: one row per digest (the first), sorted by
+  digest, slices of default_rng(42).permutation."""
+  by = {}
+  for r in truth:
+    by.setdefault(_digest(r["question"], r["options"]), r)
+  keys = sorted(by)
+  perm = np.random.default_rng(42).permutation(len(keys))
+  out, start = {}, 0
+  for split, n in counts:
+    out[split] = [by[keys[i]] for i in perm[start:start + n]]
+    start += n
+  return out
+
+
+def _science_truth():
+  return [{"question": f"Chemistry question {i}: which reagent?",
+           "options": [f"reagent {i}-{k}" for k in range(4)],
+           "answer": LETTERS[i % 4]} for i in range(N_SCIENCE)]
+
+
+def _medical_truth():
+  out = []
+  for i in range(N_MED):
+    opts = [f"finding {i}-{k}" for k in range(4 + i % 2)]
+    out.append({"question": f"Patient {i}: the likely finding?", "options": opts,
+                "answer": "ABCDE"[i % len(opts)]})
+  return out
+
+
+def _key(r):
+  return (r["question"], tuple(r["options"]), r["answer"])
+
+
+@pytest.mark.parametrize("name,truth,counts,left", [
+    ("sciknoweval", _science_truth, {"test": 507, "train": 2674},
+     {"not_selected": 22, "not_mcq": 5, "duplicate": 1}),
+    ("medreason", _medical_truth, {"test": 500, "train": 5000},
+     {"not_selected": 0, "not_mcq": 2, "duplicate": 1})])
+def test_prepare_draws_the_paper_counts_with_a_recorded_seed(
+    name, truth, counts, left, prepared, fake_hub):
+  out, records = prepared
+  record = records[name]
+  repo = builders.HUB_DATASETS[name].repo
+  assert record["repo"] == repo and record["commit"] == fake_hub[1][repo]
+  assert record["revision"] and record["records"] == counts
+  draw = record["draw"]
+  assert draw["seed"] == 42 and draw["counts"] == counts
+  assert draw["left_out"] == left and not draw["short"]
+  assert draw["pool"] == len(truth())
+  expected = _expected(truth(), paper_mcq.SETS[name].counts)
+  builder = builders.mcq_builder(dict(data_dir=out, source=name), "data")
+  for split, n in counts.items():
+    got = builders.load_records(builder, split)
+    assert len(got) == n
+    assert sorted(map(_key, got)) == sorted(map(_key, expected[split]))
+  train = {_key(r) for r in builders.load_records(builder, "train")}
+  assert not train & {_key(r) for r in builders.load_records(builder, "test")}
+  assert draw["ids"]["test"] == [_digest(r["question"], r["options"])
+                                 for r in expected["test"]]
+
+
+def test_a_second_prepare_is_a_no_op_and_the_sweep_reads_it(prepared, fake_hub):
+  out, records = prepared
+  mp = pytest.MonkeyPatch()
+  hub_cache.use(mp, fake_hub[0])
+  try:
+    logs = []
+    again = prepare.prepare("sciknoweval", out, log=logs.append)
+  finally:
+    mp.undo()
+  assert again == records["sciknoweval"] and "nothing to do" in logs[0]
+  assert prepare.ensure("medreason", out) == records["medreason"]
+
+
+@pytest.mark.parametrize("name,prompt", [("sciknoweval", "science"),
+                                         ("medreason", "medreason")])
+def test_training_and_suites_read_it_with_the_table1_prompt(name, prompt, prepared):
+  out, _ = prepared
+  data = dict(task="mcq", source=name, data_dir=out, prompt=prompt,
+              manual_dir=None, split="train")
+  rows = pipeline.records_from_config(ml_collections.ConfigDict(data))
+  assert len(rows) == dict(paper_mcq.SETS[name].counts)["train"]
+  system, user = tasks.prompt_messages(rows[0])
+  assert system and rows[0]["question"] in user and "<answer>" in user
+  spec = dict(kind="mcq", source=name, data_dir=out, split="test",
+              num_problems=200, data_seed=0, prompt=prompt)
+  got = suites_lib.suite_records("s", ml_collections.ConfigDict(spec))
+  assert len(got) == 200 and all(r["prompt"] == prompt for r in got)
+
+
+def test_a_row_file_given_by_path_converts_like_the_prepared_data(tmp_path):
+  path = tmp_path / "rows.jsonl"
+  path.write_bytes(_jsonl([_med_row(0)[0], _med_row(4)[0],
+                           {"question": "Open?", "options": None, "answer": "x"}]))
+  got = sources.convert_file(str(path), "medreason")
+  assert [r["answer"] for r in got] == ["A", "A"] and len(got[1]["options"]) == 4
+
+
+def test_draw_short_pools_and_too_small_ones():
+  counts = (("test", 5), ("train", 20))
+  got = paper_mcq.draw(12, counts, 42)
+  perm = np.random.default_rng(42).permutation(12)
+  assert list(got["test"]) == list(perm[:5]) and list(got["train"]) == list(perm[5:])
+  with pytest.raises(ValueError, match="too few for the train split"):
+    paper_mcq.draw(5, counts, 42)
+
+
+def test_bad_input_is_one_clear_error(tmp_path):
+  bad = tmp_path / "sciknoweval_chemistry_test.jsonl"
+  bad.write_text(json.dumps(_ske_row(0)) + "\n{not json\n")
+  with pytest.raises(sources.DataError, match=r"sciknoweval_chemistry_test.jsonl:2"):
+    paper_mcq.pool("sciknoweval", [str(bad)])
+  bad.write_text(json.dumps(dict(_ske_row(0), choices=["a", "b", "c", "d"])) + "\n")
+  with pytest.raises(sources.DataError, match=r":1: field 'choices'"):
+    paper_mcq.pool("sciknoweval", [str(bad)])
+  bio = tmp_path / "bio.jsonl"
+  bio.write_text(json.dumps(_ske_row(0, domain="Biology")) + "\n")
+  with pytest.raises(ValueError, match="no row of its files is in the pool"):
+    paper_mcq.write_splits("sciknoweval", [str(bio)], str(tmp_path / "o"))
+  few = tmp_path / "few.jsonl"
+  few.write_bytes(_jsonl([_med_row(i)[0] for i in range(3)]))
+  with pytest.raises(ValueError, match="too few for the train split"):
+    paper_mcq.write_splits("medreason", [str(few)], str(tmp_path / "o2"))
