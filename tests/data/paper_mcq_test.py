@@ -1,5 +1,6 @@
 """`python -m jaxdistill.data.prepare sciknoweval|medreason` against a fake,
-offline hub cache in the real repos' layouts and row schemas.
+offline hub cache in the real repos' layouts and row schemas
+(tests/hub_cache.py's generated rows, here as many as the paper's draws).
 
 The fakes hold exactly the rows the test writes, so the pools, the counts and
 every answer letter are known here; the expected draw is re-derived with
@@ -7,7 +8,6 @@ hashlib and numpy directly (sort by the question-and-options digest, one
 default_rng(42) permutation, test first), not with data.paper_mcq."""
 import hashlib
 import json
-import os
 
 import ml_collections
 import numpy as np
@@ -22,63 +22,11 @@ from jaxdistill.data import sources
 from jaxdistill.evaluate import suites as suites_lib
 from tests import hub_cache
 
-LETTERS = "ABCD"
 N_SCIENCE = 507 + 2674  # exactly the paper's two splits
-
-
-def _jsonl(rows) -> bytes:
-  return "".join(json.dumps(r) + "\n" for r in rows).encode()
-
-
-def _ske_row(i, domain="Chemistry", level="L3", kind="mcq-4-choices",
-             labels=LETTERS, n_texts=4):
-  return {"question": f"Chemistry question {i}: which reagent?",
-          "choices": {"text": [f"reagent {i}-{k}" for k in range(n_texts)],
-                      "label": list(labels)},
-          "answerKey": LETTERS[i % 4], "type": kind, "domain": domain,
-          "details": {"level": level, "task": "reaction", "subtask": "x"},
-          "answer": "", "prompt": {"default": "Answer the question."}}
-
-
-def sciknoweval_files():
-  chem = [_ske_row(i) for i in range(N_SCIENCE)]
-  # A repeated question (other case and spacing), a broken row, rows of
-  # other types, levels and domains: all outside the pool.
-  dup = dict(_ske_row(7), question="  CHEMISTRY question 7:  which reagent?")
-  chem += [dup, _ske_row(9000, labels="ABCE"), _ske_row(9001, n_texts=5),
-           dict(_ske_row(9002), answerKey="E"),
-           _ske_row(9003, kind="open-ended-qa"), _ske_row(9004, kind="true_or_false"),
-           _ske_row(9005, level="L2"), _ske_row(9006, level="L1")]
-  bio = [_ske_row(10_000 + i, domain="Biology") for i in range(20)]
-  return {"data/Chemistry/sciknoweval_chemistry_test.jsonl": _jsonl(chem),
-          "data/Biology/sciknoweval_biology_test.jsonl": _jsonl(bio),
-          "README.md": b"---\nlicense: mit\n---\n"}
-
-
-N_MED = 5600
-
-
-def _med_row(i):
-  opts = [f"finding {i}-{k}" for k in range(4 + i % 2)]  # 4 or 5 options
-  gold = i % len(opts)
-  answer = opts[gold]
-  if i % 3 == 1:
-    answer = answer.upper() + ". Explanation: it is the classic sign."
-  return {"dataset_name": "medqa" if i % 2 else "medmcqa",
-          "id_in_dataset": i, "question": f"Patient {i}: the likely finding?",
-          "options": "Answer Choices:\n" + "\n".join(
-              f"{LETTERS[k] if k < 4 else 'E'}. {o}" for k, o in enumerate(opts)),
-          "answer": answer, "reasoning": "Finding reasoning path ..."}, gold
-
-
-def medreason_files():
-  rows = [_med_row(i)[0] for i in range(N_MED)]
-  rows += [{"dataset_name": "huatuo", "id_in_dataset": 1, "question": "Why?",
-            "options": None, "answer": "Because.", "reasoning": "..."},
-           dict(_med_row(1)[0], answer="something else entirely"),
-           dict(_med_row(2)[0], question="patient 2:  the likely finding?")]
-  return {"ours_quality_33000.jsonl": _jsonl(rows),
-          "README.md": b"---\nlicense: apache-2.0\n---\n"}
+N_MED = 5600             # more than its 500 + 5,000
+_jsonl = hub_cache.jsonl
+_ske_row = hub_cache.sciknoweval_row
+_med_row = hub_cache.medreason_row
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +34,11 @@ def fake_hub(tmp_path_factory):
   d = str(tmp_path_factory.mktemp("hf_paper_mcq"))
   commits = {
       "hicai-zju/SciKnowEval": hub_cache.add_repo(
-          d, "hicai-zju/SciKnowEval", sciknoweval_files(), repo_type="dataset"),
+          d, "hicai-zju/SciKnowEval", hub_cache.sciknoweval_files(N_SCIENCE),
+          repo_type="dataset"),
       "UCSC-VLAA/MedReason": hub_cache.add_repo(
-          d, "UCSC-VLAA/MedReason", medreason_files(), repo_type="dataset")}
+          d, "UCSC-VLAA/MedReason", hub_cache.medreason_files(N_MED),
+          repo_type="dataset")}
   return d, commits
 
 
@@ -127,13 +77,13 @@ def _expected(truth: list[dict], counts):
 def _science_truth():
   return [{"question": f"Chemistry question {i}: which reagent?",
            "options": [f"reagent {i}-{k}" for k in range(4)],
-           "answer": LETTERS[i % 4]} for i in range(N_SCIENCE)]
+           "answer": "ABCD"[i % 4]} for i in range(N_SCIENCE)]
 
 
 def _medical_truth():
   out = []
   for i in range(N_MED):
-    opts = [f"finding {i}-{k}" for k in range(4 + i % 2)]
+    opts = hub_cache.medreason_options(i)
     out.append({"question": f"Patient {i}: the likely finding?", "options": opts,
                 "answer": "ABCDE"[i % len(opts)]})
   return out
@@ -202,7 +152,7 @@ def test_training_and_suites_read_it_with_the_table1_prompt(name, prompt, prepar
 
 def test_a_row_file_given_by_path_converts_like_the_prepared_data(tmp_path):
   path = tmp_path / "rows.jsonl"
-  path.write_bytes(_jsonl([_med_row(0)[0], _med_row(4)[0],
+  path.write_bytes(_jsonl([_med_row(0), _med_row(4),
                            {"question": "Open?", "options": None, "answer": "x"}]))
   got = sources.convert_file(str(path), "medreason")
   assert [r["answer"] for r in got] == ["A", "A"] and len(got[1]["options"]) == 4
@@ -230,6 +180,32 @@ def test_bad_input_is_one_clear_error(tmp_path):
   with pytest.raises(ValueError, match="no row of its files is in the pool"):
     paper_mcq.write_splits("sciknoweval", [str(bio)], str(tmp_path / "o"))
   few = tmp_path / "few.jsonl"
-  few.write_bytes(_jsonl([_med_row(i)[0] for i in range(3)]))
+  few.write_bytes(_jsonl([_med_row(i) for i in range(3)]))
   with pytest.raises(ValueError, match="too few for the train split"):
     paper_mcq.write_splits("medreason", [str(few)], str(tmp_path / "o2"))
+
+
+def test_the_seeded_hub_sets_come_out_short_and_say_so(hf_cache, tmp_path):
+  """tests/hub_cache.py seeds each set with SEEDED_POOL questions: the test
+  split is whole, the train split gets the rest."""
+  for name, test in (("sciknoweval", 507), ("medreason", 500)):
+    record = prepare.prepare(name, str(tmp_path), log=lambda m: None)
+    assert record["draw"]["short"] and record["draw"]["pool"] == hub_cache.SEEDED_POOL
+    assert record["records"] == {"test": test, "train": hub_cache.SEEDED_POOL - test}
+
+
+def test_the_study_configs_name_the_paper_sets_and_keep_the_old_as_extras():
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  for task, source, prompt in (("science", "sciknoweval", "science"),
+                               ("medical", "medreason", "medreason")):
+    d = config_lib.load_config(f"configs/distill.py:task={task}").data
+    assert (d.task, d.source, d.prompt) == ("mcq", source, prompt)
+    g = config_lib.load_config(f"configs/grid_main.py:tasks={task}")
+    assert g.presets.task[task].data.source == source
+  ev = config_lib.load_config("configs/eval.py:task=science")
+  assert (ev.suites.science.source, ev.suites.medical.source) == (
+      "sciknoweval", "medreason")
+  assert ev.suites.science.split == ev.suites.medical.split == "test"
+  assert {ev.suites[n].source for n in ("sciq", "medmcqa", "gpqa")} == {
+      "sciq", "medmcqa", "gpqa"}
+  assert not {"sciq", "medmcqa", "gpqa"} & set(ev.eval_suites)
