@@ -64,8 +64,9 @@ SETS = {
              "and options"),
     "medreason": PaperSet(
         counts=(("test", 500), ("train", 5000)), seed=42, select={},
-        rule="options parse as A, B, ... and the answer is exactly one "
-             "option's text; one row per question and options"),
+        rule="options parse as A, B, ... and the answer names exactly one "
+             "option (data.sources, 'medreason'); one row per question and "
+             "options"),
 }
 
 
@@ -127,6 +128,22 @@ def draw(n: int, counts, seed: int) -> dict[str, np.ndarray]:
   return out
 
 
+def draw_spec(name: str) -> dict:
+  """What decides set `name`'s draw from given files (kept in its record)."""
+  spec = SETS[name]
+  return {"seed": spec.seed, "counts": dict(spec.counts), "rule": spec.rule}
+
+
+def draw_spec_of(record: dict) -> dict:
+  draw = record.get("draw") if isinstance(record.get("draw"), dict) else {}
+  return {k: draw.get(k) for k in ("seed", "counts", "rule")}
+
+
+def same_draw(name: str, record: dict) -> bool:
+  """A prepared record was drawn as set `name` is drawn now."""
+  return draw_spec_of(record) == draw_spec(name)
+
+
 def write_splits(name: str, paths: list[str], out: str) -> dict:
   """Writes the drawn raw rows of set `name` as OUT/{split}.jsonl (what the
   mcq_files builder's config NAME converts); returns what the data set's
@@ -143,8 +160,7 @@ def write_splits(name: str, paths: list[str], out: str) -> dict:
       for i in idx:
         f.write(json.dumps(rows[i][1], ensure_ascii=False, default=str) + "\n")
   want = sum(size for _, size in spec.counts)
-  return {"seed": spec.seed, "counts": dict(spec.counts), "pool": len(rows),
-          "left_out": left, "rule": spec.rule,
+  return {**draw_spec(name), "pool": len(rows), "left_out": left,
           "method": "rows sorted by row_id (sha256 of question and options); "
                     "numpy.random.default_rng(seed).permutation; slices in "
                     "the order of counts",

@@ -109,6 +109,13 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
   old = _old_record(data_dir, name, overwrite)
   target = os.path.join(data_dir, "mcq_files", name)
   same = bool(old) and old["commit"] == info["commit"]
+  if same and name in paper_mcq.SETS and not paper_mcq.same_draw(name, old):
+    if not overwrite:
+      raise ValueError(
+          f"--data_dir {data_dir} holds {name} drawn by another rule "
+          f"({paper_mcq.draw_spec_of(old)}; now {paper_mcq.draw_spec(name)}): "
+          "pass --overwrite to draw it again, or use another --data_dir")
+    same = False
   if same:
     damage = builders.damage(data_dir, name)
     if damage is None:
@@ -139,6 +146,10 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
           name, [os.path.join(snapshot, f) for f in files],
           os.path.join(tmp, "files"))}
       files = {s: files for s in extra["draw"]["counts"]}
+      if extra["draw"]["short"]:
+        log(f"{name}: its pool holds {extra['draw']['pool']} questions, fewer "
+            f"than the paper's {extra['draw']['counts']}: the last split is "
+            "short")
     else:
       files = _staged_files(snapshot, data, os.path.join(tmp, "files"))
       log(f"{name}: converting {sum(map(len, files.values()))} file(s) of "

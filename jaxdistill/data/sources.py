@@ -31,9 +31,10 @@ Sources (`SOURCES`) and the fields they read:
   medreason question, options (one text: lines "A. ...", other lines such
             as "Answer Choices:" ignored), answer (the correct option's
             TEXT, UCSC-VLAA/MedReason); the letter is the one option equal
-            to the answer (case and spacing aside), or to its part before
-            the first ". "; rows with fewer than two options or an answer
-            that names no single option are skipped
+            (case and spacing aside) to the answer, or to its first
+            sentence, or to what follows that sentence's last ':' or ' is ',
+            or to it without a leading "B." label; rows with fewer than two
+            options or an answer that names no single option are skipped
 
 Sources whose correct option sits in a fixed place (SciQ's and GPQA's
 correct_answer column) have their options shuffled with a permutation seeded
@@ -326,12 +327,25 @@ def _medreason(row, seed, opts):
   options = medreason_options(raw)
   if len(options) < 2:
     return None
-  answer = _text(row, "answer")
   norms = [_norm(o) for o in options]
-  for cand in (_norm(answer), _norm(answer.split(". ", 1)[0])):
+  for cand in _answer_candidates(_text(row, "answer")):
     if norms.count(cand) == 1:
       return question, options, LETTERS[norms.index(cand)]
   return None  # the answer names no single option
+
+
+def _answer_candidates(answer: str):
+  """What a MedReason answer text may name, normalised, most literal first:
+  the whole text, its first sentence, and that sentence after its last ':'
+  or ' is ' ("The correct answer is: X. Because ..."); a leading option
+  label ("B. X") is dropped."""
+  first = answer.split(". ", 1)[0]
+  out = [answer, first, first.rsplit(":", 1)[-1],
+         re.split(r"\s+is\s+", first, flags=re.IGNORECASE)[-1]]
+  label = _OPTION_LINE.match(answer.splitlines()[0])
+  if label:
+    out += [label.group(2), label.group(2).split(". ", 1)[0]]
+  return [_norm(c) for c in out if c.strip()]
 
 
 SOURCES: dict[str, Callable] = {

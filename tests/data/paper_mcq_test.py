@@ -6,6 +6,7 @@ The fakes hold exactly the rows the test writes, so the pools, the counts and
 every answer letter are known here; the expected draw is re-derived with
 hashlib and numpy directly (sort by the question-and-options digest, one
 default_rng(42) permutation, test first), not with data.paper_mcq."""
+import dataclasses
 import hashlib
 import json
 
@@ -209,3 +210,46 @@ def test_the_study_configs_name_the_paper_sets_and_keep_the_old_as_extras():
   assert {ev.suites[n].source for n in ("sciq", "medmcqa", "gpqa")} == {
       "sciq", "medmcqa", "gpqa"}
   assert not {"sciq", "medmcqa", "gpqa"} & set(ev.eval_suites)
+
+
+OPTIONS = "Answer Choices:\nA. Fever\nB. Cough\nC. Night sweats"
+
+
+@pytest.mark.parametrize("answer,letter", [
+    ("Cough", "B"), ("cough.", "B"), ("NIGHT  SWEATS. Explanation: TB.", "C"),
+    ("The correct answer is: Fever. It is the first sign.", "A"),
+    ("Final answer: Night sweats", "C"), ("B. Cough", "B"),
+    ("(C) Night sweats. Because", "C"),
+    ("Fever or cough", None), ("Rash", None), ("It is probably a cough", None)])
+def test_a_medreason_answer_names_one_option_or_none(answer, letter):
+  row = {"question": "Which sign?", "options": OPTIONS, "answer": answer}
+  got = sources.SOURCES["medreason"](row, 0, {})
+  assert (got and got[2]) == letter
+  if letter:
+    assert got[1] == ["Fever", "Cough", "Night sweats"]
+
+
+def test_a_sciknoweval_file_given_by_path_keeps_its_four_option_rows(tmp_path):
+  path = tmp_path / "sciknoweval_chemistry_test.jsonl"
+  path.write_bytes(_jsonl([_ske_row(1), _ske_row(2, kind="open-ended-qa"),
+                           _ske_row(3, labels="ABCE"), _ske_row(6, domain="Biology")]))
+  got = sources.convert_file(str(path), "sciknoweval")
+  # Conversion alone does not select the domain: that is the pool's rule.
+  assert [(r["answer"], r["options"][0]) for r in got] == [
+      ("B", "reagent 1-0"), ("C", "reagent 6-0")]
+
+
+def test_data_drawn_by_another_rule_is_refused_unless_overwritten(
+    hf_cache, tmp_path, monkeypatch):
+  prepare.prepare("medreason", str(tmp_path), log=lambda m: None)
+  monkeypatch.setitem(paper_mcq.SETS, "medreason", dataclasses.replace(
+      paper_mcq.SETS["medreason"], seed=7))
+  with pytest.raises(ValueError, match="drawn by another rule.*'seed': 42"):
+    prepare.prepare("medreason", str(tmp_path), log=lambda m: None)
+  again = prepare.prepare("medreason", str(tmp_path), overwrite=True,
+                          log=lambda m: None)
+  assert again["draw"]["seed"] == 7
+  perm = np.random.default_rng(7).permutation(hub_cache.SEEDED_POOL)
+  keys = sorted({_digest(r["question"], r["options"])
+                 for r in _medical_truth()[:hub_cache.SEEDED_POOL]})
+  assert again["draw"]["ids"]["test"] == [keys[i] for i in perm[:500]]
