@@ -18,7 +18,8 @@ symlink to its blob), for model and dataset repos. It holds
   gpqa_diamond.csv and gpqa_main.csv with the CSV's column names);
 - the paper's science and medical sets in their repos' layouts and row
   schemas, generated (sciknoweval_files / medreason_files): hicai-zju/
-  SciKnowEval (data/{Chemistry,Biology}/sciknoweval_*_test.jsonl, rows with
+  SciKnowEval (data/{Chemistry,Biology}/sciknoweval_*_test.jsonl at the
+  commit the project pins it to, PINNED; rows with
   question, choices {text, label}, answerKey, type, domain, details.level)
   and UCSC-VLAA/MedReason (ours_quality_33000.jsonl, rows with question,
   options as one "A. ..." text, answer as the option's text, reasoning),
@@ -137,10 +138,12 @@ def _commit(repo_id: str, files: dict[str, bytes]) -> str:
 
 
 def add_repo(cache: str, repo_id: str, files: dict[str, bytes], *,
-             repo_type: str = "model", refs=("main",)) -> str:
-  """Writes one snapshot of a repo into the cache; points `refs` at it."""
+             repo_type: str = "model", refs=("main",),
+             commit: str | None = None) -> str:
+  """Writes one snapshot of a repo into the cache (at `commit`, default a
+  digest of its files); points `refs` at it."""
   root = os.path.join(cache, f"{repo_type}s--" + repo_id.replace("/", "--"))
-  commit = _commit(repo_id, files)
+  commit = commit or _commit(repo_id, files)
   for name, data in files.items():
     blob = os.path.join(root, "blobs", hashlib.sha256(data).hexdigest())
     os.makedirs(os.path.dirname(blob), exist_ok=True)
@@ -234,6 +237,8 @@ def jsonl(rows) -> bytes:
   return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
+# Repos seeded at the commit the project pins them to (a default --revision).
+PINNED = {"hicai-zju/SciKnowEval": "3284f6fbf3b8063ab8a0408a65fb00157dbdc9fa"}
 SEEDED_POOL = 520  # the seeded paper sets' pools: the test split, then 13 / 20
 
 
@@ -349,7 +354,8 @@ def build(cache: str) -> dict:
                                    CHECKPOINTS[REVISED][1], 2, 99, tok_files),
       refs=("v1",))
   for repo, files in _data_files().items():
-    info["datasets"][repo] = add_repo(cache, repo, files, repo_type="dataset")
+    info["datasets"][repo] = add_repo(cache, repo, files, repo_type="dataset",
+                                      commit=PINNED.get(repo))
   return info
 
 

@@ -270,7 +270,10 @@ class HubData:
   repo: str                 # hub dataset id
   files: tuple[str, ...]    # patterns of the repo files converted
   splits: tuple[str, ...]   # splits kept (sources.split_of_file of each file)
+  revision: str | None = None  # when --revision is not given (None: main)
 
+
+SCIKNOWEVAL_COMMIT = "3284f6fbf3b8063ab8a0408a65fb00157dbdc9fa"
 
 # The name is also the converter (data.sources.SOURCES) and the mcq_files
 # builder config: data.source='sciq' reads what `prepare sciq` wrote.
@@ -282,8 +285,10 @@ HUB_DATASETS = {
                        ("train", "validation")),
     "gpqa": HubData("Idavidrein/gpqa", ("gpqa_diamond.csv",), ("test",)),
     # The paper's (App. D.1): drawn from every matching file (data.paper_mcq).
-    "sciknoweval": HubData("hicai-zju/SciKnowEval", ("data/*.jsonl",),
-                           ("train", "test")),
+    # Pinned to the commit the paper's Science data was drawn from (its
+    # source, the self-distillation study's release, records it).
+    "sciknoweval": HubData("hicai-zju/SciKnowEval", ("data/Chemistry/*.jsonl",),
+                           ("train", "test"), revision=SCIKNOWEVAL_COMMIT),
     "medreason": HubData("UCSC-VLAA/MedReason", ("*.jsonl",), ("train", "test")),
 }
 # The sets above that are the paper's; sciq, medmcqa and gpqa are not.

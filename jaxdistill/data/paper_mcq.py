@@ -2,7 +2,7 @@
 
   NAME         repo                    pool                            draw (seed 42)
   sciknoweval  hicai-zju/SciKnowEval   Chemistry, level L3,            test 507, train 2,674
-                                       type mcq-4-choices, deduplicated
+               (@3284f6fb)             type mcq-4-choices, deduplicated
   medreason    UCSC-VLAA/MedReason     every row with options and an   test 500, train 5,000
                                        answer naming one of them
 
@@ -17,18 +17,23 @@ test + train gives the train split what is left after the test split; the
 record says so (`short`).
 
 How close this is to the paper (choices of ours, docs/evaluation.md):
-- SciKnowEval: the paper names "four-option multiple-choice questions from
-  SciKnowEval" with fixed splits of 2,674 / 507 and worked traces in the
-  train split, but not the subset, the split rule or where the traces come
-  from. The hub repository holds test files only (no train split, no
-  traces); the files and rule that give 2,674 / 507 were not found. We take
-  the Chemistry L3 four-option questions (the subset the studies this one
-  follows, RL's Razor and self-distillation fine-tuning, train on) and draw
-  the two splits with the paper's data seed, 42: the counts are the paper's
-  when the pool holds at least 3,181 questions, the questions are not
-  known to be its. The worked traces are left out: the train split
-  carries no reference response (SFT targets fall back to the answer
-  letter in <answer>, tasks.reference_response).
+- SciKnowEval: the paper's fixed splits (2,674 train with worked traces
+  ending in <answer>X</answer>, 507 eval) match the Science data released
+  by the self-distillation fine-tuning study (github.com/idanshen/
+  Self-Distillation, data/science_data: a Chemistry L3 train snapshot with
+  GPT-written traces, and an eval set from hicai-zju/SciKnowEval at commit
+  3284f6fb, Chemistry config). That release is not on the Hugging Face hub;
+  gray311/PromptSD re-releases it there (science/: train 2,474 +
+  validation 200 = 2,674, test 507; traces in <reasoning> tags, the
+  question inside a free-text prompt). We read the original hub repository
+  at that same commit (builders.SCIKNOWEVAL_COMMIT), keep its Chemistry L3
+  four-option questions and draw the two splits with the paper's data
+  seed, 42: the counts are the paper's when the pool holds at least 3,181
+  questions and the questions come from the same population, but which of
+  them are in the test split differs (the release's split rule is not
+  published). The worked traces are left out: the train split carries no
+  reference response (SFT targets fall back to the answer letter in
+  <answer>, tasks.reference_response).
 - MedReason: the paper draws pools of 5,000 / 500 "from the prepared source
   partition" (seed unstated) and then keeps the questions its GPT-5
   demonstrations solved (4,748 / 471); we draw the pools only, with seed 42,

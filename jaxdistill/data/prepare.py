@@ -7,9 +7,10 @@ r"""Prepare the study's data sets by name: `python -m jaxdistill.data.prepare`.
   python -m jaxdistill.data.prepare countdown3 --data_dir ~/data  # the paper's
 
   NAME         source                    files read                    splits
-  sciknoweval  hicai-zju/SciKnowEval     data/*.jsonl                  train 2,674, test 507
+  sciknoweval  hicai-zju/SciKnowEval     data/Chemistry/*.jsonl        train 2,674, test 507
                (the paper's Science set: Chemistry L3 four-option questions,
-               drawn with seed 42, data.paper_mcq)
+               drawn with seed 42, data.paper_mcq; default revision the
+               commit the paper's source used, builders.SCIKNOWEVAL_COMMIT)
   medreason    UCSC-VLAA/MedReason       *.jsonl                       train 5,000, test 500
                (the paper's MedReason pools, drawn with seed 42)
   -- not the paper's data (extras):
@@ -103,6 +104,7 @@ def _matching_files(snapshot: str, data: builders.HubData) -> list[str]:
 def _prepare_hub(name: str, data_dir: str, revision: str | None,
                  overwrite: bool, log) -> dict:
   data = builders.HUB_DATASETS[name]
+  revision = revision or data.revision
   spec = data.repo + (f"@{revision}" if revision else "")
   snapshot, info = hub.resolve(spec, repo_type="dataset",
                                allow_patterns=data.files)

@@ -36,7 +36,7 @@ def fake_hub(tmp_path_factory):
   commits = {
       "hicai-zju/SciKnowEval": hub_cache.add_repo(
           d, "hicai-zju/SciKnowEval", hub_cache.sciknoweval_files(N_SCIENCE),
-          repo_type="dataset"),
+          repo_type="dataset", commit=builders.SCIKNOWEVAL_COMMIT),
       "UCSC-VLAA/MedReason": hub_cache.add_repo(
           d, "UCSC-VLAA/MedReason", hub_cache.medreason_files(N_MED),
           repo_type="dataset")}
@@ -96,7 +96,7 @@ def _key(r):
 
 @pytest.mark.parametrize("name,truth,counts,left", [
     ("sciknoweval", _science_truth, {"test": 507, "train": 2674},
-     {"not_selected": 22, "not_mcq": 5, "duplicate": 1}),
+     {"not_selected": 2, "not_mcq": 5, "duplicate": 1}),
     ("medreason", _medical_truth, {"test": 500, "train": 5000},
      {"not_selected": 0, "not_mcq": 2, "duplicate": 1})])
 def test_prepare_draws_the_paper_counts_with_a_recorded_seed(
@@ -105,7 +105,13 @@ def test_prepare_draws_the_paper_counts_with_a_recorded_seed(
   record = records[name]
   repo = builders.HUB_DATASETS[name].repo
   assert record["repo"] == repo and record["commit"] == fake_hub[1][repo]
-  assert record["revision"] and record["records"] == counts
+  assert record["records"] == counts
+  # SciKnowEval at the commit the paper's source drew from, unless asked.
+  assert record["revision"] == (builders.SCIKNOWEVAL_COMMIT
+                                if name == "sciknoweval" else "main")
+  if name == "sciknoweval":  # the Chemistry file only
+    assert record["source_files"] == [
+        "data/Chemistry/sciknoweval_chemistry_test.jsonl"]
   draw = record["draw"]
   assert draw["seed"] == 42 and draw["counts"] == counts
   assert draw["left_out"] == left and not draw["short"]

@@ -50,8 +50,9 @@ def test_arms_are_pinned_and_their_data_prepared_once(hf_cache, tmp_path):
   assert all(r.config.data.source == "sciknoweval"
              and r.config.data.prompt == "science" for r in runs)
   assert inputs.data_revisions(g, runs[0]) == {
-      f"data/{n}": {"repo": r, "revision": "main",
-                    "commit": hf_cache["datasets"][r]} for n, r in sets}
+      f"data/{n}": {"repo": r, "revision": builders.HUB_DATASETS[n].revision
+                    or "main", "commit": hf_cache["datasets"][r]}
+      for n, r in sets}
   # The launch commands name the commits; a second plan prepares nothing.
   cmd = grid_lib.command(g, runs[0], str(tmp_path))
   assert f"--config.student.path={QWEN05}@{hf_cache['models'][QWEN05]}" in cmd
