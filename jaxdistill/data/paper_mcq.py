@@ -18,22 +18,22 @@ record says so (`short`).
 
 How close this is to the paper (choices of ours, docs/evaluation.md):
 - SciKnowEval: the paper's fixed splits (2,674 train with worked traces
-  ending in <answer>X</answer>, 507 eval) match the Science data released
-  by the self-distillation fine-tuning study (github.com/idanshen/
-  Self-Distillation, data/science_data: a Chemistry L3 train snapshot with
-  GPT-written traces, and an eval set from hicai-zju/SciKnowEval at commit
-  3284f6fb, Chemistry config). That release is not on the Hugging Face hub;
-  gray311/PromptSD re-releases it there (science/: train 2,474 +
-  validation 200 = 2,674, test 507; traces in <reasoning> tags, the
-  question inside a free-text prompt). We read the original hub repository
-  at that same commit (builders.SCIKNOWEVAL_COMMIT), keep its Chemistry L3
-  four-option questions and draw the two splits with the paper's data
-  seed, 42: the counts are the paper's when the pool holds at least 3,181
-  questions and the questions come from the same population, but which of
-  them are in the test split differs (the release's split rule is not
-  published). The worked traces are left out: the train split carries no
-  reference response (SFT targets fall back to the answer letter in
-  <answer>, tasks.reference_response).
+  ending in <answer>X</answer>, 507 eval) have the counts of the hub set
+  gray311/PromptSD, config science (train 2,474 + validation 200, test
+  507; four-option molecular-property questions, traces in <reasoning>
+  tags, each question inside a free-text prompt). We take the two to share
+  a source, most likely the Chemistry L3 Science data of the
+  self-distillation fine-tuning study (github.com/idanshen/
+  Self-Distillation, data/science_data, built from hicai-zju/SciKnowEval
+  at commit 3284f6fb, Chemistry config; not on the hub); neither says how
+  its split was drawn, and this is an inference from the counts. We read
+  hicai-zju/SciKnowEval at that commit (builders.SCIKNOWEVAL_COMMIT), keep
+  its Chemistry L3 four-option questions and draw the two splits with the
+  paper's data seed, 42: the paper's counts when the pool holds at least
+  3,181 questions, from what is most likely the same population, but not
+  its exact test questions. The worked traces are left out: the train split
+  carries no reference response (SFT targets fall back to the answer letter
+  in <answer>, tasks.reference_response).
 - MedReason: the paper draws pools of 5,000 / 500 "from the prepared source
   partition" (seed unstated) and then keeps the questions its GPT-5
   demonstrations solved (4,748 / 471); we draw the pools only, with seed 42,
