@@ -289,7 +289,8 @@ HUB_DATASETS = {
     # source, the self-distillation study's release, records it).
     "sciknoweval": HubData("hicai-zju/SciKnowEval", ("data/Chemistry/*.jsonl",),
                            ("train", "test"), revision=SCIKNOWEVAL_COMMIT),
-    "medreason": HubData("UCSC-VLAA/MedReason", ("*.jsonl",), ("train", "test")),
+    "medreason": HubData("UCSC-VLAA/MedReason", ("ours_quality_33000.jsonl",),
+                         ("train", "test")),
 }
 # The sets above that are the paper's; sciq, medmcqa and gpqa are not.
 PAPER_MCQ = ("sciknoweval", "medreason")

@@ -11,7 +11,7 @@ r"""Prepare the study's data sets by name: `python -m jaxdistill.data.prepare`.
                (the paper's Science set: Chemistry L3 four-option questions,
                drawn with seed 42, data.paper_mcq; default revision the
                commit the paper's source used, builders.SCIKNOWEVAL_COMMIT)
-  medreason    UCSC-VLAA/MedReason       *.jsonl                       train 5,000, test 500
+  medreason    UCSC-VLAA/MedReason       ours_quality_33000.jsonl      train 5,000, test 500
                (the paper's MedReason pools, drawn with seed 42)
   -- not the paper's data (extras):
   sciq       allenai/sciq                data/*.parquet                train, validation, test

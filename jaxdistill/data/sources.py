@@ -28,8 +28,8 @@ Sources (`SOURCES`) and the fields they read:
             (hicai-zju/SciKnowEval); rows of another `type` than
             mcq-4-choices, or whose labels are not A..D over four texts or
             whose answerKey is not one of them, are skipped
-  medreason question, options (one text: lines "A. ...", other lines such
-            as "Answer Choices:" ignored), answer (the correct option's
+  medreason question, options (one text: lines "A. ...", "(A) ..." or
+            "A.: ...", other lines such as "Answer Choices:" ignored), answer (the correct option's
             TEXT, UCSC-VLAA/MedReason); the letter is the one option equal
             (case and spacing aside) to the answer, or to its first
             sentence, or to what follows that sentence's last ':' or ' is ',
@@ -302,7 +302,8 @@ def _sciknoweval(row, seed, opts):
   return question, list(choices["text"]), answer
 
 
-_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])\s*[.):]\s*(\S.*?)\s*$")
+# "A. x", "A) x", "(A) x", "A: x", "A.: x" (all in MedReason's options).
+_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])\s*(?:[.)]\s*:?|:)\s*(\S.*?)\s*$")
 
 
 def _norm(text) -> str:

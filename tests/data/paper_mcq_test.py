@@ -235,6 +235,18 @@ def test_a_medreason_answer_names_one_option_or_none(answer, letter):
     assert got[1] == ["Fever", "Cough", "Night sweats"]
 
 
+@pytest.mark.parametrize("options,answer,want", [
+    ("A.: 12 mm\nB.: 24 mm", "24 mm", ("B", ["12 mm", "24 mm"])),
+    ("(A) Yes\n(B) No", "The final decision is: yes. Because ...", ("A", ["Yes", "No"])),
+    ("", "Normal residual volume.", None),           # open-ended (HuatuoGPT-o1)
+    ("B. two\nC. three", "two", None),               # letters must start at A
+    ("A. one\nB. two\nD. four", "one", None)])      # ... and run in order
+def test_medreason_option_layouts(options, answer, want):
+  got = sources.SOURCES["medreason"](
+      {"question": "Q?", "options": options, "answer": answer}, 0, {})
+  assert (got and (got[2], got[1])) == want
+
+
 def test_a_sciknoweval_file_given_by_path_keeps_its_four_option_rows(tmp_path):
   path = tmp_path / "sciknoweval_chemistry_test.jsonl"
   path.write_bytes(_jsonl([_ske_row(1), _ske_row(2, kind="open-ended-qa"),
