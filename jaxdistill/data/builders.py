@@ -178,6 +178,8 @@ class McqFiles(_Builder):
     return tfds.core.DatasetInfo(
         builder=self,
         description="Multiple-choice questions: question, options, gold letter.",
+        # The paper's sets keep the order they were drawn in (data.paper_mcq).
+        disable_shuffling=self.builder_config.name in PAPER_MCQ,
         features=tfds.features.FeaturesDict({
             "question": tfds.features.Text(),
             "options": tfds.features.Sequence(tfds.features.Text()),

@@ -18,22 +18,27 @@ record says so (`short`).
 
 How close this is to the paper (choices of ours, docs/evaluation.md):
 - SciKnowEval: the paper's fixed splits (2,674 train with worked traces
-  ending in <answer>X</answer>, 507 eval) have the counts of the hub set
-  gray311/PromptSD, config science (train 2,474 + validation 200, test
-  507; four-option molecular-property questions, traces in <reasoning>
-  tags, each question inside a free-text prompt). We take the two to share
-  a source, most likely the Chemistry L3 Science data of the
-  self-distillation fine-tuning study (github.com/idanshen/
-  Self-Distillation, data/science_data, built from hicai-zju/SciKnowEval
-  at commit 3284f6fb, Chemistry config; not on the hub); neither says how
-  its split was drawn, and this is an inference from the counts. We read
-  hicai-zju/SciKnowEval at that commit (builders.SCIKNOWEVAL_COMMIT), keep
-  its Chemistry L3 four-option questions and draw the two splits with the
-  paper's data seed, 42: the paper's counts when the pool holds at least
-  3,181 questions, from what is most likely the same population, but not
-  its exact test questions. The worked traces are left out: the train split
-  carries no reference response (SFT targets fall back to the answer letter
-  in <answer>, tasks.reference_response).
+  ending in <answer>X</answer>, 507 eval) are those of the self-
+  distillation fine-tuning study's release (github.com/idanshen/
+  Self-Distillation at d77573212fa0, data/science_data: 2,674 train
+  prompts with GPT-4o demonstrations in <reasoning>/<answer> tags, 507 eval
+  prompts with gold letters; Chemistry L3 four-option questions of
+  hicai-zju/SciKnowEval at commit 3284f6fb, its Chemistry config), by
+  their counts and make-up as public descriptions of it give them. It is
+  not on the Hugging Face hub (gray311/PromptSD re-releases it there, its
+  train cut into 2,474 + 200, each question inside a free-text prompt).
+  By default we read hicai-zju/SciKnowEval at that commit
+  (builders.SCIKNOWEVAL_COMMIT), keep its Chemistry L3 four-option
+  questions and draw the two splits with the paper's data seed, 42: the
+  paper's counts when the pool holds at least 3,181 questions, from the
+  same population, but not its exact test questions (the release's split
+  rule is not published). With `--split_dir` (a checkout's
+  data/science_data) the splits are the release's own, matched question by
+  question to the hub rows (match_release), in the release's order. Either
+  way the worked traces are left out: the train split carries no reference
+  response (SFT targets fall back to the answer letter in <answer>,
+  tasks.reference_response), and the release's own format tags
+  (<reasoning>) differ from Table 1's (<think>).
 - MedReason: the paper draws pools of 5,000 / 500 "from the prepared source
   partition" (seed unstated) and then keeps the questions its GPT-5
   demonstrations solved (4,748 / 471); we draw the pools only, with seed 42,
@@ -46,6 +51,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 
@@ -133,41 +139,180 @@ def draw(n: int, counts, seed: int) -> dict[str, np.ndarray]:
   return out
 
 
-def draw_spec(name: str) -> dict:
-  """What decides set `name`'s draw from given files (kept in its record)."""
+def draw_spec(name: str, split_dir: str | None = None) -> dict:
+  """What decides set `name`'s splits from given files (kept in its
+  record): the seeded draw, or (`split_dir`) a release's own splits."""
   spec = SETS[name]
-  return {"seed": spec.seed, "counts": dict(spec.counts), "rule": spec.rule}
+  if split_dir:
+    return {"split_from": RELEASE, "rule": spec.rule}
+  return {"split_from": "seed", "seed": spec.seed, "counts": dict(spec.counts),
+          "rule": spec.rule}
 
 
-def draw_spec_of(record: dict) -> dict:
-  draw = record.get("draw") if isinstance(record.get("draw"), dict) else {}
-  return {k: draw.get(k) for k in ("seed", "counts", "rule")}
+def same_draw(name: str, record: dict, split_dir: str | None = None) -> bool:
+  """A prepared record's splits were made as they would be now."""
+  draw_ = record.get("draw") if isinstance(record.get("draw"), dict) else {}
+  spec = draw_spec(name, split_dir)
+  return {k: draw_.get(k) for k in spec} == spec
 
 
-def same_draw(name: str, record: dict) -> bool:
-  """A prepared record was drawn as set `name` is drawn now."""
-  return draw_spec_of(record) == draw_spec(name)
+# -- the splits of the paper's Science source --------------------------------
+# The self-distillation fine-tuning release (github.com/idanshen/
+# Self-Distillation at d77573212fa0, data/science_data) holds the paper's
+# Science splits: train_data/ (2,674 prompts, their GPT-4o demonstrations)
+# and eval_data/ (507 prompts and gold letters), `datasets` save_to_disk
+# directories of Arrow files. Each prompt's user turn holds a SciKnowEval
+# question and its options; `--split_dir` matches them to the hub rows.
+RELEASE = "idanshen/Self-Distillation data/science_data"
+RELEASE_SPLITS = (("test", "eval_data"), ("train", "train_data"))
+_ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.S | re.I)
 
 
-def write_splits(name: str, paths: list[str], out: str) -> dict:
-  """Writes the drawn raw rows of set `name` as OUT/{split}.jsonl (what the
-  mcq_files builder's config NAME converts); returns what the data set's
-  record says of the draw."""
+def _norm(text) -> str:
+  return " ".join(str(text).casefold().split())
+
+
+def _read_arrow(path: str) -> list[dict]:
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  try:
+    with pa.memory_map(path) as source:
+      try:
+        return pa.ipc.open_stream(source).read_all().to_pylist()
+      except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_file(source).read_all().to_pylist()
+  except (OSError, pa.ArrowInvalid) as e:
+    raise ValueError(f"{path}: not an Arrow file ({e})") from None
+
+
+def _user_turn(row: dict, where: str) -> str:
+  for key in ("messages", "prompt"):
+    turns = row.get(key)
+    if isinstance(turns, str):
+      return turns
+    if isinstance(turns, list):
+      users = [t.get("content") for t in turns
+               if isinstance(t, dict) and t.get("role") == "user"]
+      if users and isinstance(users[-1], str):
+        return users[-1]
+  raise ValueError(f"{where}: no 'messages' / 'prompt' with a user turn")
+
+
+def _gold(row: dict, where: str) -> str:
+  answer = row.get("answer")
+  if not isinstance(answer, str) or not answer.strip():
+    tags = _ANSWER_TAG.findall(str(row.get("output_text") or ""))
+    answer = tags[-1] if tags else ""
+  answer = answer.strip().upper()
+  if len(answer) != 1 or answer not in sources.LETTERS:
+    raise ValueError(f"{where}: no gold letter ('answer', or <answer>X</answer> "
+                     "in 'output_text')")
+  return answer
+
+
+def read_release(split_dir: str) -> dict[str, list[tuple[str, str]]]:
+  """{split: [(user turn, gold letter)]} of the release under split_dir, in
+  its stored order; ValueError naming what is missing."""
+  out = {}
+  for split, sub in RELEASE_SPLITS:
+    d = os.path.join(split_dir, sub)
+    files = sorted(f for f in os.listdir(d) if f.endswith(".arrow")
+                   and not f.startswith("cache-")) if os.path.isdir(d) else []
+    if not files:
+      raise ValueError(f"--split_dir {split_dir}: no Arrow file in {d} (the "
+                       f"release's {sub}/, a `datasets` save_to_disk directory)")
+    out[split] = []
+    for f in files:
+      for i, row in enumerate(_read_arrow(os.path.join(d, f))):
+        where = f"{os.path.join(d, f)}: row {i}"
+        out[split].append((_user_turn(row, where), _gold(row, where)))
+  return out
+
+
+def match_release(rows, release) -> tuple[dict[str, list], dict]:
+  """The pool rows each release split names, in the release's order: a
+  pool row matches a user turn holding its question and every option text
+  (case and spacing aside; of several, the longest question), and must have
+  the release's gold letter. Returns ({split: [pool row]}, release rows
+  left out by reason); a row in both splits stays in test only."""
+  index: dict[str, list] = {}
+  short = []  # questions shorter than the key: tried against every turn
+  for r in rows:
+    q = _norm(r[2]["question"])
+    c = (q, [_norm(o) for o in r[2]["options"]], r)
+    (short.append(c) if len(q) < _KEY
+     else index.setdefault(q[:_KEY], []).append(c))
+  left = {"unmatched": 0, "ambiguous": 0, "answer_differs": 0, "in_both": 0}
+  out, seen = {}, set()
+  for split, items in release.items():
+    out[split] = []
+    for text, letter in items:
+      t = _norm(text)
+      cands = {id(c): c for i in range(max(1, len(t) - _KEY + 1))
+               for c in index.get(t[i:i + _KEY], ())}
+      cands.update((id(c), c) for c in short)
+      found = [c for c in cands.values()
+               if c[0] in t and all(o in t for o in c[1])]
+      if found:
+        top = max(len(c[0]) for c in found)
+        found = [c for c in found if len(c[0]) == top]
+      if not found:
+        left["unmatched"] += 1
+      elif len(found) > 1:
+        left["ambiguous"] += 1
+      elif found[0][2][2]["answer"] != letter:
+        left["answer_differs"] += 1
+      elif found[0][2][0] in seen:
+        left["in_both"] += 1
+      else:
+        seen.add(found[0][2][0])
+        out[split].append(found[0][2])
+  return out, left
+
+
+_KEY = 24  # characters of a question's start that index it
+
+
+def _write(out: str, picked: dict[str, list]) -> None:
+  os.makedirs(out, exist_ok=True)
+  for split, rows in picked.items():
+    with open(os.path.join(out, f"{split}.jsonl"), "w", encoding="utf-8") as f:
+      for r in rows:
+        f.write(json.dumps(r[1], ensure_ascii=False, default=str) + "\n")
+
+
+def write_splits(name: str, paths: list[str], out: str,
+                 split_dir: str | None = None) -> dict:
+  """Writes the raw rows of set `name`'s splits as OUT/{split}.jsonl (what
+  the mcq_files builder's config NAME converts, in this order); returns
+  what the data set's record says of them. The splits are the seeded draw,
+  or with `split_dir` (sciknoweval only) the release's (read_release)."""
   spec = SETS[name]
   rows, left = pool(name, paths)
   if not rows:
     raise ValueError(f"{name}: no row of its files is in the pool "
                      f"({spec.rule}); left out: {left}")
-  picked = draw(len(rows), spec.counts, spec.seed)
-  os.makedirs(out, exist_ok=True)
-  for split, idx in picked.items():
-    with open(os.path.join(out, f"{split}.jsonl"), "w", encoding="utf-8") as f:
-      for i in idx:
-        f.write(json.dumps(rows[i][1], ensure_ascii=False, default=str) + "\n")
-  want = sum(size for _, size in spec.counts)
-  return {**draw_spec(name), "pool": len(rows), "left_out": left,
-          "method": "rows sorted by row_id (sha256 of question and options); "
-                    "numpy.random.default_rng(seed).permutation; slices in "
-                    "the order of counts",
-          "short": len(rows) < want,
-          "ids": {s: [rows[i][0] for i in idx] for s, idx in picked.items()}}
+  info = {**draw_spec(name, split_dir), "pool": len(rows), "left_out": left}
+  if split_dir:
+    if name != "sciknoweval":
+      raise ValueError(f"--split_dir: only for sciknoweval ({RELEASE}), not "
+                       f"{name}")
+    release = read_release(split_dir)
+    picked, dropped = match_release(rows, release)
+    if not all(picked.values()):
+      raise ValueError(f"--split_dir {split_dir}: the release's rows match no "
+                       f"question of the pool in some split ({dropped}; "
+                       f"{len(rows)} pool questions)")
+    info.update(split_dir=os.path.abspath(split_dir), left_out_release=dropped,
+                release_rows={s: len(v) for s, v in release.items()},
+                short=False)
+  else:
+    idx = draw(len(rows), spec.counts, spec.seed)
+    picked = {s: [rows[i] for i in ix] for s, ix in idx.items()}
+    info.update(method="rows sorted by row_id (sha256 of question and "
+                       "options); numpy.random.default_rng(seed).permutation; "
+                       "slices in the order of counts",
+                short=len(rows) < sum(size for _, size in spec.counts))
+  _write(out, picked)
+  info["ids"] = {s: [r[0] for r in v] for s, v in picked.items()}
+  return info

@@ -5,6 +5,8 @@ r"""Prepare the study's data sets by name: `python -m jaxdistill.data.prepare`.
   python -m jaxdistill.data.prepare gpqa --data_dir ~/data     # gated: HF_TOKEN
   python -m jaxdistill.data.prepare countdown --data_dir ~/data
   python -m jaxdistill.data.prepare countdown3 --data_dir ~/data  # the paper's
+  python -m jaxdistill.data.prepare sciknoweval --data_dir ~/data \
+      --split_dir ~/Self-Distillation/data/science_data   # its exact splits
 
   NAME         source                    files read                    splits
   sciknoweval  hicai-zju/SciKnowEval     data/Chemistry/*.jsonl        train 2,674, test 507
@@ -33,7 +35,8 @@ evaluation suite with source NAME and data_dir DIR. DIR/prepared/NAME.json
 records where it came from (repo, revision, commit, files, records per
 split; for sciknoweval and medreason `source_files` and `draw`: the seed,
 the pool's size and rule, the rows left out by reason, each split's row
-ids). A second run at the same commit does nothing; another commit is
+ids; with --split_dir the release's splits instead of the seed's,
+`split_from`, and the release rows left out by reason). A second run at the same commit does nothing; another commit is
 refused unless --overwrite, and the old data stays until the new is
 complete. Countdown is generated as a run would generate it
 (builders.countdown_config) for each --n_numbers. The paper's sets are
@@ -102,7 +105,7 @@ def _matching_files(snapshot: str, data: builders.HubData) -> list[str]:
 
 
 def _prepare_hub(name: str, data_dir: str, revision: str | None,
-                 overwrite: bool, log) -> dict:
+                 overwrite: bool, log, split_dir: str | None = None) -> dict:
   data = builders.HUB_DATASETS[name]
   revision = revision or data.revision
   spec = data.repo + (f"@{revision}" if revision else "")
@@ -111,12 +114,14 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
   old = _old_record(data_dir, name, overwrite)
   target = os.path.join(data_dir, "mcq_files", name)
   same = bool(old) and old["commit"] == info["commit"]
-  if same and name in paper_mcq.SETS and not paper_mcq.same_draw(name, old):
+  if same and name in paper_mcq.SETS and not paper_mcq.same_draw(
+      name, old, split_dir):
     if not overwrite:
+      was = {k: old.get("draw", {}).get(k) for k in ("split_from", "seed")}
       raise ValueError(
-          f"--data_dir {data_dir} holds {name} drawn by another rule "
-          f"({paper_mcq.draw_spec_of(old)}; now {paper_mcq.draw_spec(name)}): "
-          "pass --overwrite to draw it again, or use another --data_dir")
+          f"--data_dir {data_dir} holds {name} split by another rule ({was}; "
+          f"now {paper_mcq.draw_spec(name, split_dir)}): pass --overwrite to "
+          "split it again, or use another --data_dir")
     same = False
   if same:
     damage = builders.damage(data_dir, name)
@@ -142,12 +147,12 @@ def _prepare_hub(name: str, data_dir: str, revision: str | None,
     extra = {}
     if name in paper_mcq.SETS:
       files = _matching_files(snapshot, data)
-      log(f"{name}: drawing from {len(files)} file(s) of {data.repo} at "
-          f"commit {info['commit']}")
+      log(f"{name}: splitting {len(files)} file(s) of {data.repo} at commit "
+          f"{info['commit']}" + (f" as {split_dir} does" if split_dir else ""))
       extra = {"source_files": files, "draw": paper_mcq.write_splits(
           name, [os.path.join(snapshot, f) for f in files],
-          os.path.join(tmp, "files"))}
-      files = {s: files for s in extra["draw"]["counts"]}
+          os.path.join(tmp, "files"), split_dir)}
+      files = {s: files for s in extra["draw"]["ids"]}
       if extra["draw"]["short"]:
         log(f"{name}: its pool holds {extra['draw']['pool']} questions, fewer "
             f"than the paper's {extra['draw']['counts']}: the last split is "
@@ -261,7 +266,7 @@ def _prepare_paper_countdown(data_dir, name, log) -> dict:
 def prepare(name: str, data_dir: str, *, revision: str | None = None,
             overwrite: bool = False, n_numbers=COUNTDOWN_NUMBERS,
             num_problems: int | None = None, seed: int = 0,
-            log=print) -> dict:
+            split_dir: str | None = None, log=print) -> dict:
   """Prepares one data set by name under data_dir; returns its record (see
   the module docstring). Idempotent; another revision needs `overwrite`."""
   storage.check(data_dir, "--data_dir")  # before any download
@@ -279,6 +284,11 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
     raise ValueError(f"--n_numbers / --num_problems / --seed: {name} is the "
                      "paper's set, with its own (tasks.countdown.PRESETS); "
                      "they are for `countdown`")
+  if split_dir is not None and name != "sciknoweval":
+    raise ValueError(f"--split_dir: only for sciknoweval (the release "
+                     f"{paper_mcq.RELEASE}), not {name}")
+  if split_dir is not None and not os.path.isdir(os.path.expanduser(split_dir)):
+    raise ValueError(f"--split_dir {split_dir}: not a directory")
   _check_data_dir(data_dir)
   with _locked(data_dir, name):
     if name in countdown_lib.PRESETS:
@@ -287,7 +297,8 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
       size = int(num_problems or builders.CountdownConfig.train_size)
       return _prepare_countdown(data_dir, tuple(n_numbers), size, seed,
                                 overwrite, log)
-    return _prepare_hub(name, data_dir, revision, overwrite, log)
+    return _prepare_hub(name, data_dir, revision, overwrite, log,
+                        split_dir and os.path.expanduser(split_dir))
 
 
 def ensure(name: str, data_dir: str, log=print) -> dict:
@@ -316,11 +327,16 @@ def main(argv):
   ap.add_argument("--num_problems", type=int, default=None,
                   help="countdown: training problems per N (default 50,000)")
   ap.add_argument("--seed", type=int, default=0, help="countdown: data seed")
+  ap.add_argument("--split_dir", default=None,
+                  help="sciknoweval: the paper's splits from the release "
+                       f"{paper_mcq.RELEASE} (a checkout's directory) "
+                       "instead of the seeded draw")
   args = ap.parse_args(argv)
   n_numbers = tuple(int(x) for x in args.n_numbers.split("+") if x)
   prepare(args.name, args.data_dir, revision=args.revision,
           overwrite=args.overwrite, n_numbers=n_numbers,
-          num_problems=args.num_problems, seed=args.seed)
+          num_problems=args.num_problems, seed=args.seed,
+          split_dir=args.split_dir)
 
 
 if __name__ == "__main__":

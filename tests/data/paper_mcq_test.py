@@ -9,6 +9,7 @@ default_rng(42) permutation, test first), not with data.paper_mcq."""
 import dataclasses
 import hashlib
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -126,6 +127,10 @@ def test_prepare_draws_the_paper_counts_with_a_recorded_seed(
   assert not train & {_key(r) for r in builders.load_records(builder, "test")}
   assert draw["ids"]["test"] == [_digest(r["question"], r["options"])
                                  for r in expected["test"]]
+  # Stored in the order drawn.
+  for split in counts:
+    assert [_digest(r["question"], r["options"]) for r in
+            builders.load_records(builder, split)] == draw["ids"][split]
 
 
 def test_a_second_prepare_is_a_no_op_and_the_sweep_reads_it(prepared, fake_hub):
@@ -262,7 +267,7 @@ def test_data_drawn_by_another_rule_is_refused_unless_overwritten(
   prepare.prepare("medreason", str(tmp_path), log=lambda m: None)
   monkeypatch.setitem(paper_mcq.SETS, "medreason", dataclasses.replace(
       paper_mcq.SETS["medreason"], seed=7))
-  with pytest.raises(ValueError, match="drawn by another rule.*'seed': 42"):
+  with pytest.raises(ValueError, match="split by another rule.*'seed': 42.*'seed': 7"):
     prepare.prepare("medreason", str(tmp_path), log=lambda m: None)
   again = prepare.prepare("medreason", str(tmp_path), overwrite=True,
                           log=lambda m: None)
@@ -271,3 +276,87 @@ def test_data_drawn_by_another_rule_is_refused_unless_overwritten(
   keys = sorted({_digest(r["question"], r["options"])
                  for r in _medical_truth()[:hub_cache.SEEDED_POOL]})
   assert again["draw"]["ids"]["test"] == [keys[i] for i in perm[:500]]
+
+
+def _release(tmp_path, test_ids, train_ids, extra_train=()):
+  """A fake release dir in the layout of the self-distillation release's
+  data/science_data: datasets save_to_disk directories of Arrow streams,
+  train rows {messages: [system, user], output_text}, eval rows {prompt:
+  [system, user], answer}."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+
+  def turn(i):
+    r = hub_cache.sciknoweval_row(i)
+    opts = "\n".join(f"{k}. {t}" for k, t in zip(r["choices"]["label"],
+                                                 r["choices"]["text"]))
+    return f"{r['question']}\n\n{opts}\n\nPut the letter in <answer></answer>."
+
+  system = {"role": "system", "content": "Reason in <reasoning>, answer in <answer>."}
+  train = [{"messages": [system, {"role": "user", "content": turn(i)}],
+            "output_text": f"<reasoning>work {i}</reasoning>\n<answer>"
+                           f"{'ABCD'[i % 4]}</answer>"} for i in train_ids]
+  train += list(extra_train)
+  test = [{"prompt": [system, {"role": "user", "content": turn(i)}],
+           "answer": "ABCD"[i % 4]} for i in test_ids]
+  for sub, rows in (("train_data", train), ("eval_data", test)):
+    os.makedirs(tmp_path / sub)
+    table = pa.Table.from_pylist(rows)
+    with pa.OSFile(str(tmp_path / sub / "data-00000-of-00001.arrow"), "wb") as f:
+      with pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    (tmp_path / sub / "state.json").write_text("{}")
+  return str(tmp_path)
+
+
+def test_split_dir_takes_the_release_splits_in_its_order(hf_cache, tmp_path):
+  system = {"role": "system", "content": "x"}
+  odd = [  # not in the pool; a wrong gold letter; a test question again
+      {"messages": [system, {"role": "user", "content": "Which solvent?\n\nA. a"}],
+       "output_text": "<answer>A</answer>"},
+      {"messages": [system, {"role": "user", "content": "Chemistry question 101: "
+                             "which reagent?\nA. reagent 101-0\nB. reagent 101-1\n"
+                             "C. reagent 101-2\nD. reagent 101-3"}],
+       "output_text": "<answer>D</answer>"},  # its gold is B
+      {"messages": [system, {"role": "user", "content": "Chemistry question 3: "
+                             "which reagent? A. reagent 3-0 B. reagent 3-1 "
+                             "C. reagent 3-2 D. reagent 3-3"}],
+       "output_text": "<answer>D</answer>"}]
+  test_ids, train_ids = list(range(49, -1, -1)), list(range(102, 502))
+  release = _release(tmp_path / "rel", test_ids, train_ids, odd)
+  out = str(tmp_path / "data")
+  record = prepare.prepare("sciknoweval", out, split_dir=release,
+                           log=lambda m: None)
+  assert record["records"] == {"test": 50, "train": 400}
+  draw = record["draw"]
+  assert draw["split_from"] == paper_mcq.RELEASE and "seed" not in draw
+  assert draw["left_out_release"] == {"unmatched": 1, "ambiguous": 0,
+                                      "answer_differs": 1, "in_both": 1}
+  assert draw["release_rows"] == {"test": 50, "train": 403}
+  builder = builders.mcq_builder(dict(data_dir=out, source="sciknoweval"), "data")
+  for split, ids in (("test", test_ids), ("train", train_ids)):
+    got = builders.load_records(builder, split)
+    assert [(r["question"], r["answer"]) for r in got] == [
+        (f"Chemistry question {i}: which reagent?", "ABCD"[i % 4]) for i in ids]
+  # Without --split_dir the same data_dir is refused: another rule.
+  with pytest.raises(ValueError, match="split by another rule"):
+    prepare.prepare("sciknoweval", out, log=lambda m: None)
+  assert prepare.prepare("sciknoweval", out, split_dir=release,
+                         log=lambda m: None) == record
+
+
+def test_split_dir_bad_input(hf_cache, tmp_path):
+  out = str(tmp_path / "data")
+  with pytest.raises(ValueError, match="--split_dir: only for sciknoweval"):
+    prepare.prepare("medreason", out, split_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="not a directory"):
+    prepare.prepare("sciknoweval", out, split_dir=str(tmp_path / "nope"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match=r"no Arrow file in .*eval_data"):
+    prepare.prepare("sciknoweval", out, split_dir=str(tmp_path / "empty"),
+                    log=lambda m: None)
+  rel = _release(tmp_path / "rel", [], [1])
+  with pytest.raises(ValueError, match="match no question of the pool"):
+    prepare.prepare("sciknoweval", out, split_dir=rel, log=lambda m: None)
+  bad = _release(tmp_path / "bad", [1], [2], [{"messages": [], "output_text": "x"}])
+  with pytest.raises(ValueError, match=r"train_data.*row 1: no 'messages'"):
+    prepare.prepare("sciknoweval", out, split_dir=bad, log=lambda m: None)
