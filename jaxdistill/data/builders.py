@@ -184,6 +184,9 @@ class McqFiles(_Builder):
             "question": tfds.features.Text(),
             "options": tfds.features.Sequence(tfds.features.Text()),
             "answer": tfds.features.Text(),
+            # A worked trace ('' for none: to_record drops it).
+            **({"response": tfds.features.Text()}
+               if self.builder_config.source in sources.RESPONSES else {}),
         }),
     )
 
@@ -196,6 +199,8 @@ class McqFiles(_Builder):
     for path in paths:
       records = sources.convert_file(path, c.source, seed=c.seed, cop_base=c.cop_base)
       for i, r in enumerate(records):
+        if c.source in sources.RESPONSES:
+          r = {"response": "", **r}
         yield f"{os.path.basename(path)}/{i}", r
 
 
@@ -235,6 +240,8 @@ def to_record(example: dict) -> dict:
       v = [x.decode("utf-8") if isinstance(x, bytes) else x for x in v]
     elif isinstance(v, np.generic):
       v = v.item()
+    if k == "response" and v == "":
+      continue  # no worked trace (mcq_files stores '')
     out[k] = v
   return out
 

@@ -34,11 +34,12 @@ How close this is to the paper (choices of ours, docs/evaluation.md):
   same population, but not its exact test questions (the release's split
   rule is not published). With `--split_dir` (a checkout's
   data/science_data) the splits are the release's own, matched question by
-  question to the hub rows (match_release), in the release's order. Either
-  way the worked traces are left out: the train split carries no reference
-  response (SFT targets fall back to the answer letter in <answer>,
-  tasks.reference_response), and the release's own format tags
-  (<reasoning>) differ from Table 1's (<think>).
+  question to the hub rows (match_release), in the release's order, and
+  each train record carries the release's worked trace as its `response`
+  (the target of SFT and of rollout.policy='dataset', verbatim: in the
+  release's <reasoning>/<answer> tags, not Table 1's <think>). Without it
+  the train split carries no trace (targets fall back to the answer letter
+  in <answer>, tasks.reference_response).
 - MedReason: the paper draws pools of 5,000 / 500 "from the prepared source
   partition" (seed unstated) and then keeps the questions its GPT-5
   demonstrations solved (4,748 / 471); we draw the pools only, with seed 42,
@@ -210,9 +211,10 @@ def _gold(row: dict, where: str) -> str:
   return answer
 
 
-def read_release(split_dir: str) -> dict[str, list[tuple[str, str]]]:
-  """{split: [(user turn, gold letter)]} of the release under split_dir, in
-  its stored order; ValueError naming what is missing."""
+def read_release(split_dir: str) -> dict[str, list[tuple]]:
+  """{split: [(user turn, gold letter, worked trace or None)]} of the
+  release under split_dir, in its stored order; ValueError naming what is
+  missing."""
   out = {}
   for split, sub in RELEASE_SPLITS:
     d = os.path.join(split_dir, sub)
@@ -225,7 +227,10 @@ def read_release(split_dir: str) -> dict[str, list[tuple[str, str]]]:
     for f in files:
       for i, row in enumerate(_read_arrow(os.path.join(d, f))):
         where = f"{os.path.join(d, f)}: row {i}"
-        out[split].append((_user_turn(row, where), _gold(row, where)))
+        trace = row.get("output_text")
+        out[split].append((_user_turn(row, where), _gold(row, where),
+                           trace if isinstance(trace, str) and trace.strip()
+                           else None))
   return out
 
 
@@ -233,8 +238,9 @@ def match_release(rows, release) -> tuple[dict[str, list], dict]:
   """The pool rows each release split names, in the release's order: a
   pool row matches a user turn holding its question and every option text
   (case and spacing aside; of several, the longest question), and must have
-  the release's gold letter. Returns ({split: [pool row]}, release rows
-  left out by reason); a row in both splits stays in test only."""
+  the release's gold letter. Returns ({split: [(pool row, trace)]},
+  release rows left out by reason); a row in both splits stays in test
+  only."""
   index: dict[str, list] = {}
   short = []  # questions shorter than the key: tried against every turn
   for r in rows:
@@ -246,7 +252,7 @@ def match_release(rows, release) -> tuple[dict[str, list], dict]:
   out, seen = {}, set()
   for split, items in release.items():
     out[split] = []
-    for text, letter in items:
+    for text, letter, trace in items:
       t = _norm(text)
       cands = {id(c): c for i in range(max(1, len(t) - _KEY + 1))
                for c in index.get(t[i:i + _KEY], ())}
@@ -266,7 +272,7 @@ def match_release(rows, release) -> tuple[dict[str, list], dict]:
         left["in_both"] += 1
       else:
         seen.add(found[0][2][0])
-        out[split].append(found[0][2])
+        out[split].append((found[0][2], trace))
   return out, left
 
 
@@ -274,11 +280,14 @@ _KEY = 24  # characters of a question's start that index it
 
 
 def _write(out: str, picked: dict[str, list]) -> None:
+  """OUT/{split}.jsonl: each (pool row, trace)'s raw row, the trace (if
+  any) as its `response`."""
   os.makedirs(out, exist_ok=True)
   for split, rows in picked.items():
     with open(os.path.join(out, f"{split}.jsonl"), "w", encoding="utf-8") as f:
-      for r in rows:
-        f.write(json.dumps(r[1], ensure_ascii=False, default=str) + "\n")
+      for r, trace in rows:
+        row = dict(r[1], response=trace) if trace else r[1]
+        f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
 
 
 def write_splits(name: str, paths: list[str], out: str,
@@ -305,14 +314,15 @@ def write_splits(name: str, paths: list[str], out: str,
                        f"{len(rows)} pool questions)")
     info.update(split_dir=os.path.abspath(split_dir), left_out_release=dropped,
                 release_rows={s: len(v) for s, v in release.items()},
-                short=False)
+                traces={s: sum(t is not None for _, t in v)
+                        for s, v in picked.items()}, short=False)
   else:
     idx = draw(len(rows), spec.counts, spec.seed)
-    picked = {s: [rows[i] for i in ix] for s, ix in idx.items()}
+    picked = {s: [(rows[i], None) for i in ix] for s, ix in idx.items()}
     info.update(method="rows sorted by row_id (sha256 of question and "
                        "options); numpy.random.default_rng(seed).permutation; "
                        "slices in the order of counts",
                 short=len(rows) < sum(size for _, size in spec.counts))
   _write(out, picked)
-  info["ids"] = {s: [r[0] for r in v] for s, v in picked.items()}
+  info["ids"] = {s: [r[0] for r, _ in v] for s, v in picked.items()}
   return info

@@ -27,7 +27,9 @@ Sources (`SOURCES`) and the fields they read:
   sciknoweval  question, choices {text: [4], label: [A..D]}, answerKey
             (hicai-zju/SciKnowEval); rows of another `type` than
             mcq-4-choices, or whose labels are not A..D over four texts or
-            whose answerKey is not one of them, are skipped
+            whose answerKey is not one of them, are skipped; a non-empty
+            text `response` (a worked trace: prepare --split_dir writes the
+            release's) is kept as the record's `response`
   medreason question, options (one text: lines "A. ...", "(A) ..." or
             "A.: ...", other lines such as "Answer Choices:" ignored), answer (the correct option's
             TEXT, UCSC-VLAA/MedReason); the letter is the one option equal
@@ -356,6 +358,10 @@ SOURCES: dict[str, Callable] = {
 }
 
 
+# Sources whose rows may carry a worked trace, kept as the record's response.
+RESPONSES = ("sciknoweval",)
+
+
 def validate_record(question, options, answer) -> dict:
   """The schema checks every converter's output passes; ValueError otherwise."""
   if not isinstance(options, list) or not 2 <= len(options) <= len(LETTERS):
@@ -391,6 +397,9 @@ def convert_file(path: str, source: str = "generic", *, seed: int = 0,
         skipped += 1
         continue
       out.append(validate_record(*parts))
+      response = row.get("response")
+      if source in RESPONSES and isinstance(response, str) and response.strip():
+        out[-1]["response"] = response
     except DataError:
       raise
     except (ValueError, TypeError, KeyError) as e:

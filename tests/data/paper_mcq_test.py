@@ -127,7 +127,9 @@ def test_prepare_draws_the_paper_counts_with_a_recorded_seed(
   assert not train & {_key(r) for r in builders.load_records(builder, "test")}
   assert draw["ids"]["test"] == [_digest(r["question"], r["options"])
                                  for r in expected["test"]]
-  # Stored in the order drawn.
+  # Stored in the order drawn; a draw carries no worked traces.
+  assert not any("response" in r for s in counts
+                 for r in builders.load_records(builder, s))
   for split in counts:
     assert [_digest(r["question"], r["options"]) for r in
             builders.load_records(builder, split)] == draw["ids"][split]
@@ -332,11 +334,19 @@ def test_split_dir_takes_the_release_splits_in_its_order(hf_cache, tmp_path):
   assert draw["left_out_release"] == {"unmatched": 1, "ambiguous": 0,
                                       "answer_differs": 1, "in_both": 1}
   assert draw["release_rows"] == {"test": 50, "train": 403}
+  assert draw["traces"] == {"test": 0, "train": 400}
   builder = builders.mcq_builder(dict(data_dir=out, source="sciknoweval"), "data")
   for split, ids in (("test", test_ids), ("train", train_ids)):
     got = builders.load_records(builder, split)
     assert [(r["question"], r["answer"]) for r in got] == [
         (f"Chemistry question {i}: which reagent?", "ABCD"[i % 4]) for i in ids]
+  # The train records carry the release's worked traces; the test ones none.
+  train = builders.load_records(builder, "train")
+  assert [r["response"] for r in train] == [
+      f"<reasoning>work {i}</reasoning>\n<answer>{'ABCD'[i % 4]}</answer>"
+      for i in train_ids]
+  assert tasks.reference_response(train[0]) == train[0]["response"]
+  assert not any("response" in r for r in builders.load_records(builder, "test"))
   # Without --split_dir the same data_dir is refused: another rule.
   with pytest.raises(ValueError, match="split by another rule"):
     prepare.prepare("sciknoweval", out, log=lambda m: None)
