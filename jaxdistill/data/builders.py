@@ -13,7 +13,8 @@ is random access and TensorFlow-free (grain can consume it directly):
   mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa,
                     sciknoweval, medreason; reads the user's downloaded files
                     from `manual_dir` (split from each file name, see
-                    sources.split_of_file); fields question, options, answer.
+                    sources.split_of_file); fields question, options, answer
+                    (sciknoweval also response: a worked trace, or none).
                     `python -m jaxdistill.data.prepare NAME` builds the
                     sciknoweval and medreason configs (the paper's, drawn by
                     data.paper_mcq) and the sciq, medmcqa and gpqa ones (not
