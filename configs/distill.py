@@ -3,7 +3,8 @@ r"""Distil a teacher into a student: one cell of the study's grid.
 Sweepable args (after the colon): kl (forward | reverse | jsd | sampled),
 policy (student | teacher | spectrum | coin_mixture | dataset), lam (spectrum:
 the paper's lambda in [-2, 2], -1 teacher, +1 student; coin_mixture: the
-probability of a student token), lr, task, seed, topk (None = the full
+probability of a student token), lr, task (countdown | science | medical |
+mcq | records | synthetic ...), seed, topk (None = the full
 teacher, or k: the loss sees only the teacher's top-k), runlocal (tiny random
 models; its defaults task=synthetic, lr=1e-3 apply to the args not given).
 
@@ -41,6 +42,10 @@ from jaxdistill import config_lib
 # The study's Qwen2.5 pair (configs/grid_main.py names the others).
 STUDENT = "Qwen/Qwen2.5-0.5B-Instruct"
 TEACHER = "Qwen/Qwen2.5-7B-Instruct"
+
+# task arg -> (data.source, data.prompt): the paper's MCQ sets (App. D.1).
+PAPER_MCQ = {"science": ("sciknoweval", "science"),
+             "medical": ("medreason", "medreason")}
 
 # Tiny random models for runlocal: a bigger "teacher" and a smaller student
 # sharing one vocabulary.
@@ -88,10 +93,13 @@ def get_config(arg=None):
   # D.1, Table 1's prompt; tasks.countdown.PRESETS; read from data_dir when
   # `python -m jaxdistill.data.prepare countdown3` wrote it there, else
   # generated); source None is the project's own generator (not the
-  # paper's), Countdown-n_numbers from data_seed. task='mcq': prompt
-  # 'science' / 'medreason' is that Table 1 prompt (None: the project's);
-  # it reads the user's files
-  # (manual_dir, format `source`) prepared as TFDS under data_dir;
+  # paper's), Countdown-n_numbers from data_seed. task='science' /
+  # 'medical' (args) is task='mcq' on the paper's SciKnowEval / MedReason
+  # set (source 'sciknoweval' / 'medreason', prepared under data_dir by
+  # `python -m jaxdistill.data.prepare NAME`) with its Table 1 prompt.
+  # task='mcq': prompt 'science' / 'medreason' is that Table 1 prompt
+  # (None: the project's); it reads the data set `source` prepared under
+  # data_dir, or the user's files (manual_dir, format `source`);
   # task='records' reads records_file (.jsonl of Countdown/MCQ records).
   # bucket=None pads every batch to max_prompt_len + max_new_tokens (one
   # compilation); an int b pads prompts and responses (rollouts are cut
@@ -118,6 +126,9 @@ def get_config(arg=None):
                 max_teacher_prompt_len=config_dict.placeholder(int))
   if arg.task == "countdown":
     c.data.source = "countdown3"
+  if arg.task in PAPER_MCQ:
+    c.data.task = "mcq"
+    c.data.source, c.data.prompt = PAPER_MCQ[arg.task]
   # Completions: 512 tokens for Countdown-3, 1,024 for the MCQ tasks.
   c.rollout = dict(policy=arg.policy, lam=arg.lam,
                    max_new_tokens=512 if arg.task == "countdown" else 1024,
@@ -163,7 +174,8 @@ def get_config(arg=None):
     c.eval_every = c.ckpt_every = 3
     c.student.update(init=TINY_STUDENT, dtype="float32", remat="none")
     c.teacher.update(init=TINY_TEACHER, dtype="float32", param_dtype="float32")
-    c.data.update(task=arg.given_or("task", "synthetic"), batch_size=4,
+    task = arg.given_or("task", "synthetic")
+    c.data.update(task="mcq" if task in PAPER_MCQ else task, batch_size=4,
                   max_prompt_len=8)
     # Written with the export (hf_student/), for jaxdistill.evaluate; the
     # synthetic prompts are random token ids and do not use it.

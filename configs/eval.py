@@ -21,15 +21,23 @@ Greedy decoding is off (sampler.greedy=True adds `S/greedy_acc`).
   # distribution, its Countdown-4E as the harder task, both generated (or
   # --config.suites.countdown4e.data_dir=DIR where `python -m
   # jaxdistill.data.prepare countdown4e` wrote it), Table 1's prompt and the
-  # step verifier; science/medical are the OOD suites for forgetting
-  # (data paths come from the command line, never from this file):
+  # step verifier; science/medical (the paper's SciKnowEval and MedReason
+  # test splits, read from where `python -m jaxdistill.data.prepare
+  # sciknoweval|medreason --data_dir /data` wrote them) are the OOD suites
+  # for forgetting (data paths come from the command line, never from this
+  # file):
   python -m jaxdistill.evaluate --config configs/eval.py:task=countdown \
-    --config.suites.science.path=/data/sciq/test.json \
-    --config.suites.science.source=sciq \
-    --config.suites.medical.path=/data/medmcqa/dev.json \
-    --config.suites.medical.source=medmcqa \
+    --config.suites.science.data_dir=/data \
+    --config.suites.medical.data_dir=/data \
     --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
     --out /runs/qwen_rkl_on/eval.json
+
+  # Not the paper's data: the extra suites sciq, medmcqa, gpqa (prepared by
+  # name the same way, or --config.suites.sciq.path=/data/sciq/test.json):
+  python -m jaxdistill.evaluate \
+    --config configs/eval.py:task=science,suites=science+sciq+medmcqa \
+    --config.suites.science.data_dir=/data --config.suites.sciq.data_dir=/data \
+    --config.suites.medmcqa.data_dir=/data --checkpoint /runs/qwen_rkl_on
 
   # Countdown only (no forgetting figures), 500 problems per suite:
   python -m jaxdistill.evaluate \
@@ -110,9 +118,15 @@ def get_config(arg=None):
   # wrote them; the first num_problems of the split.
   c.suites.countdown3_paper = _paper_countdown("countdown3")
   c.suites.countdown4e = _paper_countdown("countdown4e")
-  c.suites.science = _mcq("sciq", "science")
-  # MedMCQA's test split is unlabelled.
-  c.suites.medical = _mcq("medmcqa", "medreason", "validation")
+  # The paper's science and medical sets (App. D.1, data.paper_mcq): the
+  # test splits of SciKnowEval (507) and MedReason (500).
+  c.suites.science = _mcq("sciknoweval", "science")
+  c.suites.medical = _mcq("medreason", "medreason")
+  # Not the paper's data: the project's earlier sets, kept as extras (by
+  # name in `suites=`); MedMCQA's test split is unlabelled.
+  c.suites.sciq = _mcq("sciq", "science")
+  c.suites.medmcqa = _mcq("medmcqa", "medreason", "validation")
+  c.suites.gpqa = _mcq("gpqa", "science")
   c.eval_suites = _names(arg.suites or suites)
   c.in_distribution = tuple(n for n in _names(in_dist) if n in c.eval_suites)
   c.harder = tuple(n for n in _names(harder) if n in c.eval_suites)
@@ -157,7 +171,8 @@ def get_config(arg=None):
       c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
     for n in list(range(3, 7)) + ["3_paper", "4e"]:
       c.suites[f"countdown{n}"].num_problems = 4
-    c.suites.science.num_problems = c.suites.medical.num_problems = 4
+    for n in ("science", "medical", "sciq", "medmcqa", "gpqa"):
+      c.suites[n].num_problems = 4
     samples = arg.given_or("samples", 4)
     c.sampler.update(num_samples=samples, ks=tuple(k for k in (1, 2, 4)
                                                    if k <= samples),

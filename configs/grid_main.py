@@ -2,13 +2,14 @@ r"""The study's main factorial grid: family x KL x rollout policy x lr x task.
 
 Llama 3 (3.1-8B-Instruct -> 3.2-1B-Instruct) and Qwen2.5 (7B-Instruct ->
 0.5B / 1.5B-Instruct) x forward / reverse KL x student / teacher rollouts x
-lr 1e-5 / 5e-5 x science (SciQ) / medical (MedMCQA) / Countdown-3 (the
-paper's set, tasks.countdown.PRESETS). Every arm
+lr 1e-5 / 5e-5 x science (the paper's SciKnowEval set) / medical (its
+MedReason pools) / Countdown-3 (tasks.countdown.PRESETS), all three the
+paper's (App. D.1; data.paper_mcq says how close the MCQ sets are). Every arm
 shares data, seeds and sampler settings (the runner checks it). The
 checkpoints are the study's, by hub name (the Llama repos are gated: accept
-their licence and set HF_TOKEN); SciQ and MedMCQA are prepared from the hub
-into <workdir>/data before the first arm (jaxdistill.data.prepare). One
-command per family:
+their licence and set HF_TOKEN); SciKnowEval and MedReason are prepared from
+the hub into <workdir>/data before the first arm (jaxdistill.data.prepare).
+One command per family:
 
   python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen05b --workdir /runs/main
   python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen15b --workdir /runs/main
@@ -24,12 +25,16 @@ Local checkpoints and data instead (any path flag overrides its default):
     --config.presets.family.qwen05b.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
     --config.presets.family.qwen15b.student.path=/ckpt/Qwen2.5-1.5B-Instruct \
     --config.presets.family.qwen15b.teacher.path=/ckpt/Qwen2.5-7B-Instruct \
-    --config.presets.task.science.data.manual_dir=/data/sciq \
-    --config.presets.task.medical.data.manual_dir=/data/medmcqa \
     --config.base.data.data_dir=/data/tfds \
-    --config.eval.updates.suites.science.path=/data/sciq/test.json \
-    --config.eval.updates.suites.medical.path=/data/medmcqa/dev.json \
     --workdir /runs/main
+  # /data/tfds: where `python -m jaxdistill.data.prepare sciknoweval|medreason
+  # --data_dir /data/tfds` wrote them (the runs and their suites read it).
+
+  # Not the paper's data (the project's earlier sets, kept as extras):
+  #   --config.presets.task.science.data.source=sciq
+  #   --config.presets.task.medical.data.source=medmcqa
+  #   --config.eval.updates.suites.science.source=sciq (and .medical: medmcqa,
+  #   .medical.split=validation)
 
 Args: families / tasks (names joined by '+'), seeds (how many), axes (the
 axes kept, joined by '+'; default all five), runlocal (tiny CPU models, no
@@ -74,8 +79,8 @@ def get_config(arg=None):
   c.presets = dict(
       family={f: dict(student=dict(path=CHECKPOINTS[f][0]),
                       teacher=dict(path=CHECKPOINTS[f][1])) for f in FAMILIES},
-      task=dict(science=_mcq("sciq", "science"),
-                medical=_mcq("medmcqa", "medreason"),
+      task=dict(science=_mcq("sciknoweval", "science"),
+                medical=_mcq("medreason", "medreason"),
                 # The paper's Countdown-3 (App. D.1, Table 1's prompt).
                 countdown=dict(data=dict(task="countdown", source="countdown3"),
                                rollout=dict(max_new_tokens=512))))

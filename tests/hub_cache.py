@@ -15,7 +15,16 @@ symlink to its blob), for model and dataset repos. It holds
 - a few rows of SciQ, MedMCQA and GPQA in their hub files' real layouts
   (allenai/sciq: data/{split}-00000-of-00001.parquet; openlifescienceai/medmcqa:
   the same, cop 0-based, -1 on the unlabelled test split; Idavidrein/gpqa:
-  gpqa_diamond.csv and gpqa_main.csv with the CSV's column names).
+  gpqa_diamond.csv and gpqa_main.csv with the CSV's column names);
+- the paper's science and medical sets in their repos' layouts and row
+  schemas, generated (sciknoweval_files / medreason_files): hicai-zju/
+  SciKnowEval (data/{Chemistry,Biology}/sciknoweval_*_test.jsonl at the
+  commit the project pins it to, PINNED; rows with
+  question, choices {text, label}, answerKey, type, domain, details.level)
+  and UCSC-VLAA/MedReason (ours_quality_33000.jsonl, rows with question,
+  options as one "A. ..." text, answer as the option's text, reasoning),
+  SEEDED_POOL questions each (fewer than the paper's draws: the train splits
+  come out short), with rows outside the pool mixed in.
 
 Commits are deterministic 40-hex digests of the files (`info` lists them).
 """
@@ -129,10 +138,12 @@ def _commit(repo_id: str, files: dict[str, bytes]) -> str:
 
 
 def add_repo(cache: str, repo_id: str, files: dict[str, bytes], *,
-             repo_type: str = "model", refs=("main",)) -> str:
-  """Writes one snapshot of a repo into the cache; points `refs` at it."""
+             repo_type: str = "model", refs=("main",),
+             commit: str | None = None) -> str:
+  """Writes one snapshot of a repo into the cache (at `commit`, default a
+  digest of its files); points `refs` at it."""
   root = os.path.join(cache, f"{repo_type}s--" + repo_id.replace("/", "--"))
-  commit = _commit(repo_id, files)
+  commit = commit or _commit(repo_id, files)
   for name, data in files.items():
     blob = os.path.join(root, "blobs", hashlib.sha256(data).hexdigest())
     os.makedirs(os.path.dirname(blob), exist_ok=True)
@@ -222,6 +233,75 @@ def medmcqa_rows(split: str) -> list[dict]:
           for q, a, b, c, d, cop, subject in MEDMCQA_SPLITS[split]]
 
 
+def jsonl(rows) -> bytes:
+  return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+# Repos seeded at the commit the project pins them to (a default --revision).
+PINNED = {"hicai-zju/SciKnowEval": "3284f6fbf3b8063ab8a0408a65fb00157dbdc9fa"}
+SEEDED_POOL = 520  # the seeded paper sets' pools: the test split, then 13 / 20
+
+
+def sciknoweval_row(i, domain="Chemistry", level="L3", kind="mcq-4-choices",
+                    labels="ABCD", n_texts=4) -> dict:
+  """A SciKnowEval row; its answer is letter i % 4."""
+  return {"question": f"Chemistry question {i}: which reagent?",
+          "choices": {"text": [f"reagent {i}-{k}" for k in range(n_texts)],
+                      "label": list(labels)},
+          "answerKey": "ABCD"[i % 4], "type": kind, "domain": domain,
+          "details": {"level": level, "task": "reaction", "subtask": "x"},
+          "answer": "", "prompt": {"default": "Answer the question."}}
+
+
+def sciknoweval_files(n: int) -> dict[str, bytes]:
+  """n pool questions (0..n-1) and, outside the pool, a repeat of question 7
+  (other case and spacing), 3 broken rows, 2 of other types, 2 of other
+  levels and 20 of Biology."""
+  chem = [sciknoweval_row(i) for i in range(n)]
+  dup = dict(sciknoweval_row(7),
+             question="  CHEMISTRY question 7:  which reagent?")
+  chem += [dup, sciknoweval_row(9000, labels="ABCE"),
+           sciknoweval_row(9001, n_texts=5),
+           dict(sciknoweval_row(9002), answerKey="E"),
+           sciknoweval_row(9003, kind="open-ended-qa"),
+           sciknoweval_row(9004, kind="true_or_false"),
+           sciknoweval_row(9005, level="L2"), sciknoweval_row(9006, level="L1")]
+  bio = [sciknoweval_row(10_000 + i, domain="Biology") for i in range(20)]
+  return {"data/Chemistry/sciknoweval_chemistry_test.jsonl": jsonl(chem),
+          "data/Biology/sciknoweval_biology_test.jsonl": jsonl(bio),
+          "README.md": b"---\nlicense: mit\n---\n"}
+
+
+def medreason_options(i) -> list[str]:
+  return [f"finding {i}-{k}" for k in range(4 + i % 2)]  # 4 or 5 options
+
+
+def medreason_row(i) -> dict:
+  """A MedReason row; its answer is option i % (number of options), its text
+  (a third of them upper-cased and followed by an explanation)."""
+  opts = medreason_options(i)
+  answer = opts[i % len(opts)]
+  if i % 3 == 1:
+    answer = answer.upper() + ". Explanation: it is the classic sign."
+  return {"dataset_name": "medqa" if i % 2 else "medmcqa",
+          "id_in_dataset": i, "question": f"Patient {i}: the likely finding?",
+          "options": "Answer Choices:\n" + "\n".join(
+              f"{'ABCDE'[k]}. {o}" for k, o in enumerate(opts)),
+          "answer": answer, "reasoning": "Finding reasoning path ..."}
+
+
+def medreason_files(n: int) -> dict[str, bytes]:
+  """n pool questions (0..n-1) and, outside the pool, an open-ended row, a
+  row whose answer is no option and a repeat of question 2."""
+  rows = [medreason_row(i) for i in range(n)]
+  rows += [{"dataset_name": "huatuo", "id_in_dataset": 1, "question": "Why?",
+            "options": None, "answer": "Because.", "reasoning": "..."},
+           dict(medreason_row(1), answer="something else entirely"),
+           dict(medreason_row(2), question="patient 2:  the likely finding?")]
+  return {"ours_quality_33000.jsonl": jsonl(rows),
+          "README.md": b"---\nlicense: apache-2.0\n---\n"}
+
+
 def _gpqa_csv(rows) -> bytes:
   buf = io.StringIO()
   w = csv.writer(buf)
@@ -242,7 +322,9 @@ def _data_files() -> dict[str, dict[str, bytes]]:
   card = b"---\nlicense: cc-by-4.0\n---\n"
   return {"allenai/sciq": {**sciq, "README.md": card},
           "openlifescienceai/medmcqa": {**med, "README.md": card},
-          "Idavidrein/gpqa": {**gpqa, "README.md": card}}
+          "Idavidrein/gpqa": {**gpqa, "README.md": card},
+          "hicai-zju/SciKnowEval": sciknoweval_files(SEEDED_POOL),
+          "UCSC-VLAA/MedReason": medreason_files(SEEDED_POOL)}
 
 
 def use(monkeypatch, cache: str, *, offline: bool = True) -> None:
@@ -272,7 +354,8 @@ def build(cache: str) -> dict:
                                    CHECKPOINTS[REVISED][1], 2, 99, tok_files),
       refs=("v1",))
   for repo, files in _data_files().items():
-    info["datasets"][repo] = add_repo(cache, repo, files, repo_type="dataset")
+    info["datasets"][repo] = add_repo(cache, repo, files, repo_type="dataset",
+                                      commit=PINNED.get(repo))
   return info
 
 

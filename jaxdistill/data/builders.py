@@ -10,12 +10,15 @@ is random access and TensorFlow-free (grain can consume it directly):
                     Countdown sets (tasks.countdown.PRESETS, App. D.1/D.6),
                     each split its preset's count and seed; fields numbers,
                     target, solution (steps), variant.
-  mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa; reads
-                    the user's downloaded files from `manual_dir` (split from
-                    each file name, see sources.split_of_file); fields
-                    question, options, answer. `python -m
-                    jaxdistill.data.prepare NAME` builds the sciq, medmcqa
-                    and gpqa configs from the hub (HUB_DATASETS), recorded in
+  mcq_files         configs generic, sciq, gpqa, medmcqa, medqa, pubmedqa,
+                    sciknoweval, medreason; reads the user's downloaded files
+                    from `manual_dir` (split from each file name, see
+                    sources.split_of_file); fields question, options, answer
+                    (sciknoweval also response: a worked trace, or none).
+                    `python -m jaxdistill.data.prepare NAME` builds the
+                    sciknoweval and medreason configs (the paper's, drawn by
+                    data.paper_mcq) and the sciq, medmcqa and gpqa ones (not
+                    the paper's) from the hub (HUB_DATASETS), recorded in
                     <data_dir>/prepared/NAME.json; `mcq_builder` reads either.
 
 `data_dir` is always explicit: nothing is written to ~/tensorflow_datasets by
@@ -176,10 +179,15 @@ class McqFiles(_Builder):
     return tfds.core.DatasetInfo(
         builder=self,
         description="Multiple-choice questions: question, options, gold letter.",
+        # The paper's sets keep the order they were drawn in (data.paper_mcq).
+        disable_shuffling=self.builder_config.name in PAPER_MCQ,
         features=tfds.features.FeaturesDict({
             "question": tfds.features.Text(),
             "options": tfds.features.Sequence(tfds.features.Text()),
             "answer": tfds.features.Text(),
+            # A worked trace ('' for none: to_record drops it).
+            **({"response": tfds.features.Text()}
+               if self.builder_config.source in sources.RESPONSES else {}),
         }),
     )
 
@@ -192,6 +200,8 @@ class McqFiles(_Builder):
     for path in paths:
       records = sources.convert_file(path, c.source, seed=c.seed, cop_base=c.cop_base)
       for i, r in enumerate(records):
+        if c.source in sources.RESPONSES:
+          r = {"response": "", **r}
         yield f"{os.path.basename(path)}/{i}", r
 
 
@@ -231,6 +241,8 @@ def to_record(example: dict) -> dict:
       v = [x.decode("utf-8") if isinstance(x, bytes) else x for x in v]
     elif isinstance(v, np.generic):
       v = v.item()
+    if k == "response" and v == "":
+      continue  # no worked trace (mcq_files stores '')
     out[k] = v
   return out
 
@@ -268,7 +280,10 @@ class HubData:
   repo: str                 # hub dataset id
   files: tuple[str, ...]    # patterns of the repo files converted
   splits: tuple[str, ...]   # splits kept (sources.split_of_file of each file)
+  revision: str | None = None  # when --revision is not given (None: main)
 
+
+SCIKNOWEVAL_COMMIT = "3284f6fbf3b8063ab8a0408a65fb00157dbdc9fa"
 
 # The name is also the converter (data.sources.SOURCES) and the mcq_files
 # builder config: data.source='sciq' reads what `prepare sciq` wrote.
@@ -279,7 +294,16 @@ HUB_DATASETS = {
                        ("data/train-*.parquet", "data/validation-*.parquet"),
                        ("train", "validation")),
     "gpqa": HubData("Idavidrein/gpqa", ("gpqa_diamond.csv",), ("test",)),
+    # The paper's (App. D.1): drawn from every matching file (data.paper_mcq).
+    # Pinned to the commit the paper's Science data was drawn from (its
+    # source, the self-distillation study's release, records it).
+    "sciknoweval": HubData("hicai-zju/SciKnowEval", ("data/Chemistry/*.jsonl",),
+                           ("train", "test"), revision=SCIKNOWEVAL_COMMIT),
+    "medreason": HubData("UCSC-VLAA/MedReason", ("ours_quality_33000.jsonl",),
+                         ("train", "test")),
 }
+# The sets above that are the paper's; sciq, medmcqa and gpqa are not.
+PAPER_MCQ = ("sciknoweval", "medreason")
 RECORDS = "prepared"  # DIR/prepared/NAME.json: where a data set came from
 
 

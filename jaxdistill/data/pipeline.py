@@ -403,8 +403,9 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     default 50,000; the test split gets a tenth), data_seed (default 0).
   data.task 'mcq': the `mcq_files` builder with config `source` (default
     'generic') over the user's files in `manual_dir`, prepared under the
-    required `data_dir`; without manual_dir, the data set `source` (sciq,
-    medmcqa, gpqa) that `python -m jaxdistill.data.prepare` wrote there.
+    required `data_dir`; without manual_dir, the data set `source`
+    (sciknoweval, medreason: the paper's; sciq, medmcqa, gpqa: not) that
+    `python -m jaxdistill.data.prepare` wrote there.
     `prompt` None asks with the project's prompt; 'science' or 'medreason'
     with that Table 1 prompt (mcq.PROMPTS; the answer letter in <answer>).
   data.task 'records': records already in jaxdistill's form, read from

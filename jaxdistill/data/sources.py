@@ -24,11 +24,25 @@ Sources (`SOURCES`) and the fields they read:
   pubmedqa  QUESTION/CONTEXTS/final_decision (ori_pqal.json) or
             question/context.contexts/final_decision (HF parquet); options are
             yes/no/maybe and the abstract is prepended to the question
+  sciknoweval  question, choices {text: [4], label: [A..D]}, answerKey
+            (hicai-zju/SciKnowEval); rows of another `type` than
+            mcq-4-choices, or whose labels are not A..D over four texts or
+            whose answerKey is not one of them, are skipped; a non-empty
+            text `response` (a worked trace: prepare --split_dir writes the
+            release's) is kept as the record's `response`
+  medreason question, options (one text: lines "A. ...", "(A) ..." or
+            "A.: ...", other lines such as "Answer Choices:" ignored), answer (the correct option's
+            TEXT, UCSC-VLAA/MedReason); the letter is the one option equal
+            (case and spacing aside) to the answer, or to its first
+            sentence, or to what follows that sentence's last ':' or ' is ',
+            or to it without a leading "B." label; rows with fewer than two
+            options or an answer that names no single option are skipped
 
 Sources whose correct option sits in a fixed place (SciQ's and GPQA's
 correct_answer column) have their options shuffled with a permutation seeded
-by (seed, question text), so it does not depend on file order. Unlabelled rows
-(MedMCQA's test split has cop = -1) are skipped, and counted in the log.
+by (seed, question text), so it does not depend on file order. Rows without a
+gradable question (MedMCQA's test split has cop = -1; the skips above) are
+skipped, and counted in the log.
 """
 from __future__ import annotations
 
@@ -39,6 +53,7 @@ import json
 import logging
 import os
 import random
+import re
 import string
 
 LETTERS = string.ascii_uppercase
@@ -271,10 +286,80 @@ def _pubmedqa(row, seed, opts):
   return text, options, LETTERS[options.index(decision)]
 
 
+def _sciknoweval(row, seed, opts):
+  del seed, opts
+  if row.get("type") != "mcq-4-choices":
+    return None  # open-ended, true/false, two-choice ...: not the MCQ part
+  question = _text(row, "question")
+  choices = row.get("choices")
+  if (not isinstance(choices, Mapping) or not isinstance(choices.get("text"), list)
+      or not isinstance(choices.get("label"), list)):
+    raise ValueError("field 'choices' must be {'text': [...], 'label': [...]}")
+  labels = [str(x).strip().upper() for x in choices["label"]]
+  if labels != list(LETTERS[:4]) or len(choices["text"]) != 4:
+    return None  # a broken row: which text goes with which letter is unknown
+  answer = str(row.get("answerKey") or "").strip().upper()
+  if answer not in labels:
+    return None
+  return question, list(choices["text"]), answer
+
+
+# "A. x", "A) x", "(A) x", "A: x", "A.: x" (all in MedReason's options).
+_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])\s*(?:[.)]\s*:?|:)\s*(\S.*?)\s*$")
+
+
+def _norm(text) -> str:
+  return " ".join(str(text).casefold().split()).rstrip(" .")
+
+
+def medreason_options(text: str) -> list[str]:
+  """The option texts of a MedReason `options` field, in letter order; []
+  if its lines do not give options A, B, ... in order."""
+  found = [m.groups() for m in map(_OPTION_LINE.match, str(text).splitlines()) if m]
+  if [k for k, _ in found] != list(LETTERS[:len(found)]):
+    return []
+  return [v for _, v in found]
+
+
+def _medreason(row, seed, opts):
+  del seed, opts
+  question = _text(row, "question")
+  raw = row.get("options")
+  if not isinstance(raw, str):
+    return None  # open-ended (the HuatuoGPT-o1 part has no options)
+  options = medreason_options(raw)
+  if len(options) < 2:
+    return None
+  norms = [_norm(o) for o in options]
+  for cand in _answer_candidates(_text(row, "answer")):
+    if norms.count(cand) == 1:
+      return question, options, LETTERS[norms.index(cand)]
+  return None  # the answer names no single option
+
+
+def _answer_candidates(answer: str):
+  """What a MedReason answer text may name, normalised, most literal first:
+  the whole text, its first sentence, and that sentence after its last ':'
+  or ' is ' ("The correct answer is: X. Because ..."); a leading option
+  label ("B. X") is dropped."""
+  first = answer.split(". ", 1)[0]
+  out = [answer, first, first.rsplit(":", 1)[-1],
+         re.split(r"\s+is\s+", first, flags=re.IGNORECASE)[-1]]
+  label = _OPTION_LINE.match(answer.splitlines()[0])
+  if label:
+    out += [label.group(2), label.group(2).split(". ", 1)[0]]
+  return [_norm(c) for c in out if c.strip()]
+
+
 SOURCES: dict[str, Callable] = {
     "generic": _generic, "sciq": _sciq, "gpqa": _gpqa, "medmcqa": _medmcqa,
-    "medqa": _medqa, "pubmedqa": _pubmedqa,
+    "medqa": _medqa, "pubmedqa": _pubmedqa, "sciknoweval": _sciknoweval,
+    "medreason": _medreason,
 }
+
+
+# Sources whose rows may carry a worked trace, kept as the record's response.
+RESPONSES = ("sciknoweval",)
 
 
 def validate_record(question, options, answer) -> dict:
@@ -312,12 +397,16 @@ def convert_file(path: str, source: str = "generic", *, seed: int = 0,
         skipped += 1
         continue
       out.append(validate_record(*parts))
+      response = row.get("response")
+      if source in RESPONSES and isinstance(response, str) and response.strip():
+        out[-1]["response"] = response
     except DataError:
       raise
     except (ValueError, TypeError, KeyError) as e:
       raise DataError(f"{where}: {e}") from None
   if skipped:
-    logging.info("%s: skipped %d unlabelled rows", path, skipped)
+    logging.info("%s: skipped %d rows without a gradable question", path,
+                 skipped)
   return out
 
 

@@ -2,8 +2,8 @@ r"""Evaluate a checkpoint on the study's suites; with --baseline, also forgettin
 and update sparsity.
 
   python -m jaxdistill.evaluate --config configs/eval.py:task=countdown \
-      --config.suites.science.path=/data/sciq/test.jsonl \
-      --config.suites.medical.path=/data/medmcqa/dev.json \
+      --config.suites.science.data_dir=/data \
+      --config.suites.medical.data_dir=/data \
       --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
       --out /runs/qwen_rkl_on/eval.json
 

@@ -13,14 +13,15 @@ A suite spec is a small dict in `config.suites`:
       `data_dir` if given (data.prepare NAME writes it), else generated;
       `unseen=True` first drops the test problems that also occur in the
       set's training split (the paper keeps them).
-  science = dict(kind='mcq', path='/data/sciq/test.jsonl', source='sciq',
-                 num_problems=None, data_seed=0)
-      a user file (JSONL / JSON / CSV / Parquet) in one of
+  science = dict(kind='mcq', data_dir='/data', source='sciknoweval',
+                 split='test', num_problems=None, data_seed=0)
+      with `data_dir` alone (as here), split `split` of the data set
+      `source` that `python -m jaxdistill.data.prepare` wrote there
+      (builders.mcq_builder; sciknoweval and medreason are the paper's); or
+      `path`, a user file (JSONL / JSON / CSV / Parquet) in one of
       jaxdistill.data.sources.SOURCES, converted in memory; or, with
       `manual_dir` + `data_dir` (+ `split`, default 'test') instead of `path`,
-      the prepared `mcq_files` TFDS builder over that directory; or, with
-      `data_dir` alone, the data set `source` that `python -m
-      jaxdistill.data.prepare` wrote there (builders.mcq_builder).
+      the prepared `mcq_files` TFDS builder over that directory.
       `prompt`: None, the project's prompt; 'science' / 'medreason', that
       Table 1 prompt (tasks.mcq.PROMPTS).
 

@@ -7,8 +7,9 @@
   another commit is a stale arm (refused, or rerun with --rerun_stale), and
   arms that name one repo at different commits are refused.
 - Data: the hub data sets the arms and their evaluation suites read by name
-  (data.task='mcq' or a suite of kind 'mcq' with `source` sciq / medmcqa /
-  gpqa and no files of their own) are prepared once into the grid's data_dir
+  (data.task='mcq' or a suite of kind 'mcq' with `source` one of
+  data.builders.HUB_DATASETS, e.g. sciknoweval / medreason, and no files of
+  their own) are prepared once into the grid's data_dir
   (default <workdir>/data) with jaxdistill.data.prepare.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ resumes from the run's newest good checkpoint by itself. results.json holds
                                 tokens_processed (prompt + response), model
                                 FLOPs of training and of rollouts (models/flops.py)
   revisions                     what came from the hub: {'student.path':
-                                {id, revision, commit}, ..., 'data/sciq':
+                                {id, revision, commit}, ..., 'data/sciknoweval':
                                 {repo, revision, commit}} (sweep/inputs.py
                                 pins every hub name to its commit first)
 

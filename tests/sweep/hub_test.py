@@ -38,18 +38,21 @@ def test_arms_are_pinned_and_their_data_prepared_once(hf_cache, tmp_path):
     assert r.config.data.data_dir == data_dir
     ev = inputs.eval_config(g, r)
     assert ev.suites.science.data_dir == ev.suites.medical.data_dir == data_dir
-  # Science arms train on SciQ; their forgetting suite is MedMCQA: both
-  # prepared, once, at the seeded commits.
-  assert [m.split(":")[0] for m in log if "prepared in" in m] == ["sciq", "medmcqa"]
-  for name, repo in (("sciq", "allenai/sciq"),
-                     ("medmcqa", "openlifescienceai/medmcqa")):
+  # Science arms train on the paper's SciKnowEval set; their forgetting
+  # suite is its MedReason set: both prepared, once, at the seeded commits.
+  sets = (("sciknoweval", "hicai-zju/SciKnowEval"),
+          ("medreason", "UCSC-VLAA/MedReason"))
+  assert [m.split(":")[0] for m in log if "prepared in" in m] == [
+      n for n, _ in sets]
+  for name, repo in sets:
     assert builders.read_record(data_dir, name)["commit"] == hf_cache[
         "datasets"][repo]
+  assert all(r.config.data.source == "sciknoweval"
+             and r.config.data.prompt == "science" for r in runs)
   assert inputs.data_revisions(g, runs[0]) == {
-      f"data/{n}": {"repo": r, "revision": "main",
-                    "commit": hf_cache["datasets"][r]}
-      for n, r in (("sciq", "allenai/sciq"),
-                   ("medmcqa", "openlifescienceai/medmcqa"))}
+      f"data/{n}": {"repo": r, "revision": builders.HUB_DATASETS[n].revision
+                    or "main", "commit": hf_cache["datasets"][r]}
+      for n, r in sets}
   # The launch commands name the commits; a second plan prepares nothing.
   cmd = grid_lib.command(g, runs[0], str(tmp_path))
   assert f"--config.student.path={QWEN05}@{hf_cache['models'][QWEN05]}" in cmd
