@@ -29,6 +29,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.base.student.path = "Qwen/Qwen2.5-1.5B-Instruct"
   # The project's own Countdown-N generator (not the paper's sets): the
   # train_n axis and the Countdown-5/6 suites need N beyond the paper's.
