@@ -96,7 +96,8 @@ def main(argv):
     storage.check(f.workdir, "--workdir")  # a sweep on gs:// is not built yet
   if f.compile_only:
     report = sweep_programs.compile_for(grid, f.compile_only, f.only)
-    needs = sweep_disk.arms(grid_lib.expand(grid, f.only))
+    runs = grid_lib.expand(grid, f.only)
+    needs = sweep_disk.arms(runs) + sweep_disk.stages(grid, runs)
     report["disk"] = {"arms": dict(needs), **sweep_disk.totals(needs)}
     report["disk_lines"] = sweep_disk.lines(needs)
     compile_only.emit(report, f.json)
@@ -108,15 +109,18 @@ def main(argv):
                        log=runner.log)
     if not runs:
       raise ValueError(f"--only {f.only!r}: no run of the grid matches")
-    disk = sweep_disk.lines(sweep_disk.arms(runs))
+    disk = sweep_disk.lines(sweep_disk.arms(runs) +
+                            sweep_disk.stages(grid, runs))
     for run, line in zip(runs, disk):
       # snapshots first: a command may read its run's
       grid_lib.write_snapshot(run, os.path.join(f.workdir, run.dirname))
       print(f"# {line}")
       print(grid_lib.command(grid, run, f.workdir))
-    print(f"# {disk[-1]}")
     if rlvr.declared(grid):
+      for line in disk[len(runs):-1]:
+        print(f"# {line}")
       print_rlvr_commands(grid, runs, f.workdir)
+    print(f"# {disk[-1]}")
     return
   runner.run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
   print(open(f"{f.workdir}/summary/results.md").read())

@@ -64,7 +64,7 @@ def _label(name: str, n: int) -> str:
   return name if n == 1 else f"{name} (+{n - 1} arms)"
 
 
-def _as_policy(stage, run_config):
+def as_policy(stage, run_config):
   """The RLVR stage's config with the arm's student (its shapes: the
   arm's export does not exist yet) as the policy."""
   stage.student.path = run_config.student.get("path")
@@ -122,7 +122,7 @@ def grid_programs(grid, target, only=None, log=None):
       add("eval", signature(ec, e_cfg), run.name, evaluate)
 
     if rlvr_lib.declared(grid):
-      stage = _as_policy(rlvr_lib.stage_config(grid, run, "<arm>"), c)
+      stage = as_policy(rlvr_lib.stage_config(grid, run, "<arm>"), c)
 
       def rlvr(stage=stage):
         return rl_train.programs_for(stage, target.devices)

@@ -433,7 +433,8 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
     write_json_atomic(path, sweep)
   done = read_finished(grid, runs, workdir)
   todo = [r for r in runs if r.name not in done]
-  for line in sweep_disk.lines(sweep_disk.arms(runs)):
+  for line in sweep_disk.lines(sweep_disk.arms(runs) +
+                               sweep_disk.stages(grid, runs)):
     log(line)
   if train_runs is not None and todo:
     train_runs(todo)

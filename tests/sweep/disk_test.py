@@ -29,7 +29,7 @@ def test_grid_totals_against_a_disk_timeline():
            ("c", {"peak_bytes": 40, "kept_bytes": 30})]
   timeline = [50, 20 + 10, 20 + 5 + 40, 20 + 5 + 30]
   t = sweep_disk.totals(needs)
-  assert t == {"arms": 3, "kept_bytes": 55, "sweep_peak_bytes": max(timeline),
+  assert t == {"runs": 3, "kept_bytes": 55, "sweep_peak_bytes": max(timeline),
                "all_at_once_bytes": 100}
 
 
@@ -60,7 +60,7 @@ def test_print_commands_say_each_arm_s_disk_and_the_grid_s(tmp_path):
     assert "(the final checkpoint and the export)" in note
     assert cmd.startswith("python -m jaxdistill.train ") and run.dirname in cmd
     kept += _gb(re.search(r"([\d.]+ [MGT]B) kept after", note).group(1))
-  m = re.fullmatch(r"# grid: (\d+) arms keep ([\d.]+ [MGT]B) once finished; .*",
+  m = re.fullmatch(r"# grid: (\d+) runs keep ([\d.]+ [MGT]B) once finished; .*",
                    lines[-1])
   assert m and int(m.group(1)) == len(runs)
   assert _gb(m.group(2)) == pytest.approx(kept, rel=0.01)
@@ -76,3 +76,17 @@ def test_the_command_prints_one_run_s_disk():
   c = config_lib.load_config("configs/distill.py:runlocal")
   d = train_disk.need(c, train_setup.model_config(c.student, "student"))
   assert out.stdout.strip() == train_disk.describe(d)
+
+
+def test_rlvr_stages_are_counted_after_the_arms():
+  g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
+  runs = grid_lib.expand(g)
+  arms, stages = sweep_disk.arms(runs), sweep_disk.stages(g, runs)
+  assert [n for n, _ in stages] == [f"{r.name} (RLVR stage)" for r in runs]
+  for (_, a), (_, s) in zip(arms, stages):
+    # The stage trains the arm's student: the same float32 weights and
+    # AdamW moments, and keeps only its final checkpoint too.
+    assert s["state_bytes"] == a["state_bytes"] and s["keep_final_only"]
+  assert sweep_disk.totals(arms + stages)["runs"] == 2 * len(runs)
+  assert not sweep_disk.stages(
+      config_lib.load_config("configs/grid_main.py:runlocal"), runs)
