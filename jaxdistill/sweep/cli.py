@@ -98,7 +98,7 @@ def main(argv):
     report = sweep_programs.compile_for(grid, f.compile_only, f.only)
     runs = grid_lib.expand(grid, f.only)
     needs = sweep_disk.arms(runs) + sweep_disk.stages(grid, runs)
-    report["disk"] = {"arms": dict(needs), **sweep_disk.totals(needs)}
+    report["disk"] = {"per_run": dict(needs), **sweep_disk.totals(needs)}
     report["disk_lines"] = sweep_disk.lines(needs)
     compile_only.emit(report, f.json)
     compile_only.check(report, advice=functools.partial(
