@@ -4,6 +4,7 @@ import setuptools
 # libtpu at the version the installed jax names (jax[tpu] pins it): wheels
 # exist for Linux x86-64 only.
 TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
+WANDB = "wandb>=0.19"
 
 setuptools.setup(
     name="jaxdistill",
@@ -73,7 +74,11 @@ setuptools.setup(
                  "gcp-storage-emulator==2026.7.19",
                  # tests/compile_only_tpu_test.py compiles for a TPU slice
                  # (skipped without libtpu, which only Linux x86-64 has)
-                 TPU],
+                 TPU,
+                 # tests/train/log_test.py reads a W&B offline run
+                 WANDB],
+        # Weights & Biases logging beside TensorBoard (config.wandb.project).
+        "wandb": [WANDB],
         # Benchmarks only (python -m jaxdistill.bench.gkd races TRL's
         # GKDTrainer); never needed to train, test or evaluate.
         "bench": ["trl==1.16.0", "torch==2.13.0"],

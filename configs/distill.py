@@ -69,9 +69,21 @@ def get_config(arg=None):
   c.eval_every = 50
   c.ckpt_every = 50
   c.keep_ckpts = 3
+  # True: once the run has finished (final checkpoint saved, export written)
+  # its older checkpoints are deleted (the grids set it for their arms);
+  # docs/training.md, "Disk".
+  c.keep_final_only = False
   c.progress = True
   c.export_hf = True
   c.track_sparsity = True
+  # Weights & Biases beside TensorBoard, off unless project is set (pip
+  # install wandb); mode 'online' | 'offline' | 'disabled' (None: wandb's
+  # default, WANDB_MODE); name None: the workdir's name.
+  c.wandb = dict(project=config_dict.placeholder(str),
+                 entity=config_dict.placeholder(str),
+                 mode=config_dict.placeholder(str),
+                 name=config_dict.placeholder(str),
+                 group=config_dict.placeholder(str))
 
   # Checkpoints: a directory or hub name; preset / init win over path.
   # remat (what the backward pass recomputes; memory, not results): 'auto'

@@ -29,6 +29,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.base.student.path = "Qwen/Qwen2.5-1.5B-Instruct"
   # The project's own Countdown-N generator (not the paper's sets): the
   # train_n axis and the Countdown-5/6 suites need N beyond the paper's.
@@ -39,14 +40,16 @@ def get_config(arg=None):
   c.seeds = tuple(42 + i for i in range(int(arg.seeds)))  # the paper's seeds 42, 43, 44
   c.eval = dict(spec="configs/eval.py:suites=countdown3+countdown4+countdown5"
                 "+countdown6,ood=", baseline=True, updates={})
+  # A finished stage, like a finished arm: its final checkpoint and export.
   rlvr = dict(base_spec="configs/grpo_countdown.py:n={train_n},"
-              f"lr={arg.rl_lr!r}", updates={}, select=None)
+              f"lr={arg.rl_lr!r}", updates=dict(keep_final_only=True),
+              select=None)
   if arg.runlocal:
     grid_lib.make_runlocal(c, arg, eval_spec="configs/eval.py:runlocal,"
                            "samples=2,suites=countdown3+countdown5+countdown6")
     rl_lr = f",lr={arg.rl_lr!r}" if arg.given("rl_lr") else ""
     rlvr.update(base_spec="configs/grpo_countdown.py:runlocal,n={train_n}"
                 + rl_lr, updates=dict(progress=False, total_steps=2,
-                                      ckpt_every=1))
+                                      ckpt_every=1, keep_final_only=True))
   c.rlvr = rlvr if arg.rlvr else None
   return c

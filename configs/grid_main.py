@@ -76,6 +76,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = "configs/distill.py"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.presets = dict(
       family={f: dict(student=dict(path=CHECKPOINTS[f][0]),
                       teacher=dict(path=CHECKPOINTS[f][1])) for f in FAMILIES},

@@ -33,6 +33,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task=countdown"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.base.student.path = "meta-llama/Llama-3.2-1B-Instruct"
   c.base.teacher.path = "meta-llama/Llama-3.1-8B-Instruct"
   n_new = int(c.base.rollout.max_new_tokens)

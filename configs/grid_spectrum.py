@@ -35,6 +35,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:policy=spectrum,task={arg.task}"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.base.rollout.spectrum_temperature = 1.0
   c.axes = (("kl", "loss.kind", ("forward", "reverse")),
             ("lam", "rollout.lam", LAMS),

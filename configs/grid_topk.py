@@ -25,6 +25,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task={arg.task}"
   c.base = config_lib.load_config(c.base_spec)
+  c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.base.loss.topk_variant = arg.variant
   c.axes = (("topk", "loss.teacher_topk", (None, 64, 8)),
             ("kl", "loss.kind", ("forward", "reverse")),

@@ -407,6 +407,8 @@ def format_report(report: dict) -> str:
         f"{r['headroom']:.0%}", f"{r['flops'] / 1e12:.2f}",
         f"{r['step_time_bound_s'] * 1e3:.1f} ({r['bound_by']})",
         "-" if r["mfu_ceiling"] is None else f"{r['mfu_ceiling']:.2f}"]))
+  # What the command adds: the disk its run(s) need (train/disk.py).
+  lines += report.get("disk_lines", [])
   return "\n".join(lines)
 
 

@@ -268,3 +268,25 @@ def test_grpo_runs_to_gs(gcs):
   assert storage.isfile(f"{w}/hf_student/config.json")
   assert storage.isfile(f"{w}/hf_student/model.safetensors")
   assert [m["step"] for m in train_log.read_metrics(w)] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_finished_gs_run_keeps_only_its_final_checkpoint(gcs):
+  w = f"{GS}/final_only"
+  cmd = [sys.executable, "-m", "jaxdistill.train",
+         "--config", str(ROOT / "configs" / "distill.py") + ":runlocal",
+         "--workdir", w, "--config.total_steps=3", "--config.ckpt_every=1",
+         "--config.keep_final_only=True", "--config.progress=False"]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             PYTHONPATH=str(ROOT), **gcs_emulator.env(gcs))
+  r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"{w}: free space on gs:// is not checked" in r.stderr
+  assert storage.listdir(f"{w}/checkpoints") == ["3"]
+  assert ckpt_lib.kept_steps(f"{w}/checkpoints") == [3]
+  assert storage.isfile(f"{w}/hf_student/model.safetensors")
+  # The kept checkpoint still restores: the same command trains nothing.
+  r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"resuming {w} from step 3" in r.stderr
+  assert [m["step"] for m in train_log.read_metrics(w)] == [1, 2, 3]

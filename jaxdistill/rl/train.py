@@ -41,6 +41,8 @@ from jaxdistill.rl import rewards
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import disk
+from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
@@ -176,6 +178,7 @@ def train(config, workdir: str, *, overwrite: bool = False, devices=None,
   config = resolve_paths(config)
   validate(config)
   config_lib.validate_run(config)
+  train_log.check_wandb(config)
   mesh = train_loop.config_mesh(config, devices)
   # No mesh check of data.batch_size here: GRPO trains on rows of
   # data.batch_size x group_size prompts-samples, not on the prompt batch, and
@@ -229,8 +232,11 @@ def compile_for(config, slice_name: str) -> dict:
   host (no weights, data or TPU) -> compile_only's report."""
   target = compile_only.target(slice_name)
   with sharding.compiling_for("tpu"):
-    return compile_only.compile_programs(programs_for(config, target.devices),
-                                         target)
+    report = compile_only.compile_programs(
+        programs_for(config, target.devices), target)
+  report["disk"] = disk.need(config, _models(resolve_paths(config))[0])
+  report["disk_lines"] = [disk.describe(report["disk"])]
+  return report
 
 
 def _train(config, workdir, overwrite, mesh, rules, reward_fn):
@@ -243,6 +249,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
         "learning.")
   config_lib.check_fits(config, {"policy": scfg} if rcfg is None else
                         {"policy": scfg, "kl.reference": rcfg})
+  disk.check_run(config, scfg, workdir)
   build_tok = config.get("tokenizer_build") and not config.get("tokenizer")
   tokenizer = None if build_tok else tok_lib.run_tokenizer(config)
   revisions = train_setup.revisions(

@@ -22,6 +22,11 @@ r"""Run a grid of distillation runs, or print their launch commands.
   python -m jaxdistill.sweep --config configs/grid_main.py:runlocal \
       --workdir /tmp/grid --only kl=reverse
 
+Before the commands, and in the sweep's log before the first arm, each
+arm's disk is printed (its peak while training and what it keeps: the final
+checkpoint and the export for the grids' arms, keep_final_only) with the
+grid's total (sweep/disk.py).
+
 Before the first arm, hub names are pinned to their commits and the data
 sets read by name are prepared into <workdir>/data (sweep/inputs.py); the
 printed commands carry the pinned names. Each run gets <workdir>/<run name>/
@@ -62,6 +67,7 @@ from ml_collections import config_flags
 from jaxdistill import cli
 from jaxdistill import compile_only
 from jaxdistill import storage
+from jaxdistill.sweep import disk as sweep_disk
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
 from jaxdistill.sweep import programs as sweep_programs
@@ -105,6 +111,10 @@ def main(argv):
     storage.check(f.workdir, "--workdir")  # a sweep on gs:// is not built yet
   if f.compile_only:
     report = sweep_programs.compile_for(grid, f.compile_only, f.only)
+    runs = grid_lib.expand(grid, f.only)
+    needs = sweep_disk.arms(runs) + sweep_disk.stages(grid, runs)
+    report["disk"] = {"per_run": dict(needs), **sweep_disk.totals(needs)}
+    report["disk_lines"] = sweep_disk.lines(needs)
     compile_only.emit(report, f.json)
     compile_only.check(report, advice=functools.partial(
         sweep_programs.advice, grid))
@@ -119,11 +129,18 @@ def main(argv):
       print("# multi-host: run each command on every host of the slice "
             "(e.g. gcloud compute tpus tpu-vm ssh NAME --worker=all "
             "--command='...'), one after another")
-    for run in runs:  # snapshots first: a command may read its run's
+    disk = sweep_disk.lines(sweep_disk.arms(runs) +
+                            sweep_disk.stages(grid, runs))
+    for run, line in zip(runs, disk):
+      # snapshots first: a command may read its run's
       grid_lib.write_snapshot(run, os.path.join(f.workdir, run.dirname))
+      print(f"# {line}")
       print(grid_lib.command(grid, run, f.workdir) + extra)
     if rlvr.declared(grid):
+      for line in disk[len(runs):-1]:
+        print(f"# {line}")
       print_rlvr_commands(grid, runs, f.workdir, extra)
+    print(f"# {disk[-1]}")
     print("# then, to evaluate the runs and tabulate them: this command "
           "without --print_commands" + (" (on every host)" if extra else ""))
     return

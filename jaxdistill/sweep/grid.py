@@ -311,6 +311,7 @@ def make_runlocal(grid, arg=None, *,
   base.progress = False
   base.student.init.vocab_size = base.teacher.init.vocab_size = 320
   base.total_steps, base.ckpt_every, base.eval_every = 2, 2, 2
+  base.keep_final_only = bool(grid.base.get("keep_final_only", False))
   grid.base = base
   grid.base_spec = spec
   grid.local_assets = True

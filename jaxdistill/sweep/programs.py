@@ -31,7 +31,8 @@ from jaxdistill.train import setup as train_setup
 # into them, or not on the device at all): arms that differ only here share
 # programs.
 VALUE_FIELDS = ("seed", "total_steps", "log_every", "eval_every", "ckpt_every",
-                "keep_ckpts", "progress", "export_hf", "optim.lr",
+                "keep_ckpts", "keep_final_only", "progress", "export_hf",
+                "wandb", "optim.lr",
                 "optim.warmup_steps", "optim.final_lr_frac", "optim.schedule",
                 "optim.weight_decay", "optim.b1", "optim.b2", "optim.eps",
                 "rollout.lam", "student.temperature", "teacher.temperature", "loss.beta", "data.task",
@@ -63,7 +64,7 @@ def _label(name: str, n: int) -> str:
   return name if n == 1 else f"{name} (+{n - 1} arms)"
 
 
-def _as_policy(stage, run_config):
+def as_policy(stage, run_config):
   """The RLVR stage's config with the arm's student (its shapes: the
   arm's export does not exist yet) as the policy."""
   stage.student.path = run_config.student.get("path")
@@ -121,7 +122,7 @@ def grid_programs(grid, target, only=None, log=None):
       add("eval", signature(ec, e_cfg), run.name, evaluate)
 
     if rlvr_lib.declared(grid):
-      stage = _as_policy(rlvr_lib.stage_config(grid, run, "<arm>"), c)
+      stage = as_policy(rlvr_lib.stage_config(grid, run, "<arm>"), c)
 
       def rlvr(stage=stage):
         return rl_train.programs_for(stage, target.devices)

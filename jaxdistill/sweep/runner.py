@@ -47,6 +47,7 @@ from jaxdistill import rollout as rollout_lib
 from jaxdistill import storage
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
+from jaxdistill.sweep import disk as sweep_disk
 from jaxdistill.sweep import figures
 from jaxdistill.models import flops as flops_lib
 from jaxdistill.sweep import grid as grid_lib
@@ -260,7 +261,8 @@ def _check_runnable(runs):
 
 # Settings that do not change a finished run's result: a finished arm whose
 # config differs from the new one only in these is reused.
-DISPLAY_FIELDS = ("progress", "log_every", "ckpt_every", "keep_ckpts")
+DISPLAY_FIELDS = ("progress", "log_every", "ckpt_every", "keep_ckpts",
+                  "keep_final_only", "wandb")
 STALE_DIR = "stale"
 
 
@@ -304,7 +306,7 @@ def config_changes(config, run_dir: str, workdir: str) -> list[str]:
   # An unfinished run resumes, and may then change what resuming allows.
   ignore = DISPLAY_FIELDS if is_finished(run_dir) else train_loop.RESUMABLE_FIELDS
   return [c for c in _config_changes(old, new, workdir)
-          if c.split(":")[0] not in ignore]
+          if c.split(":")[0].split(".")[0] not in ignore]
 
 
 def _handle_stale(grid, runs, workdir: str, rerun_stale: bool,
@@ -471,6 +473,9 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   distributed.barrier("sweep: stale runs moved, sweep.json written")
   done = read_finished(grid, runs, workdir)
   todo = [r for r in runs if r.name not in done]
+  for line in sweep_disk.lines(sweep_disk.arms(runs) +
+                               sweep_disk.stages(grid, runs)):
+    log(line)
   if train_runs is not None and todo:
     train_runs(todo)
     done = read_finished(grid, runs, workdir)  # what the hook finished

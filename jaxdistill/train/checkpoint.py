@@ -200,6 +200,39 @@ def kept_steps(directory: str) -> list[int]:
 # What Orbax writes last into a step on an object store (its commit there).
 ORBAX_COMMITTED = "commit_success.txt"
 
+# A local step being deleted is first renamed to this (Orbax lists only
+# integer names), so a kill part way never leaves half a step behind.
+_PRUNING = ".pruning-"
+
+
+def prune(directory: str, keep: int) -> list[int]:
+  """Deletes every checkpoint of `directory` but step `keep`: a finished
+  run's older checkpoints (config.keep_final_only). Nothing is deleted
+  unless step `keep` is complete. Locally each step is renamed aside, then
+  removed; on gs:// its commit marker goes first, so a kill part way leaves
+  a step Orbax ignores. Returns the steps deleted."""
+  steps = kept_steps(directory)
+  if keep not in steps:
+    logging.warning("%s: no complete checkpoint of step %d (have %s); none "
+                    "deleted", directory, keep, steps)
+    return []
+  if not storage.is_gs(directory):  # left by a kill during an earlier prune
+    for name in storage.listdir(directory):
+      if name.startswith(_PRUNING):
+        storage.rmtree(os.path.join(directory, name))
+  gone = [s for s in storage.listdir(directory)
+          if s.isdigit() and int(s) != keep]
+  for name in gone:
+    path = os.path.join(directory, name)
+    if storage.is_gs(directory):
+      storage.remove(os.path.join(path, ORBAX_COMMITTED))
+      storage.rmtree(path)
+    else:
+      aside = os.path.join(directory, _PRUNING + name)
+      os.replace(path, aside)
+      storage.rmtree(aside)
+  return sorted(int(s) for s in gone)
+
 
 class CheckpointWriteError(OSError):
   """A checkpoint could not be written; the message is one line: the step,

@@ -56,6 +56,7 @@ from jaxdistill import storage
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
+from jaxdistill.train import disk
 from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
 from jaxdistill.train import programs
@@ -66,7 +67,8 @@ from jaxdistill.train import teacher_cache
 
 # Fields that may change when a run is resumed (they do not change its result).
 RESUMABLE_FIELDS = ("total_steps", "log_every", "eval_every", "ckpt_every",
-                    "keep_ckpts", "progress", "export_hf")
+                    "keep_ckpts", "keep_final_only", "progress", "export_hf",
+                    "wandb")
 
 
 REVISIONS = "revisions.json"
@@ -142,7 +144,7 @@ def prepare_workdir(config, workdir: str, overwrite: bool,
       old, new = (_pinned(old, _read_revisions(rev_path)),
                   _pinned(new, revisions or {}))
     changed = [d for d in config_lib.diff(old, new)
-               if d.split(":")[0] not in RESUMABLE_FIELDS]
+               if d.split(":")[0].split(".")[0] not in RESUMABLE_FIELDS]
     if not storage.exists(rev_path):
       unknown = _unknown_commits(old, revisions or {}, workdir)
       if unknown and not overwrite:
@@ -255,11 +257,13 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   steps, the log (progress bar `name`), checkpoints (metadata: step, data
   position, seed and `meta`), the SIGTERM/SIGINT stop (raises Preempted after
   its checkpoint), closing the checkpointer and log, and the final
-  <workdir>/hf_student export (config.export_hf).
+  <workdir>/hf_student export (config.export_hf), after which, with
+  config.keep_final_only, only the final checkpoint is kept.
   """
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
-                         log_every=config.log_every, prefix=name)
+                         log_every=config.log_every, prefix=name,
+                         config=config)
   init_norm = param_norm(state["params"]) if start == 0 else None
   last = {}
   stop = StopOnSignal()
@@ -297,6 +301,11 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
     if tokenizer is None and config.get("tokenizer_build"):  # runlocal
       tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
     export_hf(scfg, state["params"], tokenizer, workdir)
+  if config.get("keep_final_only", False) and jax.process_index() == 0:
+    ckpts = os.path.join(workdir, "checkpoints")
+    if ckpt_lib.prune(ckpts, int(config.total_steps)):
+      logging.info("finished: kept checkpoint %d of %s (keep_final_only)",
+                   config.total_steps, ckpts)
   return last
 
 
@@ -309,6 +318,7 @@ def train(config, workdir: str, *, overwrite: bool = False,
   workdir = check_paths(config, workdir)
   config_lib.validate(config)
   config_lib.validate_run(config)
+  train_log.check_wandb(config)
   mesh = config_mesh(config, devices)
   rules = sharding.rules_from_config(config)
   config_lib.validate_run(config, mesh, rules)
@@ -367,8 +377,11 @@ def compile_for(config, slice_name: str) -> dict:
   scfg, tcfg, cached = model_configs(config)
   vocab = train_setup.compile_vocab(config, scfg, tcfg)
   with sharding.compiling_for("tpu"):
-    return compile_only.compile_programs(
+    report = compile_only.compile_programs(
         run_programs(config, scfg, tcfg, vocab, mesh, rules, cached), target)
+  report["disk"] = disk.need(config, scfg)
+  report["disk_lines"] = [disk.describe(report["disk"])]
+  return report
 
 
 def _train(config, workdir, overwrite, mesh, rules):
@@ -379,6 +392,7 @@ def _train(config, workdir, overwrite, mesh, rules):
   vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
   config_lib.check_fits(config, {"student": scfg} if sft or cached else
                         {"student": scfg, "teacher": tcfg}, vocab)
+  disk.check_run(config, scfg, workdir)
   # On a TPU: the run's programs compiled before any weight is loaded.
   compile_only.check_on_devices(
       run_programs(config, scfg, tcfg, vocab, mesh, rules, cached),

@@ -104,6 +104,7 @@ def test_runlocal_sweep_table_figures_skip_and_resume(tmp_path, capsys):
   work = tmp_path / "sweep"
   g = config_lib.load_config("configs/grid_main.py:runlocal,axes=policy+lr")
   g.base.ckpt_every = 1
+  g.base.keep_final_only = False  # the resume below starts from checkpoint 1
   runner.run_sweep(g, str(work), devices=ONE_DEVICE)
   runs = sorted(d for d in os.listdir(work) if (work / d / "results.json").exists())
   assert len(runs) == 4 and "policy=teacher,lr=0.005,seed=0" in runs
