@@ -77,14 +77,18 @@ def _names(s):
   return tuple(n for n in str(s or "").split("+") if n)
 
 
-def _mcq(source, prompt, split="test"):
+def _mcq(source, prompt, split="test", first=False):
   # path: a data file; or data_dir: where `python -m jaxdistill.data.prepare
   # SOURCE --data_dir DIR` wrote it (with manual_dir: your own files).
   # prompt: Table 1's (tasks.mcq.PROMPTS), the answer letter in <answer>.
+  # first: the first num_problems in stored order (data_seed None, the
+  # paper's "first 200"), else a random subset drawn with data_seed.
   return dict(kind="mcq", path=config_dict.placeholder(str), source=source,
               manual_dir=config_dict.placeholder(str),
               data_dir=config_dict.placeholder(str), split=split,
-              num_problems=200, data_seed=0, prompt=prompt)
+              num_problems=200,
+              data_seed=config_dict.placeholder(int) if first else 0,
+              prompt=prompt)
 
 
 def _paper_countdown(source):
@@ -120,8 +124,8 @@ def get_config(arg=None):
   c.suites.countdown4e = _paper_countdown("countdown4e")
   # The paper's science and medical sets (App. D.1, data.paper_mcq): the
   # test splits of SciKnowEval (507) and MedReason (500).
-  c.suites.science = _mcq("sciknoweval", "science")
-  c.suites.medical = _mcq("medreason", "medreason")
+  c.suites.science = _mcq("sciknoweval", "science", first=True)
+  c.suites.medical = _mcq("medreason", "medreason", first=True)
   # Not the paper's data: the project's earlier sets, kept as extras (by
   # name in `suites=`); MedMCQA's test split is unlabelled.
   c.suites.sciq = _mcq("sciq", "science")

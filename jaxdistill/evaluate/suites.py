@@ -26,8 +26,10 @@ A suite spec is a small dict in `config.suites`:
       Table 1 prompt (tasks.mcq.PROMPTS).
 
 `num_problems` caps a suite: Countdown generates exactly that many; an MCQ
-file keeps a seeded random subset (in file order) of that size, or all rows
-when None.
+set keeps a seeded random subset (in file order) of that size with
+`data_seed` an int, its FIRST `num_problems` in stored order with
+`data_seed=None` (the paper's protocol, App. D.3: configs/eval.py's
+sciknoweval / medreason suites), or all rows when num_problems is None.
 """
 from __future__ import annotations
 
@@ -81,6 +83,8 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
     if spec.get("prompt") is not None:
       records = [dict(r, prompt=spec.prompt) for r in records]
     if num is not None and len(records) > num:
+      if spec.get("data_seed") is None:
+        return records[:num]
       keep = np.sort(np.random.default_rng(seed).permutation(len(records))[:num])
       records = [records[i] for i in keep]
     return records

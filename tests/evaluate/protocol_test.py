@@ -3,7 +3,10 @@ sweep's table reports the accuracy that protocol defines.
 
 The expected values are written here from the paper, not read from the code.
 """
+import json
+
 import jax
+import numpy as np
 import pytest
 
 from jaxdistill import config_lib
@@ -35,6 +38,8 @@ def test_eval_config_is_the_papers_protocol(task):
   assert tuple(s.ks) == PAPER["ks"]
   for name in c.eval_suites:
     assert c.suites[name].num_problems == PAPER["num_problems"], name
+    if c.suites[name].kind == "mcq":  # the first 200, not a random 200
+      assert c.suites[name].data_seed is None, name
   hard = dict(s.per_suite["countdown4e"])
   assert hard == dict(temperature=PAPER["hard_temperature"],
                       single_temperature=PAPER["hard_temperature"],
@@ -75,3 +80,20 @@ def test_table_accuracy_is_the_single_sample_where_evaluated():
   greedy = table.row_of({**base, "eval": {"id/greedy_acc": 0.9,
                                           "countdown3/greedy_acc": 0.9}})
   assert greedy["accuracy"] == 0.9 and greedy["acc/countdown3"] == 0.9
+
+
+def test_mcq_suite_keeps_the_first_problems_without_a_seed(tmp_path):
+  from jaxdistill.evaluate import suites  # pylint: disable=g-import-not-at-top
+  rows = [{"question": f"q{i}", "options": ["a", "b", "c", "d"], "answer": "A"}
+          for i in range(10)]
+  path = tmp_path / "mcq.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  c = config_lib.load_config("configs/eval.py:task=science")
+  spec = c.suites.science
+  spec.update(path=str(path), source="generic", num_problems=4)
+  assert [r["question"] for r in suites.suite_records("science", spec)] == [
+      "q0", "q1", "q2", "q3"]
+  spec.data_seed = 3  # a seeded random subset instead, in file order
+  got = [r["question"] for r in suites.suite_records("science", spec)]
+  want = sorted(np.random.default_rng(3).permutation(10)[:4])
+  assert got == [f"q{i}" for i in want]
