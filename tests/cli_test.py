@@ -23,6 +23,7 @@ from jaxdistill import compile_only
 from jaxdistill import config_lib
 from jaxdistill.sweep import cli as sweep_cli
 from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.train import distributed
 from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -251,6 +252,7 @@ def test_sweep_help_and_readme_examples_parse(monkeypatch):
     flags.DEFINE_bool("print_commands", False, "", flag_values=fv)
     flags.DEFINE_string("only", None, "", flag_values=fv)
     compile_only.define_flags(flag_values=fv)
+    distributed.define_flags(flag_values=fv)
     argv = ["sweep", *cli.resolve_config_args(args)]
     monkeypatch.setattr(sys, "argv", argv)  # config_flags reads overrides there
     fv(argv)

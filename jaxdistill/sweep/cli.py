@@ -140,9 +140,9 @@ def main(argv):
       for line in disk[len(runs):-1]:
         print(f"# {line}")
       print_rlvr_commands(grid, runs, f.workdir, extra)
-    print(f"# {disk[-1]}")
     print("# then, to evaluate the runs and tabulate them: this command "
           "without --print_commands" + (" (on every host)" if extra else ""))
+    print(f"# {disk[-1]}")
     return
   runner.run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
   if jax.process_index() == 0:  # it wrote the summary

@@ -93,25 +93,28 @@ def initialize(given: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:
 FLAG_NAMES = ("coordinator_address", "num_processes", "process_id")
 
 
-def define_flags() -> None:
+def define_flags(flag_values=None) -> None:
   """--distributed and its cluster flags, for every command that runs on a
   multi-host slice (train, rl.train, evaluate, sweep)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS if flag_values is None else flag_values
   flags.DEFINE_bool("distributed", False,
-                    "Call jax.distributed.initialize() (multi-host TPU/GPU).")
+                    "Call jax.distributed.initialize() (multi-host TPU/GPU).",
+                    flag_values=fv)
   flags.DEFINE_string("coordinator_address", None,
                       "--distributed: host:port of process 0's coordinator "
-                      "(default: found by JAX on a TPU VM / SLURM / MPI).")
+                      "(default: found by JAX on a TPU VM / SLURM / MPI).",
+                      flag_values=fv)
   flags.DEFINE_integer("num_processes", None,
                        "--distributed: number of processes (default: found "
-                       "by JAX).")
+                       "by JAX).", flag_values=fv)
   flags.DEFINE_integer("process_id", None,
                        "--distributed: this process's index (default: found "
-                       "by JAX).")
+                       "by JAX).", flag_values=fv)
   flags.DEFINE_float("coordinator_timeout", DEFAULT_TIMEOUT_S,
                      "--distributed: seconds to wait for the coordinator and "
                      "every process, with progress lines, then a one-line "
-                     "error.")
+                     "error.", flag_values=fv)
 
 
 def initialize_from_flags(f) -> None:

@@ -52,7 +52,8 @@ def test_print_commands_say_each_arm_s_disk_and_the_grid_s(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
   runs = grid_lib.expand(config_lib.load_config("configs/grid_main.py:runlocal"))
-  assert len(lines) == 2 * len(runs) + 1
+  assert len(lines) == 2 * len(runs) + 2
+  assert lines[-2].startswith("# then, to evaluate the runs"), lines[-2]
   kept = 0.0
   for i, run in enumerate(runs):
     note, cmd = lines[2 * i], lines[2 * i + 1]

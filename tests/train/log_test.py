@@ -74,7 +74,9 @@ def _offline_runs(workdir):
         items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
                  for i in r.history.item}
         history[int(items["_step"])] = items
-    out.append((run_id, config, history))
+    # The directory is offline-run-<time>-<run id>; a file whose run record
+    # is not flushed yet (a loaded machine) still names its run there.
+    out.append((run_id or f.parent.name.rsplit("-", 1)[-1], config, history))
   return out
 
 
