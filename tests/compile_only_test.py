@@ -133,11 +133,25 @@ def test_rollout_flops_hand_count():
   assert _program_flops(c, "rollout") == want
 
 
-def test_report_row_arithmetic():
+# A compiled program whose one collective all-gathers 30 bytes over 2
+# devices: 30 bytes into each.
+_GATHER_HLO = """\
+HloModule m
+ENTRY %main (p: u8[30]) -> u8[60] {
+  %p = u8[30] parameter(0)
+  ROOT %g = u8[60] all-gather(%p), replica_groups={{0,1}}, dimensions={0}
+}
+"""
+
+
+@pytest.mark.parametrize("ici_bandwidth,ici_s,bound_by", [
+    (None, None, "memory"), (10.0, 6.0, "memory"), (4.0, 15.0, "ici")])
+def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by):
   """total = arguments + outputs - aliased + temporaries + resident; the
-  bound is the larger of FLOPs / peak and bytes / bandwidth."""
-  chip = compile_only.Chip("x", 1000, 10.0, 5.0, 2, False)
-  t = compile_only.Target("x-1", chip, "x:1x1", 1, (None,), 1000, 10.0, 5.0)
+  bound is the largest of FLOPs / peak, bytes / bandwidth and ICI bytes /
+  half the bidirectional ICI bandwidth (none without a figure)."""
+  chip = compile_only.Chip("x", 1000, 10.0, 5.0, 2, False, ici_bandwidth)
+  t = compile_only._target("x-1", chip, "x:1x1", 1, (None,), 1000)
 
   class Mem:
     argument_size_in_bytes, output_size_in_bytes = 300, 200
@@ -146,6 +160,9 @@ def test_report_row_arithmetic():
   class Compiled:
     def memory_analysis(self):
       return Mem()
+
+    def as_text(self):
+      return _GATHER_HLO
 
   class Traced:
     jaxpr = jax.make_jaxpr(lambda a: a @ a)(jnp.ones((2, 2)))  # 16 FLOPs
@@ -163,9 +180,16 @@ def test_report_row_arithmetic():
   assert row["total_bytes"] == 300 + 200 - 150 + 100 + 350 == 800
   assert row["fits"] and abs(row["headroom"] - 0.2) < 1e-12
   assert row["flops"] == 16
-  assert row["step_time_bound_s"] == max(16 / 10.0, 50 / 5.0) == 10.0
-  assert row["bound_by"] == "memory"
-  assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / 10.0) < 1e-12
+  assert row["ici_bytes"] == 30 and row["ici_s"] == ici_s
+  assert row["step_time_bound_s"] == max(16 / 10.0, 50 / 5.0, ici_s or 0)
+  assert row["bound_by"] == bound_by
+  table = compile_only.format_report(
+      {"topology": "x-1", "topology_desc": "x:1x1", "chips": 1,
+       "hbm_bytes_per_device": 1000, "programs": [row]}).splitlines()
+  assert table[1].split(" | ")[9] == "ICI GB"
+  assert table[2].split(" | ")[9] == "3e-08"  # GB
+  bound = row["step_time_bound_s"]
+  assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / bound) < 1e-12
   resident = dataclasses.replace(p, resident_bytes=560)
   resident.trace = p.trace
   assert not compile_only.compile_program(resident, t)["fits"]  # 1010 > 900
