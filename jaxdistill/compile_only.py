@@ -44,7 +44,13 @@ Per program and chip:
              the term that binds (compute, memory or ici);
   mfu_ceiling  model FLOPs (models.flops: the useful work, no
              rematerialisation) / (bound x peak): the best MFU the program
-             could reach.
+             could reach;
+  limit_s    the program's physical limit per chip: max(model FLOPs / peak,
+             `limit_bytes` / HBM bandwidth), where `limit_bytes` reads every
+             weight once per pass from the chip's own HBM share (weights in
+             place, nothing gathered) and the KV cache once per decode step;
+             `bound_over_limit` = bound / limit_s, how far the program's
+             layout is from the hardware's best.
 
 Each command builds its Programs (train/programs.py, rl/programs.py,
 evaluate/programs.py, ...); `compile_programs` compiles them and `check`
@@ -229,7 +235,8 @@ class Program:
   called with (jax.ShapeDtypeStruct leaves with shardings; static keyword
   arguments). `model_flops` and `bytes_accessed` are for the whole program
   (all chips) and per chip respectively; `while_trips` is the trip count its
-  while loops are counted with (the decode loop's steps).
+  while loops are counted with (the decode loop's steps); `limit_bytes` the
+  per-chip HBM bytes of its physical limit (module doc; None: not known).
   """
   name: str
   fn: Callable
@@ -239,6 +246,7 @@ class Program:
   bytes_accessed: float = 0.0
   resident_bytes: int = 0
   while_trips: int = 1
+  limit_bytes: float | None = None
 
   def trace(self):
     return self.fn.trace(*self.args, **self.kwargs)
@@ -383,6 +391,8 @@ def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> d
   bound_by = max(terms, key=terms.get)
   bound = terms[bound_by]
   model = p.model_flops / len(t.devices)
+  limit = (None if p.limit_bytes is None else
+           max(model / t.peak_flops, p.limit_bytes / t.hbm_bandwidth))
   row.update(
       resident_bytes=int(p.resident_bytes), total_bytes=int(total),
       hbm_bytes=hbm, fits=total <= (1.0 - HEADROOM) * hbm,
@@ -391,6 +401,8 @@ def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> d
       memory_s=terms["memory"], ici_s=terms.get("ici"),
       step_time_bound_s=bound, bound_by=bound_by,
       mfu_ceiling=(model / t.peak_flops) / bound if bound > 0 else None,
+      limit_s=limit,
+      bound_over_limit=bound / limit if limit else None,
       compile_s=round(time.perf_counter() - t0, 1))
   return row
 

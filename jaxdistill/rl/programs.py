@@ -67,6 +67,8 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
         model_flops=(flops.forward_flops_per_token(r_cfg, seq) * rows * seq
                      - _head_flops(r_cfg) * rows * p),
         bytes_accessed=int(config.optim.grad_accum) * flops.weight_bytes(r_cfg),
+        limit_bytes=(int(config.optim.grad_accum) * flops.weight_bytes(r_cfg)
+                     / mesh.devices.size),
         resident_bytes=run_b - size(r_params)))
   batch = {"tokens": tokens, "attention_mask": tokens,
            "loss_mask": bs((rows, n), jnp.int32),
@@ -87,6 +89,9 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
       bytes_accessed=steps * train_programs.update_bytes(
           cfg, None, passes=train_programs.student_passes(cfg),
           micro=int(config.optim.grad_accum), n_dev=mesh.devices.size),
+      limit_bytes=steps * train_programs.update_bytes(
+          cfg, None, passes=2, micro=int(config.optim.grad_accum),
+          n_dev=mesh.devices.size, in_place=True),
       resident_bytes=run_b - size(state)))
   return out
 
