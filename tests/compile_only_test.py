@@ -144,12 +144,14 @@ ENTRY %main (p: u8[30]) -> u8[60] {
 """
 
 
-@pytest.mark.parametrize("ici_bandwidth,ici_s,bound_by", [
-    (None, None, "memory"), (10.0, 6.0, "memory"), (4.0, 15.0, "ici")])
-def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by):
+@pytest.mark.parametrize("ici_bandwidth,ici_s,bound_by,hlo", [
+    (None, None, "memory", _GATHER_HLO), (10.0, 6.0, "memory", _GATHER_HLO),
+    (4.0, 15.0, "ici", _GATHER_HLO), (4.0, None, "memory", "HloModule m\n")])
+def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by, hlo):
   """total = arguments + outputs - aliased + temporaries + resident; the
   bound is the largest of FLOPs / peak, bytes / bandwidth and ICI bytes /
-  half the bidirectional ICI bandwidth (none without a figure)."""
+  half the bidirectional ICI bandwidth (none without a figure, or where
+  the compiled text cannot be read: the row says why)."""
   chip = compile_only.Chip("x", 1000, 10.0, 5.0, 2, False, ici_bandwidth)
   t = compile_only._target("x-1", chip, "x:1x1", 1, (None,), 1000)
 
@@ -162,7 +164,7 @@ def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by):
       return Mem()
 
     def as_text(self):
-      return _GATHER_HLO
+      return hlo
 
   class Traced:
     jaxpr = jax.make_jaxpr(lambda a: a @ a)(jnp.ones((2, 2)))  # 16 FLOPs
@@ -181,14 +183,19 @@ def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by):
   assert row["total_bytes"] == 300 + 200 - 150 + 100 + 350 == 800
   assert row["fits"] and abs(row["headroom"] - 0.2) < 1e-12
   assert row["flops"] == 16
-  assert row["ici_bytes"] == 30 and row["ici_s"] == ici_s
+  if hlo == _GATHER_HLO:
+    assert row["ici_bytes"] == 30 and row["ici_s"] == ici_s
+  else:
+    assert row["ici_bytes"] is None and row["ici_s"] is None
+    assert "no ENTRY" in row["ici_error"]
   assert row["step_time_bound_s"] == max(16 / 10.0, 50 / 5.0, ici_s or 0)
   assert row["bound_by"] == bound_by
   table = compile_only.format_report(
       {"topology": "x-1", "topology_desc": "x:1x1", "chips": 1,
        "hbm_bytes_per_device": 1000, "programs": [row]}).splitlines()
   assert table[1].split(" | ")[9] == "ICI GB"
-  assert table[2].split(" | ")[9] == "3e-08"  # GB
+  assert table[2].split(" | ")[9] == ("3e-08" if hlo == _GATHER_HLO
+                                      else "-")  # GB
   bound = row["step_time_bound_s"]
   assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / bound) < 1e-12
   assert row["limit_s"] == max(8.0 / 10.0, 20.0 / 5.0) == 4.0
