@@ -123,12 +123,13 @@ def parse(text: str):
 
 
 def shape_bytes(shape: str) -> float:
-  """Bytes of an HLO shape (a tuple: the sum of its arrays); layouts and
-  tiling padding are not counted."""
+  """Bytes of an HLO shape (a tuple: the sum of its arrays; token and
+  opaque types none); layouts and tiling padding are not counted."""
   total = 0.0
   for dtype, dims in _ARRAY.findall(shape):
-    if dtype in _ITEMSIZE:
-      total += _ITEMSIZE[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    size = _ITEMSIZE.get(dtype, 1 if dtype.startswith("f8") else None)
+    if size is not None:
+      total += size * math.prod(int(d) for d in dims.split(",") if d)
   return total
 
 

@@ -17,8 +17,11 @@ from jaxdistill import collectives
 #  in all-gather-done; a conditional whose branches all-to-all 256 B / 512 B
 #  over 4; a decode-like loop (j + 1 < 9 and not done, j from 1: at most 7
 #  trips) whose condition all-reduces a u32 flag (4 B) over 4 and whose body
-#  all-gathers f32[8] (32 B) over 2; and a loop whose bound is an argument
-#  (trip count unknown) holding an all-reduce of f32[16] (64 B) over 4.
+#  all-gathers f32[8] (32 B) over 2; a loop whose bound is an argument
+#  (trip count unknown) holding an all-reduce of f32[16] (64 B) over 4; and
+#  an async collective fusion as the TPU compiler writes it: an all-gather
+#  of bf16[4,8] (64 B) over 4 in its start fusion and again in its done
+#  fusion, one channel_id (one collective).
 HLO = """\
 HloModule jit_f, is_scheduled=true, num_partitions=4
 
@@ -140,7 +143,20 @@ HloModule jit_f, is_scheduled=true, num_partitions=4
   ROOT %lt.f = pred[] compare(%fci, %fcn), direction=LT
 }
 
-ENTRY %main (x: f32[2,128], v: bf16[64], q: s32[16], r: f32[8,32], g: bf16[4,4], c: pred[], e: f32[64], n: s32[]) -> f32[2,128] {
+%ag_start (s.0: bf16[4,8]) -> (bf16[4,8], bf16[16,8]) {
+  %s.0 = bf16[4,8]{1,0} parameter(0)
+  %all-gather.s = bf16[16,8]{1,0} all-gather(%s.0), channel_id=11, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %cc.s = (bf16[4,8]{1,0}, bf16[16,8]{1,0}) custom-call(%s.0, %all-gather.s), custom_call_target="AsyncCollectiveStart"
+}
+
+%ag_done (d.0: bf16[4,8], d.1: bf16[16,8]) -> bf16[16,8] {
+  %d.0 = bf16[4,8]{1,0} parameter(0)
+  %d.1 = bf16[16,8]{1,0} parameter(1)
+  %all-gather.d = bf16[16,8]{1,0} all-gather(%d.0), channel_id=11, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %cc.d = bf16[16,8]{1,0} custom-call(%d.0, %d.1, %all-gather.d), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (x: f32[2,128], v: bf16[64], q: s32[16], r: f32[8,32], g: bf16[4,4], c: pred[], e: f32[64], n: s32[], h: bf16[4,8]) -> f32[2,128] {
   %x = f32[2,128] parameter(0)
   %v = bf16[64] parameter(1)
   %q = s32[16] parameter(2)
@@ -149,6 +165,11 @@ ENTRY %main (x: f32[2,128], v: bf16[64], q: s32[16], r: f32[8,32], g: bf16[4,4],
   %c = pred[] parameter(5)
   %e = f32[64] parameter(6)
   %n = s32[] parameter(7)
+  %h = bf16[4,8] parameter(8)
+  %acs = (bf16[4,8], bf16[16,8]) fusion(%h), kind=kCustom, calls=%ag_start
+  %acs.0 = bf16[4,8] get-tuple-element(%acs), index=0
+  %acs.1 = bf16[16,8] get-tuple-element(%acs), index=1
+  %acd = bf16[16,8] fusion(%acs.0, %acs.1), kind=kCustom, calls=%ag_done
   %zero.e = s32[] constant(0)
   %copy.z = s32[] copy(%zero.e)
   %init.o = (s32[], f32[2,128], bf16[64], s32[16]) tuple(%copy.z, %x, %v, %q)
@@ -181,14 +202,15 @@ def test_count_by_hand():
   to_all = 512 * 3 / 4                    # the costlier branch
   decode = 7 * 32 * 1 + 8 * 2 * 4 * 3 / 4  # body 7 trips, condition 8 runs
   free = 1 * 2 * 64 * 3 / 4               # unknown trips: once, groups={}
+  fused = 64 * 3                          # start and done: one collective
   assert r["ici_bytes_by_kind"] == {
-      "all-gather": gather_inner + gather_start + 7 * 32,
+      "all-gather": gather_inner + gather_start + 7 * 32 + fused,
       "reduce-scatter": scatter,
       "all-reduce": reduce_outer + 8 * 2 * 4 * 3 / 4 + free,
       "all-to-all": to_all,
       "collective-permute": permute}
   assert r["ici_bytes"] == (gather_inner + permute + reduce_outer + scatter
-                            + gather_start + to_all + decode + free)
+                            + gather_start + to_all + decode + free + fused)
   loops = {l["name"]: (l["trips"], l["trip_count"]) for l in r["ici_loops"]}
   assert loops == {"while.out": (3, "exact"), "while.in": (4, "exact"),
                    "while.dec": (7, "at most"), "while.free": (None, "unknown")}
@@ -213,3 +235,4 @@ def test_group_size(attrs, n):
 def test_shape_bytes():
   assert collectives.shape_bytes("bf16[8,512]{1,0:T(8,128)(2,1)S(1)}") == 8192
   assert collectives.shape_bytes("(s32[]{:T(128)}, f32[2,3], pred[4])") == 4 + 24 + 4
+  assert collectives.shape_bytes("(f8e4m3fn[8], token[])") == 8
