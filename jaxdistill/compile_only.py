@@ -446,7 +446,7 @@ def format_report(report: dict) -> str:
           f"GiB HBM per device; fits = {1 - HEADROOM:.0%} of it or less)")
   cols = ("program", "args GB", "out GB", "temp GB", "resident GB",
           "total GB", "fits", "headroom", "TFLOP", "ICI GB", "bound ms",
-          "MFU ceiling")
+          "limit ms", "MFU ceiling")
   lines = [head, " | ".join(cols)]
   for r in report["programs"]:
     lines.append(" | ".join([
@@ -456,6 +456,8 @@ def format_report(report: dict) -> str:
                                           if r.get("compile_error") else ""),
         f"{r['headroom']:.0%}", f"{r['flops'] / 1e12:.2f}", _ici(r),
         f"{r['step_time_bound_s'] * 1e3:.1f} ({r['bound_by']})",
+        "-" if r.get("limit_s") is None else
+        f"{r['limit_s'] * 1e3:.1f} (bound {r['bound_over_limit']:.1f}x)",
         "-" if r["mfu_ceiling"] is None else f"{r['mfu_ceiling']:.2f}"]))
   return "\n".join(lines)
 

@@ -196,6 +196,8 @@ def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by, hlo):
   assert table[1].split(" | ")[9] == "ICI GB"
   assert table[2].split(" | ")[9] == ("3e-08" if hlo == _GATHER_HLO
                                       else "-")  # GB
+  ratio = row["step_time_bound_s"] / 4.0
+  assert table[2].split(" | ")[11] == f"4000.0 (bound {ratio:.1f}x)"
   bound = row["step_time_bound_s"]
   assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / bound) < 1e-12
   assert row["limit_s"] == max(8.0 / 10.0, 20.0 / 5.0) == 4.0
