@@ -27,11 +27,30 @@ Per program and chip:
              computes from its shapes (weights read per pass, gathered under
              FSDP; optimizer state read and written; the KV cache read per
              decode step); activations are not counted;
-  bound      max(flops / peak FLOP/s, bytes / HBM bandwidth) per chip: no
-             step can be faster (the roofline);
+  ici_bytes  the bytes the compiled program's collectives move into each
+             chip (all-gathers, reduce-scatters, all-reduces, all-to-alls,
+             collective-permutes; ring algorithms), each times the trips of
+             the loops it sits in, read from the optimized HLO
+             (collectives.py; `ici_bytes_by_kind`, `ici_loops` with the
+             trip count of each loop and how it is known; `ici_complete`
+             False where a loop's count is unknown: the total is then a
+             lower bound);
+  ici_s      ici_bytes / (half the chip's bidirectional ICI bandwidth): a
+             chip cannot take in data faster than all its links deliver
+             at once. A slice whose chips use fewer links (a ring over a
+             2x4 v5e uses 2 of 4) takes up to twice as long: a lower bound;
+  bound      max(flops / peak FLOP/s, bytes / HBM bandwidth, ici_s) per
+             chip: no step can be faster (the roofline); `bound_by` names
+             the term that binds (compute, memory or ici);
   mfu_ceiling  model FLOPs (models.flops: the useful work, no
              rematerialisation) / (bound x peak): the best MFU the program
-             could reach.
+             could reach;
+  limit_s    the program's physical limit per chip: max(model FLOPs / peak,
+             `limit_bytes` / HBM bandwidth), where `limit_bytes` reads every
+             weight once per pass from the chip's own HBM share (weights in
+             place, nothing gathered) and the KV cache once per decode step;
+             `bound_over_limit` = bound / limit_s, how far the program's
+             layout is from the hardware's best.
 
 Each command builds its Programs (train/programs.py, rl/programs.py,
 evaluate/programs.py, ...); `compile_programs` compiles them and `check`
@@ -58,6 +77,8 @@ from jax._src import xla_bridge
 from jax.experimental import topologies
 import numpy as np
 
+from jaxdistill import collectives
+
 # A program fits when it leaves at least this fraction of a chip's HBM free.
 HEADROOM = 0.10
 GiB = 1 << 30
@@ -67,20 +88,25 @@ GiB = 1 << 30
 class Chip:
   """Per-chip figures of a TPU generation (bf16 dense peak, HBM, bandwidth),
   from Google Cloud's TPU pages. `names_count_cores`: v4 and v5p slices are
-  named by TensorCores (v5p-8 is 4 chips), v5e and v6e by chips."""
+  named by TensorCores (v5p-8 is 4 chips), v5e and v6e by chips.
+  `ici_bandwidth`: the bidirectional inter-chip interconnect bandwidth per
+  chip, bytes/s (docs.cloud.google.com/tpu/docs/v5e: 400 GBps; /v5p-training:
+  1200 GBps; /v6e: 800 GBps, as read 2026-12-03); None for v4, whose page
+  gives no per-chip figure (no ICI term then)."""
   name: str
   hbm_bytes: int
   peak_flops: float
   hbm_bandwidth: float
   dims: int
   names_count_cores: bool
+  ici_bandwidth: float | None = None
 
 
 CHIPS = {
     "v4": Chip("v4", 32 * GiB, 275e12, 1228e9, 3, True),
-    "v5e": Chip("v5e", 16 * GiB, 197e12, 819e9, 2, False),
-    "v5p": Chip("v5p", 95 * GiB, 459e12, 2765e9, 3, True),
-    "v6e": Chip("v6e", 32 * GiB, 918e12, 1640e9, 2, False),
+    "v5e": Chip("v5e", 16 * GiB, 197e12, 819e9, 2, False, 400e9),
+    "v5p": Chip("v5p", 95 * GiB, 459e12, 2765e9, 3, True, 1200e9),
+    "v6e": Chip("v6e", 32 * GiB, 918e12, 1640e9, 2, False, 800e9),
 }
 
 # Chips -> the topology of a slice of that many (2-D: v5e/v6e; 3-D: v4/v5p).
@@ -105,13 +131,16 @@ class Target:
   hbm_bytes: int        # per device
   peak_flops: float     # per device
   hbm_bandwidth: float  # per device
+  ici_in_bandwidth: float | None = None  # into a device, all links at once
 
 
 def _target(name, chip, topology, chips, devices, hbm_bytes=None) -> Target:
   per_device = chips / len(devices)  # v4: 2 devices a chip
+  ici = None if chip.ici_bandwidth is None else chip.ici_bandwidth / 2
   return Target(name, chip, topology, chips, tuple(devices),
                 int(hbm_bytes or chip.hbm_bytes * per_device),
-                chip.peak_flops * per_device, chip.hbm_bandwidth * per_device)
+                chip.peak_flops * per_device, chip.hbm_bandwidth * per_device,
+                None if ici is None else ici * per_device)
 
 
 def parse_slice(name: str) -> tuple[Chip, str, int]:
@@ -206,7 +235,8 @@ class Program:
   called with (jax.ShapeDtypeStruct leaves with shardings; static keyword
   arguments). `model_flops` and `bytes_accessed` are for the whole program
   (all chips) and per chip respectively; `while_trips` is the trip count its
-  while loops are counted with (the decode loop's steps).
+  while loops are counted with (the decode loop's steps); `limit_bytes` the
+  per-chip HBM bytes of its physical limit (module doc; None: not known).
   """
   name: str
   fn: Callable
@@ -216,6 +246,7 @@ class Program:
   bytes_accessed: float = 0.0
   resident_bytes: int = 0
   while_trips: int = 1
+  limit_bytes: float | None = None
 
   def trace(self):
     return self.fn.trace(*self.args, **self.kwargs)
@@ -286,10 +317,11 @@ CACHE_DIR = os.path.join("~", ".cache", "jaxdistill", "compile_only")
 
 
 def program_key(lowered, t: Target) -> str:
-  """What a program's memory depends on: its StableHLO with every constant's
-  value masked (a learning rate, a loop bound: buffers do not change),
-  the devices it is laid out on, and the compiler's version."""
-  text = re.sub(r"dense<[^>]*>", "dense<_>", lowered.as_text())
+  """What a program's report depends on: its StableHLO with the value of
+  every constant masked but whole numbers (a learning rate or a
+  temperature changes no buffer; a loop bound changes the collectives'
+  trips), the devices it is laid out on, and the compiler's version."""
+  text = re.sub(r"dense<(?!-?\d+>)[^>]*>", "dense<_>", lowered.as_text())
   try:
     libtpu = metadata.version("libtpu")
   except metadata.PackageNotFoundError:
@@ -299,10 +331,10 @@ def program_key(lowered, t: Target) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _memory(lowered, name, args) -> dict:
-  """XLA's memory analysis of the compiled program, or, when the compiler
-  runs out of memory, the temporaries it reports and the arguments counted
-  from their shardings."""
+def _memory(lowered, name, args, n_dev: int) -> dict:
+  """XLA's memory analysis of the compiled program and its collectives'
+  bytes (collectives.count), or, when the compiler runs out of memory, the
+  temporaries it reports and the arguments counted from their shardings."""
   try:
     compiled = lowered.compile()
   except Exception as e:  # pylint: disable=broad-except
@@ -311,12 +343,18 @@ def _memory(lowered, name, args) -> dict:
       raise RuntimeError(f"{name}: the TPU compiler failed: {_first_line(e)}") from e
     return {"argument_bytes": tree_bytes_per_device(args), "output_bytes": None,
             "temp_bytes": int(temp), "alias_bytes": None,
-            "compile_error": "out of memory"}
+            "compile_error": "out of memory", "ici_bytes": None}
   ma = compiled.memory_analysis()
+  try:
+    ici = collectives.count(compiled.as_text(), n_dev)
+  except Exception as e:  # pylint: disable=broad-except
+    # HLO text this reader does not know must not stop a fit check.
+    logging.warning("%s: collectives not counted: %s", name, _first_line(e))
+    ici = {"ici_bytes": None, "ici_error": _first_line(e)}
   return {"argument_bytes": int(ma.argument_size_in_bytes),
           "output_bytes": int(ma.output_size_in_bytes),
           "temp_bytes": int(ma.temp_size_in_bytes),
-          "alias_bytes": int(ma.alias_size_in_bytes)}
+          "alias_bytes": int(ma.alias_size_in_bytes), **ici}
 
 
 def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> dict:
@@ -334,8 +372,10 @@ def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> d
     if os.path.isfile(path):
       with open(path) as f:
         mem = dict(json.load(f), cached=True)
+      if "ici_bytes" not in mem:  # written before the ICI count
+        mem = None
   if mem is None:
-    mem = _memory(lowered, p.name, (p.args, p.kwargs))
+    mem = _memory(lowered, p.name, (p.args, p.kwargs), len(t.devices))
     if path:
       os.makedirs(os.path.dirname(path), exist_ok=True)
       tmp = f"{path}.{os.getpid()}.tmp"  # processes may race on one program
@@ -349,17 +389,25 @@ def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> d
     total = (mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"]
              + mem["temp_bytes"] + p.resident_bytes)
   hbm = t.hbm_bytes
-  compute_s = flops / t.peak_flops
-  memory_s = p.bytes_accessed / t.hbm_bandwidth
-  bound = max(compute_s, memory_s)
+  terms = {"compute": flops / t.peak_flops,
+           "memory": p.bytes_accessed / t.hbm_bandwidth}
+  if mem.get("ici_bytes") is not None and t.ici_in_bandwidth:
+    terms["ici"] = mem["ici_bytes"] / t.ici_in_bandwidth
+  bound_by = max(terms, key=terms.get)
+  bound = terms[bound_by]
   model = p.model_flops / len(t.devices)
+  limit = (None if p.limit_bytes is None else
+           max(model / t.peak_flops, p.limit_bytes / t.hbm_bandwidth))
   row.update(
       resident_bytes=int(p.resident_bytes), total_bytes=int(total),
       hbm_bytes=hbm, fits=total <= (1.0 - HEADROOM) * hbm,
       headroom=1.0 - total / hbm, flops=flops, model_flops=model,
-      bytes_accessed=float(p.bytes_accessed), step_time_bound_s=bound,
-      bound_by="compute" if compute_s >= memory_s else "memory",
+      bytes_accessed=float(p.bytes_accessed), compute_s=terms["compute"],
+      memory_s=terms["memory"], ici_s=terms.get("ici"),
+      step_time_bound_s=bound, bound_by=bound_by,
       mfu_ceiling=(model / t.peak_flops) / bound if bound > 0 else None,
+      limit_s=limit,
+      bound_over_limit=bound / limit if limit else None,
       compile_s=round(time.perf_counter() - t0, 1))
   return row
 
@@ -383,6 +431,7 @@ def compile_programs(programs: Sequence[Program], t: Target, *,
           "hbm_bytes_per_device": t.hbm_bytes,
           "peak_flops_per_chip": t.chip.peak_flops,
           "hbm_bandwidth_per_chip": t.chip.hbm_bandwidth,
+          "ici_bandwidth_per_chip": t.chip.ici_bandwidth,
           "headroom_required": HEADROOM, "programs": rows}
 
 
@@ -396,7 +445,8 @@ def format_report(report: dict) -> str:
           f"{report['chips']} chips, {report['hbm_bytes_per_device'] / GiB:.1f} "
           f"GiB HBM per device; fits = {1 - HEADROOM:.0%} of it or less)")
   cols = ("program", "args GB", "out GB", "temp GB", "resident GB",
-          "total GB", "fits", "headroom", "TFLOP", "bound ms", "MFU ceiling")
+          "total GB", "fits", "headroom", "TFLOP", "ICI GB", "bound ms",
+          "limit ms", "MFU ceiling")
   lines = [head, " | ".join(cols)]
   for r in report["programs"]:
     lines.append(" | ".join([
@@ -404,12 +454,21 @@ def format_report(report: dict) -> str:
         _gb(r["temp_bytes"]), _gb(r["resident_bytes"]), _gb(r["total_bytes"]),
         ("yes" if r["fits"] else "NO") + (" (compile: out of memory)"
                                           if r.get("compile_error") else ""),
-        f"{r['headroom']:.0%}", f"{r['flops'] / 1e12:.2f}",
+        f"{r['headroom']:.0%}", f"{r['flops'] / 1e12:.2f}", _ici(r),
         f"{r['step_time_bound_s'] * 1e3:.1f} ({r['bound_by']})",
+        "-" if r.get("limit_s") is None else
+        f"{r['limit_s'] * 1e3:.1f} (bound {r['bound_over_limit']:.1f}x)",
         "-" if r["mfu_ceiling"] is None else f"{r['mfu_ceiling']:.2f}"]))
   # What the command adds: the disk its run(s) need (train/disk.py).
   lines += report.get("disk_lines", [])
   return "\n".join(lines)
+
+
+def _ici(r) -> str:
+  """ICI GB of a row; '>= ' where a loop's trip count is unknown."""
+  if r.get("ici_bytes") is None:
+    return "-"
+  return ("" if r.get("ici_complete", True) else ">= ") + _gb(r["ici_bytes"])
 
 
 def check(report: dict, advice: Callable[[dict], str] | None = None) -> None:

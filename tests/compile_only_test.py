@@ -133,11 +133,27 @@ def test_rollout_flops_hand_count():
   assert _program_flops(c, "rollout") == want
 
 
-def test_report_row_arithmetic():
+# A compiled program whose one collective all-gathers 30 bytes over 2
+# devices: 30 bytes into each.
+_GATHER_HLO = """\
+HloModule m
+ENTRY %main (p: u8[30]) -> u8[60] {
+  %p = u8[30] parameter(0)
+  ROOT %g = u8[60] all-gather(%p), replica_groups={{0,1}}, dimensions={0}
+}
+"""
+
+
+@pytest.mark.parametrize("ici_bandwidth,ici_s,bound_by,hlo", [
+    (None, None, "memory", _GATHER_HLO), (10.0, 6.0, "memory", _GATHER_HLO),
+    (4.0, 15.0, "ici", _GATHER_HLO), (4.0, None, "memory", "HloModule m\n")])
+def test_report_row_arithmetic(ici_bandwidth, ici_s, bound_by, hlo):
   """total = arguments + outputs - aliased + temporaries + resident; the
-  bound is the larger of FLOPs / peak and bytes / bandwidth."""
-  chip = compile_only.Chip("x", 1000, 10.0, 5.0, 2, False)
-  t = compile_only.Target("x-1", chip, "x:1x1", 1, (None,), 1000, 10.0, 5.0)
+  bound is the largest of FLOPs / peak, bytes / bandwidth and ICI bytes /
+  half the bidirectional ICI bandwidth (none without a figure, or where
+  the compiled text cannot be read: the row says why)."""
+  chip = compile_only.Chip("x", 1000, 10.0, 5.0, 2, False, ici_bandwidth)
+  t = compile_only._target("x-1", chip, "x:1x1", 1, (None,), 1000)
 
   class Mem:
     argument_size_in_bytes, output_size_in_bytes = 300, 200
@@ -146,6 +162,9 @@ def test_report_row_arithmetic():
   class Compiled:
     def memory_analysis(self):
       return Mem()
+
+    def as_text(self):
+      return hlo
 
   class Traced:
     jaxpr = jax.make_jaxpr(lambda a: a @ a)(jnp.ones((2, 2)))  # 16 FLOPs
@@ -157,19 +176,71 @@ def test_report_row_arithmetic():
       return L()
 
   p = compile_only.Program("prog", None, (), model_flops=8.0,
-                           bytes_accessed=50.0, resident_bytes=350)
+                           bytes_accessed=50.0, resident_bytes=350,
+                           limit_bytes=20.0)
   p.trace = lambda: Traced()
   row = compile_only.compile_program(p, t)
   assert row["total_bytes"] == 300 + 200 - 150 + 100 + 350 == 800
   assert row["fits"] and abs(row["headroom"] - 0.2) < 1e-12
   assert row["flops"] == 16
-  assert row["step_time_bound_s"] == max(16 / 10.0, 50 / 5.0) == 10.0
-  assert row["bound_by"] == "memory"
-  assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / 10.0) < 1e-12
+  if hlo == _GATHER_HLO:
+    assert row["ici_bytes"] == 30 and row["ici_s"] == ici_s
+  else:
+    assert row["ici_bytes"] is None and row["ici_s"] is None
+    assert "no ENTRY" in row["ici_error"]
+  assert row["step_time_bound_s"] == max(16 / 10.0, 50 / 5.0, ici_s or 0)
+  assert row["bound_by"] == bound_by
+  table = compile_only.format_report(
+      {"topology": "x-1", "topology_desc": "x:1x1", "chips": 1,
+       "hbm_bytes_per_device": 1000, "programs": [row]}).splitlines()
+  assert table[1].split(" | ")[9] == "ICI GB"
+  assert table[2].split(" | ")[9] == ("3e-08" if hlo == _GATHER_HLO
+                                      else "-")  # GB
+  ratio = row["step_time_bound_s"] / 4.0
+  assert table[2].split(" | ")[11] == f"4000.0 (bound {ratio:.1f}x)"
+  bound = row["step_time_bound_s"]
+  assert abs(row["mfu_ceiling"] - (8.0 / 10.0) / bound) < 1e-12
+  assert row["limit_s"] == max(8.0 / 10.0, 20.0 / 5.0) == 4.0
+  assert row["bound_over_limit"] == bound / 4.0
   resident = dataclasses.replace(p, resident_bytes=560)
   resident.trace = p.trace
   assert not compile_only.compile_program(resident, t)["fits"]  # 1010 > 900
 
+
+
+def test_rollout_and_update_physical_limit_bytes_hand_count():
+  """The physical limit's HBM bytes on 8 chips: the rollout reads each
+  chip's 1/8 of the student's weights and its rows' KV cache once per pass
+  (the prefill and N - 1 decode steps); the update reads 1/8 of the
+  student's weights twice (forward, backward) and of the teacher's once,
+  and AdamW's state (params read and written, float32 gradient, m and v)."""
+  c = _config(**{"data.batch_size": 8, "data.max_prompt_len": 8,
+                 "rollout.max_new_tokens": 6, "track_sparsity": False})
+  mesh = loop.config_mesh(c, jax.devices())
+  assert mesh.devices.size == 8
+  scfg, tcfg, cached = loop.model_configs(c)
+  progs = {p.name: p for p in loop.run_programs(
+      c, scfg, tcfg, 300, mesh, sharding.DEFAULT_RULES, cached)}
+
+  def weights(m, itemsize, tied):
+    d, f, n, k, h, v, l = (m["hidden_size"], m["intermediate_size"],
+                           m["num_attention_heads"], m["num_key_value_heads"],
+                           m["head_dim"], m["vocab_size"],
+                           m["num_hidden_layers"])
+    layer = d * n * h * 2 + d * k * h * 2 + 3 * d * f + 2 * d
+    return (l * layer + v * d * (1 if tied else 2) + d) * itemsize
+
+  size = {"float32": 4, "bfloat16": 2}
+  ws = weights(S, size[scfg.param_dtype], scfg.tie_word_embeddings)
+  wt = weights(T, size[tcfg.param_dtype], tcfg.tie_word_embeddings)
+  p, n, rows = 8, 6, 8 / 8
+  kv = (2 * S["num_hidden_layers"] * rows * S["num_key_value_heads"]
+        * (p + n - 1) * S["head_dim"] * size[scfg.dtype])
+  assert progs["rollout"].limit_bytes == pytest.approx(n * (ws / 8 + kv))
+  params = ws / size[scfg.param_dtype]
+  adam = params * (4 * 2 + 4 * 4) / 8
+  assert progs["update"].limit_bytes == pytest.approx(
+      2 * ws / 8 + wt / 8 + adam)
 
 
 @pytest.mark.slow  # two 8-device compilations of the update

@@ -110,6 +110,49 @@ def test_smallest_failing_program_now_compiles(v5e_2x2):
   jax.jit(jax.grad(loss, argnums=(0, 3))).lower(*args).compile()
 
 
+def test_collectives_in_loops_counted_exactly(v5e_2x2):
+  """A program whose collectives are known by hand, compiled for v5e:2x2
+  (4 chips, one mesh axis): a fori_loop of K = 5 trips all-gathers the
+  [8, 256] float32 rows of each chip (8 KiB: 3 x 8 KiB come in) and runs
+  a scan of L = 3 layers, each psum-ing an [8, 128] float32 block over
+  the 4 chips (4 KiB: 2 x 4 KiB x 3/4 in a ring). Every value depends on
+  the loop's step, so nothing can leave the loop. The report's ICI term is
+  those bytes over half of v5e's 400 GB/s."""
+  mesh = jax.sharding.Mesh(np.array(v5e_2x2.devices), ("fsdp",))
+  spec = jax.sharding.PartitionSpec
+  k, layers = 5, 3
+
+  def local(x, w):  # x [8, 256], w [L, 8, 128] per chip
+    def step(i, x):
+      g = jax.lax.all_gather(x + i.astype(x.dtype), "fsdp", tiled=True)
+      x = jnp.tanh(g[:8] * g[8:16])
+
+      def layer(h, wl):
+        s = jax.lax.psum(jnp.sin(h[:, :128] * wl), "fsdp")
+        return h + jnp.concatenate([s, s], axis=1), None
+      return jax.lax.scan(layer, x, w)[0]
+    return jax.lax.fori_loop(0, k, step, x)
+
+  fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec("fsdp"),
+                                                         spec(None, "fsdp")),
+                             out_specs=spec("fsdp")))
+  sds = lambda shape, s: jax.ShapeDtypeStruct(
+      shape, jnp.float32, sharding=jax.sharding.NamedSharding(mesh, s))
+  args = (sds((32, 256), spec("fsdp")), sds((layers, 32, 128),
+                                             spec(None, "fsdp")))
+  gather = k * (8 * 256 * 4) * 3
+  reduce = k * layers * 2 * (8 * 128 * 4) * 3 / 4
+  row = compile_only.compile_program(compile_only.Program("loops", fn, args),
+                                     v5e_2x2)
+  assert row["ici_bytes_by_kind"]["all-gather"] == gather
+  assert row["ici_bytes_by_kind"]["all-reduce"] == reduce
+  assert row["ici_bytes"] == gather + reduce and row["ici_complete"]
+  assert sorted((l["trips"], l["trip_count"]) for l in row["ici_loops"]) == [
+      (layers, "exact"), (k, "exact")]
+  assert row["ici_s"] == (gather + reduce) / 200e9
+  assert row["bound_by"] == "ici"
+
+
 FIT_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tpu.md"
 
 

@@ -14,10 +14,13 @@ configs (table CONFIGS: the grids through `python -m jaxdistill.sweep
 GRPO through `python -m jaxdistill.rl.train --compile_only`), each with its
 own pair. Every pair compiles for the slice the study runs it on (STUDY)
 unless --slices names others. Prints one JSON object: per config, family and slice the per-chip
-memory of each program, its headroom, the roofline step time bound and MFU
-ceiling; the headline is the share of (config, family, slice) runs whose
+memory of each program, its headroom, the bytes its collectives move
+into each chip (ICI), the roofline step time bound (compute, HBM or ICI,
+whichever binds) and MFU ceiling; the headline is the share of (config, family, slice) runs whose
 programs all fit with the required headroom (goal: those on the study's
-slices). `--markdown` prints docs/tpu.md's fit table instead. Programs compiled before are read back from compile_only's cache
+slices); a distillation run's `step` sums its rollout's and update's
+bounds and physical limits (compile_only: every weight read in place, at
+peak FLOPs) and gives their ratio. `--markdown` prints docs/tpu.md's fit table instead. Programs compiled before are read back from compile_only's cache
 (~/.cache/jaxdistill/compile_only), so a rerun is quick; a first run takes
 minutes per program on a small host.
 
@@ -113,11 +116,32 @@ def _label(name: str) -> str:
   return f"{program} ({', '.join(keep)})" if keep else program
 
 
+def _limit(p) -> str:
+  if p.get("limit_s") is None:
+    return "-"
+  return f"{p['limit_s'] * 1e3:.0f} ms ({p['bound_over_limit']:.1f}x)"
+
+
+def step_summary(report) -> dict | None:
+  """A distillation run's step (its rollout, if any, then its update)
+  against the physical limit: the sums of their bounds and limits."""
+  progs = {p["name"]: p for p in report["programs"]}
+  if "update" not in progs:
+    return None
+  step = [progs[k] for k in ("rollout", "update") if k in progs]
+  if any(p.get("limit_s") is None for p in step):
+    return None
+  bound = sum(p["step_time_bound_s"] for p in step)
+  limit = sum(p["limit_s"] for p in step)
+  return {"step_time_bound_s": bound, "step_limit_s": limit,
+          "bound_over_limit": bound / limit}
+
+
 def markdown(results) -> str:
   lines = ["| config | family (student <- teacher) | slice | program | "
-           "per-chip memory GiB (of HBM) | headroom | step-time bound | "
-           "MFU ceiling |",
-           "|---|---|---|---|---|---|---|---|"]
+           "per-chip memory GiB (of HBM) | headroom | ICI GB per chip | "
+           "step-time bound | physical limit (bound / limit) | MFU ceiling |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   seen = set()
   for r in results:
     s, t, _ = FAMILIES[r["family"]]
@@ -133,12 +157,15 @@ def markdown(results) -> str:
       if key in seen:
         continue
       seen.add(key)
+      ici = ("-" if p.get("ici_bytes") is None else
+             ("" if p.get("ici_complete", True) else ">= ")
+             + f"{p['ici_bytes'] / 1e9:.1f}")
       lines.append(
           f"| {r['config']} | {r['family']} ({pair}) | {r['slice']} | {name} | "
           f"{p['total_bytes'] / 2**30:.1f} ({hbm:.0f}) | {p['headroom']:.0%}"
-          f"{'' if p['fits'] else ' (does not fit)'} | "
+          f"{'' if p['fits'] else ' (does not fit)'} | {ici} | "
           f"{p['step_time_bound_s'] * 1e3:.0f} ms ({p['bound_by']}) | "
-          f"{ceiling} |")
+          f"{_limit(p)} | {ceiling} |")
   return "\n".join(lines)
 
 
@@ -173,7 +200,7 @@ def main(argv=None):
       for sl in slices:
         report = compile_config(name, family, sl)
         results.append({"config": name, "family": family, "slice": sl,
-                        "report": report,
+                        "report": report, "step": step_summary(report),
                         "fits": all(p["fits"] for p in report["programs"])})
   if args.markdown:
     print(markdown(results))

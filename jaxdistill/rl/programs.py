@@ -70,6 +70,8 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
         model_flops=(flops.forward_flops_per_token(m_cfg, seq) * rows * seq
                      - _head_flops(m_cfg) * rows * p),
         bytes_accessed=int(config.optim.grad_accum) * flops.weight_bytes(m_cfg),
+        limit_bytes=(int(config.optim.grad_accum) * flops.weight_bytes(m_cfg)
+                     / mesh.devices.size),
         resident_bytes=run_b - size(m_params))
   if use_ref:
     out.append(scoring("reference", rcfg or cfg,
@@ -95,6 +97,9 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
       bytes_accessed=steps * train_programs.update_bytes(
           cfg, None, passes=train_programs.student_passes(cfg),
           micro=int(config.optim.grad_accum), n_dev=mesh.devices.size),
+      limit_bytes=steps * train_programs.update_bytes(
+          cfg, None, passes=2, micro=int(config.optim.grad_accum),
+          n_dev=mesh.devices.size, in_place=True),
       resident_bytes=run_b - size(state)))
   return out
 

@@ -78,22 +78,28 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
   # gathered whole on each chip, and the chip's rows of its KV cache.
   widths = [int(teacher_prompt_len) if own and i == len(used) - 1
             else p for i in range(len(used))]
-  per_step = sum(flops.weight_bytes(c) + flops.kv_cache_bytes(
-      c, rows / mesh.devices.size, w + n - 1) for c, w in zip(used, widths))
+  # The physical limit reads only the chip's share of each weight.
+  n_dev = mesh.devices.size
+  kv = sum(flops.kv_cache_bytes(c, rows / n_dev, w + n - 1)
+           for c, w in zip(used, widths))
+  weights = sum(flops.weight_bytes(c) for c in used)
   return compile_only.Program(
       name, fn, args, kwargs,
       model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
-      bytes_accessed=n * per_step, resident_bytes=resident, while_trips=n - 1)
+      bytes_accessed=n * (weights + kv), resident_bytes=resident,
+      while_trips=n - 1, limit_bytes=n * (weights / n_dev + kv))
 
 
-def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int) -> float:
+def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int,
+                 in_place: bool = False) -> float:
   """HBM traffic lower bound per chip of one update: each micro-batch reads
   the student's weights `passes` times and the teacher's once (whole:
-  gathered under FSDP), then AdamW reads and writes the chip's share of the
-  state."""
-  out = micro * passes * flops.weight_bytes(scfg)
+  gathered under FSDP; `in_place`: only the chip's share, the physical
+  limit), then AdamW reads and writes the chip's share of the state."""
+  share = 1 / n_dev if in_place else 1
+  out = micro * passes * flops.weight_bytes(scfg) * share
   if tcfg is not None:
-    out += micro * flops.weight_bytes(tcfg)
+    out += micro * flops.weight_bytes(tcfg) * share
   n = flops.weight_bytes(scfg) / flops._itemsize(scfg.param_dtype)  # pylint: disable=protected-access
   return out + n * _ADAM_F32_BYTES / n_dev
 
@@ -172,6 +178,9 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
       model_flops=flops.train_step_flops(scfg, t_model, b * seq, seq),
       bytes_accessed=update_bytes(scfg, t_model, passes=student_passes(scfg),
                                   micro=accum, n_dev=n_dev),
+      # The limit: forward and backward (no recomputation), weights in place.
+      limit_bytes=update_bytes(scfg, t_model, passes=2, micro=accum,
+                               n_dev=n_dev, in_place=True),
       resident_bytes=run_b - size(state) - size(teacher)))
   return out
 

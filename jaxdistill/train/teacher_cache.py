@@ -405,7 +405,8 @@ def programs(config, scfg, tcfg, vocab, mesh, rules):
                               sharding.Activations(mesh, rules)),
       (teacher, tokens, tokens),
       model_flops=flops.forward_flops_per_token(tcfg, seq) * b * seq,
-      bytes_accessed=flops.weight_bytes(tcfg)))
+      bytes_accessed=flops.weight_bytes(tcfg),
+      limit_bytes=flops.weight_bytes(tcfg) / mesh.devices.size))
   return out
 
 
