@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdistill.config_lib import LORA_TARGETS
 from jaxdistill.models.config import ModelConfig
 from jaxdistill.models.model import logical_axes as model_logical_axes
 from jaxdistill.models.model import param_shapes
@@ -49,6 +50,7 @@ MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
            "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp",
            "down_proj": "mlp"}
 TARGETS = tuple(MODULES)
+assert TARGETS == LORA_TARGETS
 # Leading kernel dims (after 'layers') that are inputs: o_proj is [N, H, D].
 _N_IN = {"o_proj": 2}
 
@@ -153,9 +155,13 @@ def logical_axes(cfg: ModelConfig, lcfg: LoraConfig) -> dict:
   """Like `shapes`, leaves the logical axis names: A keeps the kernel's
   input axes, B its output axes; the rank axis is replicated (None)."""
   _check(cfg, lcfg)
+  return _adapter_axes(cfg, lcfg.targets)
+
+
+def _adapter_axes(cfg, targets):
   axes = model_logical_axes(cfg)
   out = {}
-  for t in lcfg.targets:
+  for t in targets:
     names = tuple(_get(axes, _path(t))["kernel"])  # ('layers', *in, *out)
     n = 1 + _N_IN.get(t, 1)
     _put(out, _path(t), {"lora_a": names[:n] + (None,),
@@ -163,20 +169,34 @@ def logical_axes(cfg: ModelConfig, lcfg: LoraConfig) -> dict:
   return out
 
 
+def params_logical_axes(cfg: ModelConfig, params):
+  """models.logical_axes(cfg), with the adapters' axes beside the kernels
+  that `params` (maybe from `attach`) holds adapters for."""
+  targets = [t for t in TARGETS if "lora_a" in params["layers"].get(
+      MODULES[t], {}).get(t, {})]
+  axes = model_logical_axes(cfg)
+  if not targets:
+    return axes
+  return attach(axes, _adapter_axes(cfg, targets), None)
+
+
 def _targets_of(adapters):
   return [(m, t) for m, sub in adapters.get("layers", {}).items()
           for t in sub]
 
 
-def attach(params, adapters, scale: float):
+def attach(params, adapters, scale: float | None):
   """params with each adapted projection's lora_a and scale * lora_b beside
-  its kernel: what transformer.Linear reads. Pure; differentiable in both."""
+  its kernel: what transformer.Linear reads. Pure; differentiable in both.
+  `scale` None attaches B as given (trees of shapes or shardings)."""
   layers = dict(params["layers"])
   for m, t in _targets_of(adapters):
     ad = adapters["layers"][m][t]
+    b = ad["lora_b"]
+    if scale is not None:
+      b = b * jnp.asarray(scale, b.dtype)
     sub = dict(layers[m])
-    sub[t] = {**sub[t], "lora_a": ad["lora_a"],
-              "lora_b": ad["lora_b"] * jnp.asarray(scale, ad["lora_b"].dtype)}
+    sub[t] = {**sub[t], "lora_a": ad["lora_a"], "lora_b": b}
     layers[m] = sub
   return {**params, "layers": layers}
 
