@@ -19,6 +19,7 @@ from jaxdistill import compile_only
 from jaxdistill.models import flops
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import programs as train_programs
+from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
 
@@ -37,16 +38,14 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   rows = int(config.data.batch_size) * int(ro.group_size)
   seq = p + n
   size = compile_only.tree_bytes_per_device
-  policy = train_programs.abstract_params(cfg, mesh, rules)
+  lcfg = train_setup.lora_config(config.student)
+  state, state_shard, policy = train_programs.abstract_state(
+      cfg, optimizer, mesh, rules, lcfg)
   ref = (None if rcfg is None or not use_ref
          else train_programs.abstract_params(rcfg, mesh, rules))
-  state_shard = step_lib.state_shardings(cfg, optimizer, policy, mesh, rules)
-  state = train_programs.with_shardings(
-      jax.eval_shape(functools.partial(step_lib.new_state, optimizer), policy),
-      state_shard)
   # The initial policy stays on the chips as the reference (when none is
-  # named) and for update sparsity.
-  keep0 = (use_ref and ref is None) or track_sparsity
+  # named) and for update sparsity; with LoRA it is the state's frozen base.
+  keep0 = lcfg is None and ((use_ref and ref is None) or track_sparsity)
   run_b = size(state) + size(ref) + (size(policy) if keep0 else 0)
 
   out = [train_programs.rollout_program(
@@ -57,7 +56,8 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   tokens = bs((rows, seq), jnp.int32)
   if use_ref:
     r_cfg = rcfg or cfg
-    r_params = ref if ref is not None else policy
+    r_params = ref if ref is not None else (
+        policy if lcfg is None else state["base"])
     fn = functools.partial(
         rl_step.reference_logprobs, cfg=r_cfg, num_response=n,
         chunks=int(config.optim.grad_accum), vocab_size=vocab)

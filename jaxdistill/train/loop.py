@@ -399,10 +399,17 @@ def model_configs(config):
   return scfg, tcfg, cached
 
 
+def trained_dtype(config, scfg) -> str:
+  """The dtype of what the optimizer updates (make_optimizer's param_dtype):
+  the student's params, or its LoRA adapters'."""
+  lcfg = train_setup.lora_config(config.student)
+  return scfg.param_dtype if lcfg is None else lcfg.dtype
+
+
 def run_programs(config, scfg, tcfg, vocab, mesh, rules, cached):
   """The run's compiled programs (train/programs.py), abstract."""
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps, scfg.param_dtype)
+      config.optim, config.total_steps, trained_dtype(config, scfg))
   return programs.train_programs(
       config, scfg, tcfg, mesh, rules, vocab, optimizer=optimizer,
       schedule=schedule, cached=cached,
@@ -466,8 +473,7 @@ def _train(config, workdir, overwrite, mesh, rules):
                                         jax.random.fold_in(s_key, LORA_KEY))
 
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps,
-      scfg.param_dtype if lcfg is None else lcfg.dtype)
+      config.optim, config.total_steps, trained_dtype(config, scfg))
   ckpt, state, state_shard, _, start = init_or_restore(
       config, workdir, scfg, optimizer, params0, mesh, rules, base=base,
       lcfg=lcfg)

@@ -164,3 +164,39 @@ def test_runlocal_lora_resumes_and_exports_the_merged_weights(tmp_path):
     # Rounded once to bf16: within half a bf16 step (2^-8 relative).
     assert np.all(np.abs(got_w - want) <= np.abs(want) * 2.0 ** -8 + 1e-30), key
   assert n == 7 * 2
+
+
+def test_grpo_trains_a_fresh_lora_on_the_frozen_policy(tmp_path):
+  """rl.train with config.student.lora: adapters trained and checkpointed,
+  the merged weights exported, the KL reference the base itself."""
+  from configs import grpo_countdown  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
+  student = tiny_hf.make_tiny_checkpoint(
+      "qwen2", tmp_path / "policy", vocab_size=320, hidden_size=32,
+      intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+  c = config_util.set_fields(grpo_countdown.get_config("runlocal"), {
+      "progress": False, "total_steps": 2, "ckpt_every": 2,
+      "student.path": str(student), "student.init": None,
+      "student.param_dtype": "bfloat16", "student.lora.rank": RANK,
+      "student.lora.alpha": ALPHA, "student.lora.targets": ["v_proj", "up_proj"]})
+  rs = np.random.RandomState(0)
+
+  def rewards(ro, host_batch):  # varied within groups: a non-zero gradient
+    del host_batch
+    return {"reward": rs.rand(ro.tokens.shape[0]).astype(np.float32)}
+
+  m = rl_train.train(c, str(tmp_path / "work"), devices=ONE_DEVICE,
+                     reward_fn=rewards)
+  assert np.isfinite(m["train/loss"])
+  got, meta = _restore(tmp_path / "work", 2)
+  assert set(got["params"]["layers"]["self_attn"]) == {"v_proj"}
+  assert set(got["params"]["layers"]["mlp"]) == {"up_proj"}
+  assert np.abs(got["params"]["layers"]["mlp"]["up_proj"]["lora_b"]).max() > 0
+  assert meta["lora"]["base"] == str(student) and "rng" in meta
+  # Only the two adapted projections differ from the (bf16) policy.
+  base = load_file(str(student / "model.safetensors"))
+  merged = load_file(str(tmp_path / "work" / "hf_student" / "model.safetensors"))
+  changed = {k for k, w in base.items()
+             if not np.array_equal(merged[k], w.astype(ml_dtypes.bfloat16))}
+  assert changed == {f"model.layers.{i}.{m}" for i in range(2) for m in (
+      "self_attn.v_proj.weight", "mlp.up_proj.weight")}
