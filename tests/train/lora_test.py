@@ -200,3 +200,60 @@ def test_grpo_trains_a_fresh_lora_on_the_frozen_policy(tmp_path):
              if not np.array_equal(merged[k], w.astype(ml_dtypes.bfloat16))}
   assert changed == {f"model.layers.{i}.{m}" for i in range(2) for m in (
       "self_attn.v_proj.weight", "mlp.up_proj.weight")}
+
+
+def test_the_compile_only_programs_of_lora_runs_compile_on_a_mesh():
+  """train and rl.train's programs (what --compile_only and the TPU fit
+  check compile) with LoRA on 8 devices (fsdp 4 x tensor 2): they compile,
+  the update's state holds the adapters and the base, and the optimizer
+  state is the adapters' only."""
+  from configs import grpo_countdown  # pylint: disable=g-import-not-at-top
+  from jaxdistill import compile_only  # pylint: disable=g-import-not-at-top
+  from jaxdistill import sharding  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
+  lora_fields = {"student.lora.rank": RANK, "student.lora.alpha": ALPHA,
+                 "mesh": {"data": 1, "fsdp": 4, "tensor": 2},
+                 "data.batch_size": 8}
+  c = config_util.set_fields(distill_config.get_config("runlocal"),
+                             dict(lora_fields))
+  mesh = train_loop.config_mesh(c, jax.devices())
+  scfg, tcfg, cached = train_loop.model_configs(c)
+  progs = train_loop.run_programs(c, scfg, tcfg, 300, mesh,
+                                  sharding.DEFAULT_RULES, cached)
+  g = config_util.set_fields(grpo_countdown.get_config("runlocal"),
+                             dict(lora_fields))
+  progs += rl_train.programs_for(g, jax.devices())
+  assert [p.name for p in progs] == ["rollout", "update", "rollout",
+                                     "reference", "update"]
+  for i, p in enumerate(progs):
+    if i == 2:  # GRPO's rollout is train's rollout program: traced only
+      p.trace()
+      continue
+    p.trace().lower().compile()
+    if p.name == "update":
+      state = p.args[0]
+      assert set(state) == {"params", "opt_state", "step", "base"}
+      ad_shapes = {x.shape for x in jax.tree.leaves(state["params"])}
+      opt_shapes = {x.shape for x in jax.tree.leaves(state["opt_state"])}
+      assert opt_shapes - {()} == ad_shapes  # Adam's moments: adapters only
+      opt = compile_only.tree_bytes_per_device(state["opt_state"])
+      adapters = compile_only.tree_bytes_per_device(state["params"])
+      assert opt <= 2 * adapters + 64  # the two moments, and counts
+
+
+def test_a_workdir_from_before_the_lora_block_still_resumes(tmp_path):
+  """config.json written without student.lora (older runs) compares equal
+  to a config whose LoRA is off; turning LoRA on is a different config."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  c = distill_config.get_config("runlocal")
+  old = json.loads(config_lib.to_json(c))
+  del old["student"]["lora"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  (tmp_path / "checkpoints").mkdir()
+  train_loop.prepare_workdir(c, str(tmp_path), overwrite=False)
+  on = config_util.set_fields(distill_config.get_config("runlocal"),
+                              {"student.lora.rank": 8})
+  with pytest.raises(ValueError, match="student.lora"):
+    train_loop.prepare_workdir(on, str(tmp_path), overwrite=False)
