@@ -257,3 +257,19 @@ def test_a_workdir_from_before_the_lora_block_still_resumes(tmp_path):
                               {"student.lora.rank": 8})
   with pytest.raises(ValueError, match="student.lora"):
     train_loop.prepare_workdir(on, str(tmp_path), overwrite=False)
+
+
+def test_a_bad_lora_block_fails_before_compute_naming_the_field(tmp_path):
+  import pytest  # pylint: disable=g-import-not-at-top
+  from configs import grpo_countdown  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
+  c = config_util.set_fields(distill_config.get_config("runlocal"),
+                             {"student.lora.rank": 4, "student.lora.alpha": -1.0})
+  with pytest.raises(ValueError, match=r"config\.student\.lora: .*alpha"):
+    train_loop.train(c, str(tmp_path / "a"), devices=ONE_DEVICE)
+  g = config_util.set_fields(grpo_countdown.get_config("runlocal"), {
+      "student.lora.rank": 4, "student.lora.targets": ["q_proj", "lm_head"]})
+  with pytest.raises(ValueError, match=r"config\.student\.lora: .*targets"):
+    rl_train.train(g, str(tmp_path / "b"), devices=ONE_DEVICE)
+  assert not (tmp_path / "a" / "config.json").exists()
+  assert not (tmp_path / "b" / "config.json").exists()
