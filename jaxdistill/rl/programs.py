@@ -86,7 +86,8 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
                    - 3 * _head_flops(cfg) * epochs * rows * p),
       bytes_accessed=steps * train_programs.update_bytes(
           cfg, None, passes=train_programs.student_passes(cfg),
-          micro=int(config.optim.grad_accum), n_dev=mesh.devices.size),
+          micro=int(config.optim.grad_accum), n_dev=mesh.devices.size,
+          trained=train_programs.trained_count(state)),
       resident_bytes=run_b - size(state)))
   return out
 

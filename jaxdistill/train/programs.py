@@ -106,16 +106,26 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
       bytes_accessed=n * per_step, resident_bytes=resident, while_trips=n - 1)
 
 
-def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int) -> float:
+def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int,
+                 trained: int | None = None) -> float:
   """HBM traffic lower bound per chip of one update: each micro-batch reads
   the student's weights `passes` times and the teacher's once (whole:
   gathered under FSDP), then AdamW reads and writes the chip's share of the
-  state."""
+  state: of all the student's parameters, or of `trained` many (LoRA's
+  adapters)."""
   out = micro * passes * flops.weight_bytes(scfg)
   if tcfg is not None:
     out += micro * flops.weight_bytes(tcfg)
   n = flops.weight_bytes(scfg) / flops._itemsize(scfg.param_dtype)  # pylint: disable=protected-access
+  if trained is not None:
+    n = trained
   return out + n * _ADAM_F32_BYTES / n_dev
+
+
+def trained_count(state) -> int | None:
+  """The number of parameters the optimizer updates in a LoRA state, None
+  for a state that trains the whole model (update_bytes' `trained`)."""
+  return models.num_params(state["params"]) if "base" in state else None
 
 
 def student_passes(cfg) -> int:
@@ -191,7 +201,8 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
       "update", update, (state, teacher, batch),
       model_flops=flops.train_step_flops(scfg, t_model, b * seq, seq),
       bytes_accessed=update_bytes(scfg, t_model, passes=student_passes(scfg),
-                                  micro=accum, n_dev=n_dev),
+                                  micro=accum, n_dev=n_dev,
+                                  trained=trained_count(state)),
       resident_bytes=run_b - size(state) - size(teacher)))
   return out
 
