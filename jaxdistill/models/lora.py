@@ -54,6 +54,10 @@ assert TARGETS == LORA_TARGETS
 # Leading kernel dims (after 'layers') that are inputs: o_proj is [N, H, D].
 _N_IN = {"o_proj": 2}
 
+# The logical name of the rank axis (sharding.DEFAULT_RULES: over fsdp where
+# the adapter's other axes leave it free).
+RANK_AXIS = "lora_rank"
+
 PEFT_WEIGHTS = "adapter_model.safetensors"
 PEFT_CONFIG = "adapter_config.json"
 
@@ -153,7 +157,7 @@ def shapes(cfg: ModelConfig, lcfg: LoraConfig):
 
 def logical_axes(cfg: ModelConfig, lcfg: LoraConfig) -> dict:
   """Like `shapes`, leaves the logical axis names: A keeps the kernel's
-  input axes, B its output axes; the rank axis is replicated (None)."""
+  input axes, B its output axes; the rank axis is RANK_AXIS."""
   _check(cfg, lcfg)
   return _adapter_axes(cfg, lcfg.targets)
 
@@ -164,8 +168,8 @@ def _adapter_axes(cfg, targets):
   for t in targets:
     names = tuple(_get(axes, _path(t))["kernel"])  # ('layers', *in, *out)
     n = 1 + _N_IN.get(t, 1)
-    _put(out, _path(t), {"lora_a": names[:n] + (None,),
-                         "lora_b": (names[0], None) + names[n:]})
+    _put(out, _path(t), {"lora_a": names[:n] + (RANK_AXIS,),
+                         "lora_b": (names[0], RANK_AXIS) + names[n:]})
   return out
 
 

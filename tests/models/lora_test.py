@@ -165,11 +165,12 @@ def test_logical_axes_follow_the_kernel():
                            num_key_value_heads=2, head_dim=8)
   axes = lora.logical_axes(cfg, lora.LoraConfig(2, 2.0))
   attn, mlp = axes["layers"]["self_attn"], axes["layers"]["mlp"]
-  assert attn["o_proj"] == {"lora_a": ("layers", "heads", "head_dim", None),
-                            "lora_b": ("layers", None, "embed")}
-  assert attn["k_proj"] == {"lora_a": ("layers", "embed", None),
-                            "lora_b": ("layers", None, "kv_heads", "head_dim")}
-  assert mlp["down_proj"]["lora_a"] == ("layers", "mlp", None)
+  r = "lora_rank"
+  assert attn["o_proj"] == {"lora_a": ("layers", "heads", "head_dim", r),
+                            "lora_b": ("layers", r, "embed")}
+  assert attn["k_proj"] == {"lora_a": ("layers", "embed", r),
+                            "lora_b": ("layers", r, "kv_heads", "head_dim")}
+  assert mlp["down_proj"]["lora_a"] == ("layers", "mlp", r)
   shapes = lora.shapes(cfg, lora.LoraConfig(2, 2.0))
   assert jax.tree.structure(shapes) == jax.tree.structure(
       axes, is_leaf=lambda x: isinstance(x, tuple))
