@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdistill.config_lib import LORA_TARGETS
+from jaxdistill.models import safetensors_io as st
 from jaxdistill.models.config import ModelConfig
 from jaxdistill.models.model import logical_axes as model_logical_axes
 from jaxdistill.models.model import param_shapes
@@ -283,10 +284,11 @@ def save_peft(directory: str, lcfg: LoraConfig, adapters, *,
   """Writes the adapters as a peft adapter directory (adapter_model.safetensors
   + adapter_config.json: r, lora_alpha, target_modules, no dropout, no bias),
   loadable with peft.PeftModel.from_pretrained(base, directory)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   os.makedirs(directory, exist_ok=True)
-  tensors = {k: v.astype(np.float32) for k, v in to_peft(adapters).items()}
-  save_file(tensors, os.path.join(directory, PEFT_WEIGHTS))
+  tensors = to_peft(adapters)
+  st.write_file(os.path.join(directory, PEFT_WEIGHTS),
+                [(k, v.shape, np.float32) for k, v in tensors.items()],
+                tensors.__getitem__)
   conf = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lcfg.rank,
           "lora_alpha": float(lcfg.alpha), "lora_dropout": 0.0, "bias": "none",
           "target_modules": list(lcfg.targets), "fan_in_fan_out": False,
