@@ -72,6 +72,8 @@ setuptools.setup(
                  # tests/storage_test.py: a local GCS on 127.0.0.1 (its gaps
                  # are patched in tests/gcs_emulator.py for this version)
                  "gcp-storage-emulator==2026.7.19",
+                 # tests/models/lora_test.py: LoRA parity with peft
+                 "peft>=0.21",
                  # tests/compile_only_tpu_test.py compiles for a TPU slice
                  # (skipped without libtpu, which only Linux x86-64 has)
                  TPU,

@@ -95,7 +95,8 @@ def get_config(arg=None):
   # rollouts and inside the loss (the paper: student 1.0, teacher 0.5).
   c.student = dict(path=STUDENT, preset=config_dict.placeholder(str),
                    init=None, dtype="bfloat16", param_dtype="float32",
-                   remat="auto", temperature=1.0, overrides={})
+                   remat="auto", temperature=1.0, overrides={},
+                   lora=config_lib.lora_block())
   c.teacher = dict(path=TEACHER, preset=config_dict.placeholder(str),
                    init=None, dtype="bfloat16", param_dtype="bfloat16",
                    temperature=0.5, overrides={})

@@ -86,7 +86,8 @@ def get_config(arg=None):
   c.student = dict(path="Qwen/Qwen2.5-0.5B-Instruct",
                    preset=config_dict.placeholder(str), init=None,
                    dtype="bfloat16", param_dtype="float32", remat="auto",
-                   overrides={})
+                   overrides={},
+                   lora=config_lib.lora_block())
   c.tokenizer = config_dict.placeholder(str)  # default: the student's
 
   # source None: the project's Countdown-n generator (not the paper's);

@@ -499,3 +499,28 @@ def validate_run(config, mesh=None, rules=None) -> None:
     if b % n:
       _err("data.batch_size", f"{b} is not divisible by the {n} devices of "
            f"the mesh's data axes {dict((a, mesh.shape[a]) for a in axes)}")
+
+
+# The seven projections LoRA adapts (jaxdistill/models/lora.py).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                "down_proj")
+
+
+def lora_block(rank: int | None = None, alpha: float = 256.0) -> dict:
+  """config.student.lora: rank None (or 0) trains the model itself; a rank r
+  trains LoRA adapters of that rank on the frozen model (scale alpha / r) on
+  `targets`, in `dtype` (docs/training.md, "LoRA"). The paper: 256 / 256."""
+  return dict(rank=ml_collections.config_dict.placeholder(int) if rank is None
+              else rank, alpha=float(alpha), targets=list(LORA_TARGETS),
+              dtype="float32")
+
+
+def without_lora_off(config: dict) -> dict:
+  """A config dict (JSON) without its student.lora block when LoRA is off:
+  so that a workdir written before the block existed compares equal."""
+  student = config.get("student")
+  if isinstance(student, dict) and isinstance(student.get("lora"), dict) and \
+      not student["lora"].get("rank"):
+    config = {**config, "student": {k: v for k, v in student.items()
+                                    if k != "lora"}}
+  return config

@@ -2,7 +2,8 @@
 
 Model code names array axes with a small logical vocabulary::
 
-  batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, layers, cache_seq
+  batch, seq, embed, heads, kv_heads, head_dim, mlp, vocab, layers, cache_seq,
+  lora_rank (the rank axis of LoRA adapters, models/lora.py)
 
 A config holds the rules that map each logical name to mesh axes
 (`config.rules`, default DEFAULT_RULES); `rules_from_config` reads them, once
@@ -41,6 +42,10 @@ DEFAULT_RULES = (
     ("head_dim", None),
     ("layers", None),
     ("cache_seq", None),
+    # An adapter's A holds 'embed' (fsdp) or its B does not: its rank axis
+    # takes fsdp then, so each adapter and its Adam moments are split over
+    # the FSDP axis (one mesh axis per array: the first name wins).
+    ("lora_rank", "fsdp"),
 )
 
 

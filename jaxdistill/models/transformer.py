@@ -55,7 +55,8 @@ class _Param(nn.Module):
 
 
 class Linear(nn.Module):
-  """y = x . kernel (+ bias), contracting x's trailing len(in_shape) dims."""
+  """y = x . kernel (+ bias), contracting x's trailing len(in_shape) dims;
+  + (x . lora_a) . lora_b when the params hold LoRA adapters (models/lora.py)."""
   in_shape: Sequence[int]
   out_shape: Sequence[int]
   axes: Sequence[str | None]  # logical names of kernel dims (in + out)
@@ -72,7 +73,14 @@ class Linear(nn.Module):
     # dims (the weight gradient of a [B, T, ...] input) far slower.
     n_in, n_out = math.prod(self.in_shape), math.prod(self.out_shape)
     lead = x.shape[:x.ndim - len(self.in_shape)]
-    y = (x.reshape(-1, n_in) @ kernel.astype(self.dtype).reshape(n_in, n_out))
+    x2 = x.reshape(-1, n_in)
+    y = x2 @ kernel.astype(self.dtype).reshape(n_in, n_out)
+    if self.has_variable("params", "lora_a"):
+      # LoRA (models/lora.py): + (x A) (scale B), never materialising A B.
+      a = self.get_variable("params", "lora_a").astype(self.dtype)
+      b = self.get_variable("params", "lora_b").astype(self.dtype)
+      r = a.shape[-1]
+      y = y + (x2 @ a.reshape(n_in, r)) @ b.reshape(r, n_out)
     y = y.reshape(*lead, *self.out_shape)
     if self.use_bias:
       bias = self.param("bias", nn.with_logical_partitioning(

@@ -21,6 +21,7 @@ from jaxdistill import compile_only
 from jaxdistill.models import flops
 from jaxdistill.rl import step as rl_step
 from jaxdistill.train import programs as train_programs
+from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
 
@@ -40,16 +41,14 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   rows = int(config.data.batch_size) * int(ro.group_size)
   seq = p + n
   size = compile_only.tree_bytes_per_device
-  policy = train_programs.abstract_params(cfg, mesh, rules)
+  lcfg = train_setup.lora_config(config.student)
+  state, state_shard, policy = train_programs.abstract_state(
+      cfg, optimizer, mesh, rules, lcfg)
   ref = (None if rcfg is None or not use_ref
          else train_programs.abstract_params(rcfg, mesh, rules))
-  state_shard = step_lib.state_shardings(cfg, optimizer, policy, mesh, rules)
-  state = train_programs.with_shardings(
-      jax.eval_shape(functools.partial(step_lib.new_state, optimizer), policy),
-      state_shard)
   # The initial policy stays on the chips as the reference (when none is
-  # named) and for update sparsity.
-  keep0 = (use_ref and ref is None) or track_sparsity
+  # named) and for update sparsity; with LoRA it is the state's frozen base.
+  keep0 = lcfg is None and ((use_ref and ref is None) or track_sparsity)
   run_b = size(state) + size(ref) + (size(policy) if keep0 else 0)
 
   out = [train_programs.rollout_program(
@@ -73,9 +72,9 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
         limit_bytes=(int(config.optim.grad_accum) * flops.weight_bytes(m_cfg)
                      / mesh.devices.size),
         resident_bytes=run_b - size(m_params))
-  if use_ref:
-    out.append(scoring("reference", rcfg or cfg,
-                       ref if ref is not None else policy))
+  if use_ref:  # with LoRA the reference is the state's frozen base
+    out.append(scoring("reference", rcfg or cfg, ref if ref is not None else (
+        policy if lcfg is None else state["base"])))
   if top_p is not None:
     out.append(scoring("rescore", cfg, policy))
   batch = {"tokens": tokens, "attention_mask": tokens,
@@ -96,10 +95,12 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
                    - 3 * _head_flops(cfg) * epochs * rows * p),
       bytes_accessed=steps * train_programs.update_bytes(
           cfg, None, passes=train_programs.student_passes(cfg),
-          micro=int(config.optim.grad_accum), n_dev=mesh.devices.size),
+          micro=int(config.optim.grad_accum), n_dev=mesh.devices.size,
+          trained=train_programs.trained_count(state)),
       limit_bytes=steps * train_programs.update_bytes(
           cfg, None, passes=2, micro=int(config.optim.grad_accum),
-          n_dev=mesh.devices.size, in_place=True),
+          n_dev=mesh.devices.size, in_place=True,
+          trained=train_programs.trained_count(state)),
       resident_bytes=run_b - size(state)))
   return out
 

@@ -36,6 +36,7 @@ from jaxdistill import losses
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill import tasks
+from jaxdistill.models import lora
 from jaxdistill.rl import grpo
 from jaxdistill.rl import rewards
 from jaxdistill.train import step as step_lib
@@ -136,7 +137,9 @@ class Collector:
     # the data axes do not divide the rows and they are replicated).
     return sharding.put_global(x, _rows(self.mesh, self.rules, x.shape))
 
-  def __call__(self, host_batch, params, rng):
+  def __call__(self, host_batch, params, rng, reference_params=None):
+    """`reference_params`: the reference's params now, in place of those
+    given at construction (a LoRA run's base: the update donates it)."""
     g, temp = self.g, float(self.ro.temperature)
     prompts = np.repeat(np.asarray(host_batch["prompt"]), g, axis=0)  # [R, P]
     pmask = np.repeat(np.asarray(host_batch["prompt_mask"]), g, axis=0)
@@ -178,6 +181,8 @@ class Collector:
              "advantages": self._put(np.asarray(adv))}
     if self.reference is not None:
       rcfg, rparams = self.reference
+      if reference_params is not None:
+        rparams = reference_params
       batch["ref_logp"] = reference_logprobs(
           rparams, ro.tokens, ro.attention_mask, jnp.float32(temp), cfg=rcfg,
           num_response=n, chunks=self.chunks,
@@ -206,12 +211,13 @@ class Collector:
 
 def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
                ppo_epochs: int, num_minibatches: int, grad_accum: int,
-               reduction: str, mesh=None, rules=None):
+               reduction: str, mesh=None, rules=None, lora_scale=None):
   """`ppo_epochs` x `num_minibatches` optimizer steps on one rollout batch.
 
   Returns the new state and the metrics averaged over those steps (their
   'train/*' and 'rl/*' entries; rl/clip_frac is 0 on the first step of a
-  fresh batch up to sampler/trainer numerics).
+  fresh batch up to sampler/trainer numerics). A LoRA state (with a
+  'base') trains its adapters (train.step.train_step, `lora_scale`).
   """
   rows = batch["advantages"].shape[0]
   size = rows // num_minibatches
@@ -229,7 +235,7 @@ def ppo_update(state, batch, rng, *, optimizer, schedule, loss_fn,
     mb["weights"] = losses.reduction_weights(mb["loss_mask"], reduction)
     return step_lib.train_step(state, None, mb, optimizer=optimizer,
                                schedule=schedule, loss_fn=loss_fn,
-                               grad_accum=grad_accum)
+                               grad_accum=grad_accum, lora_scale=lora_scale)
 
   state, metrics = jax.lax.scan(body, state, order)
   return state, jax.tree.map(lambda m: m.mean(0), metrics)
@@ -248,8 +254,10 @@ def make_update(config, cfg, optimizer, schedule, *, mesh=None,
 
   `rules`: the run's logical-axis rules (needed with `mesh`). `vocab_size`:
   the vocabulary the Collector sampled over (len(tokenizer)), so that the
-  policy log-probs are those of the distribution sampled."""
+  policy log-probs are those of the distribution sampled. With
+  config.student.lora the state it updates holds adapters on a frozen base."""
   _check_rules(mesh, rules)
+  lcfg = lora.from_config(config.student.get("lora"), "config.student.lora")
   return functools.partial(
       ppo_update, optimizer=optimizer, schedule=schedule,
       loss_fn=make_loss_fn(
@@ -258,4 +266,5 @@ def make_update(config, cfg, optimizer, schedule, *, mesh=None,
       ppo_epochs=int(config.grpo.ppo_epochs),
       num_minibatches=int(config.grpo.num_minibatches),
       grad_accum=int(config.optim.grad_accum),
-      reduction=config.grpo.reduction, mesh=mesh, rules=rules)
+      reduction=config.grpo.reduction, mesh=mesh, rules=rules,
+      lora_scale=None if lcfg is None else lcfg.scale)

@@ -193,6 +193,7 @@ def _models(config):
   """(policy cfg, kl.reference's model config block and cfg or None, whether
   a reference is used) of a GRPO config."""
   scfg = train_setup.model_config(config.student, "student")
+  train_setup.lora_config(config.student)  # a bad lora block fails here
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
   rmcfg = rcfg = None
@@ -207,7 +208,8 @@ def _models(config):
 def _programs(config, scfg, rcfg, use_ref, vocab, mesh, rules):
   per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps * per_batch, scfg.param_dtype)
+      config.optim, config.total_steps * per_batch,
+      train_loop.trained_dtype(config, scfg))
   return rl_programs.grpo_programs(
       config, scfg, rcfg, mesh, rules, vocab, optimizer=optimizer,
       schedule=schedule, use_ref=use_ref,
@@ -277,11 +279,20 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   seed_key = jax.random.key(config.seed)
   params0 = train_setup.load_params(scfg, config.student, mesh, rules,
                                     jax.random.fold_in(seed_key, 1 << 20))
+  lcfg = train_setup.lora_config(config.student)
+  base = scale = None
+  if lcfg is not None:  # fresh adapters on the frozen policy (App. D.6)
+    base, scale = params0, lcfg.scale
+    params0 = train_setup.init_adapters(
+        scfg, lcfg, mesh, rules,
+        jax.random.fold_in(seed_key, train_loop.LORA_KEY))
   per_batch = int(config.grpo.ppo_epochs) * int(config.grpo.num_minibatches)
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps * per_batch, scfg.param_dtype)
+      config.optim, config.total_steps * per_batch,
+      train_loop.trained_dtype(config, scfg))
   ckpt, state, state_shard, meta, start = train_loop.init_or_restore(
-      config, workdir, scfg, optimizer, params0, mesh, rules)
+      config, workdir, scfg, optimizer, params0, mesh, rules, base=base,
+      lcfg=lcfg)
   if meta:
     seed_key = jax.random.wrap_key_data(
         jnp.asarray(meta["rng"], jnp.uint32),
@@ -291,10 +302,11 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   if rmcfg is not None:
     reference = (rcfg, train_setup.load_params(rcfg, rmcfg, mesh, rules, None,
                                                 "kl.reference"))
-  elif use_ref:
-    reference = (scfg, params0)
-  if not config.get("track_sparsity", True):
-    params0 = None
+  elif use_ref:  # the initial policy: under LoRA the base itself (B = 0)
+    reference = (scfg, params0 if base is None else base)
+  ref_is_base = rmcfg is None and use_ref and base is not None
+  if lcfg is not None or not config.get("track_sparsity", True):
+    params0 = None  # LoRA: the update of the base is low-rank; not tracked
 
   update = step_lib.jit_update(
       rl_step.make_update(config, scfg, optimizer, schedule, mesh=mesh,
@@ -311,7 +323,9 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   def step_fn(step, state):
     t0 = time.perf_counter()
     r_roll, r_upd = jax.random.split(jax.random.fold_in(seed_key, step))
-    batch, metrics = collect(batches[step], state["params"], r_roll)
+    batch, metrics = collect(
+        batches[step], step_lib.policy_params(state, scale), r_roll,
+        reference_params=state["base"] if ref_is_base else None)
     watch.update(step, metrics)
     t1 = time.perf_counter()
     state, upd = update(state, batch, r_upd)
@@ -322,7 +336,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   return train_loop.run_steps(
       config, workdir, step_fn=step_fn, state=state, start=start, ckpt=ckpt,
       scfg=scfg, params0=params0, tokenizer=tokenizer, name="grpo",
-      meta={"rng": [int(x) for x in jax.random.key_data(seed_key).ravel()]})
+      meta={"rng": [int(x) for x in jax.random.key_data(seed_key).ravel()],
+            **train_loop.lora_meta(config, lcfg, revisions)}, lcfg=lcfg)
 
 
 def main(argv):

@@ -80,6 +80,7 @@ import numpy as np
 from jaxdistill import choices
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.models import lora
 from jaxdistill.rollout import loop
 from jaxdistill.rollout import prompts as prompts_lib
 from jaxdistill.rollout import sampling
@@ -620,7 +621,7 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
   if mesh is not None and not abstract:
     params = tuple(
         jax.device_put(pr, sharding.tree_shardings(
-            models.logical_axes(cfg), mesh, rules, pr))
+            lora.params_logical_axes(cfg, pr), mesh, rules, pr))
         for cfg, pr in zip(cfgs, params))
     rows = lambda nd, shape: NamedSharding(mesh, sharding.logical_to_spec(
         ("batch",) + (None,) * (nd - 1), shape, mesh, rules))

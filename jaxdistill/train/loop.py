@@ -54,6 +54,8 @@ from jaxdistill import sharding
 from jaxdistill import sparsity
 from jaxdistill import storage
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.models import hub
+from jaxdistill.models import lora
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import disk
@@ -72,6 +74,9 @@ RESUMABLE_FIELDS = ("total_steps", "log_every", "eval_every", "ckpt_every",
 
 
 REVISIONS = "revisions.json"
+
+# Folded into the student's init key for its LoRA adapters' A.
+LORA_KEY = 0x10A
 
 
 def _read_json(path: str) -> dict:
@@ -137,9 +142,9 @@ def prepare_workdir(config, workdir: str, overwrite: bool,
   storage.makedirs(workdir)
   path = os.path.join(workdir, "config.json")
   rev_path = os.path.join(workdir, REVISIONS)
-  new = json.loads(config_lib.to_json(config))
+  new = config_lib.without_lora_off(json.loads(config_lib.to_json(config)))
   if storage.exists(path):
-    old = _read_json(path)
+    old = config_lib.without_lora_off(_read_json(path))
     if storage.exists(rev_path):
       old, new = (_pinned(old, _read_revisions(rev_path)),
                   _pinned(new, revisions or {}))
@@ -189,10 +194,13 @@ def config_mesh(config, devices=None):
     raise ValueError(f"config.mesh: {e}") from None
 
 
-def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
+def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules,
+                    *, base=None, lcfg=None):
   """The checkpointer of <workdir>/checkpoints and the train state {params,
   opt_state, step}, sharded: restored from its latest checkpoint if there is
-  one, else built from `params0`.
+  one, else built from `params0`. LoRA (`lcfg`, a lora.LoraConfig):
+  `params0` are the fresh adapters and `base` the frozen model, which the
+  state holds as 'base' and no checkpoint saves (step.SAVED).
 
   Returns (ckpt, state, state_shardings, meta, start): `meta` is the
   checkpoint's metadata ({} when starting fresh) and `start` the step to run
@@ -201,18 +209,23 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                keep=config.keep_ckpts)
   make_state = functools.partial(step_lib.new_state, optimizer)
-  state_shard = step_lib.state_shardings(scfg, optimizer, params0, mesh, rules)
+  state_shard = step_lib.state_shardings(scfg, optimizer, params0, mesh, rules,
+                                         lcfg)
+  saved_shard = step_lib.saved(state_shard)
   abstract = jax.tree.map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-      jax.eval_shape(make_state, params0), state_shard)
+      jax.eval_shape(make_state, params0), saved_shard)
   restored = ckpt.restore_latest(abstract)
   if restored is None:
-    state = jax.jit(make_state, out_shardings=state_shard)(params0)
-    return ckpt, state, state_shard, {}, 0
-  state, meta, start = restored
-  logging.warning("resuming %s from step %d", workdir, start)
-  if int(meta.get("step", start)) != start:
-    raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
+    state = jax.jit(make_state, out_shardings=saved_shard)(params0)
+    meta, start = {}, 0
+  else:
+    state, meta, start = restored
+    logging.warning("resuming %s from step %d", workdir, start)
+    if int(meta.get("step", start)) != start:
+      raise ValueError(f"checkpoint {start}: meta step {meta.get('step')}")
+  if base is not None:
+    state = {**state, "base": base}
   return ckpt, state, state_shard, meta, start
 
 
@@ -247,8 +260,41 @@ def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   return out
 
 
+def export_adapters(lcfg, adapters, workdir: str, info: dict) -> str | None:
+  """Writes the LoRA adapters as a peft directory <workdir>/hf_adapter
+  (lora.save_peft; `info`: the base's 'base' and 'revision'), host 0."""
+  adapters = jax.device_get(adapters if jax.process_count() == 1 else
+                            multihost_utils.process_allgather(adapters,
+                                                              tiled=True))
+  if jax.process_index() != 0:
+    return None
+  out = os.path.join(workdir, "hf_adapter")
+  kw = dict(base_model=info.get("base"), revision=info.get("revision"))
+  if not storage.is_gs(out):
+    return lora.save_peft(out, lcfg, adapters, **kw)
+  local = storage.local_staging()
+  try:
+    lora.save_peft(local, lcfg, adapters, **kw)
+    storage.upload_dir(local, out, last=lora.PEFT_CONFIG)
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+  return out
+
+
+def lora_meta(config, lcfg, revisions) -> dict:
+  """The checkpoint metadata of a LoRA run: the adapters' settings and the
+  base they adapt (config.student's path, and its hub commit if any)."""
+  if lcfg is None:
+    return {}
+  rev = (revisions or {}).get("student.path") or {}
+  return {"lora": {"rank": lcfg.rank, "alpha": float(lcfg.alpha),
+                   "targets": list(lcfg.targets), "dtype": lcfg.dtype,
+                   "base": hub.weights_spec(config.student),
+                   "revision": rev.get("commit")}}
+
+
 def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
-              tokenizer, name="train", meta=None) -> dict:
+              tokenizer, name="train", meta=None, lcfg=None) -> dict:
   """The loop both training commands share; returns the last step's metrics.
 
   `step_fn(step, state) -> (state, metrics)` runs one step (metrics: floats
@@ -258,7 +304,9 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   position, seed and `meta`), the SIGTERM/SIGINT stop (raises Preempted after
   its checkpoint), closing the checkpointer and log, and the final
   <workdir>/hf_student export (config.export_hf), after which, with
-  config.keep_final_only, only the final checkpoint is kept.
+  config.keep_final_only, only the final checkpoint is kept. LoRA (`lcfg`):
+  the checkpoints hold the adapters only (step.SAVED), hf_student/ the merged
+  weights and hf_adapter/ the adapters in peft's format.
   """
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
@@ -288,8 +336,9 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
       stopping = stop.requested(done)  # every step: a multi-host sync point
       if (done % config.ckpt_every == 0 or done == config.total_steps
           or stopping):
-        ckpt.save(done, state, {"step": done, "data_position": done,
-                                "seed": int(config.seed), **(meta or {})})
+        ckpt.save(done, step_lib.saved(state),
+                  {"step": done, "data_position": done,
+                   "seed": int(config.seed), **(meta or {})})
         log.sync()
     ckpt.wait()
     stop.raise_if_stopped(ckpt)
@@ -300,7 +349,11 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   if config.get("export_hf", True):
     if tokenizer is None and config.get("tokenizer_build"):  # runlocal
       tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
-    export_hf(scfg, state["params"], tokenizer, workdir)
+    scale = None if lcfg is None else lcfg.scale
+    export_hf(scfg, step_lib.export_params(state, scale), tokenizer, workdir)
+    if lcfg is not None:
+      export_adapters(lcfg, state["params"], workdir,
+                      (meta or {}).get("lora", {}))
   if config.get("keep_final_only", False) and jax.process_index() == 0:
     ckpts = os.path.join(workdir, "checkpoints")
     if ckpt_lib.prune(ckpts, int(config.total_steps)):
@@ -349,16 +402,24 @@ def model_configs(config):
   fine-tuning ('ce') needs no teacher. Without a teacher, its cfg is the
   student's."""
   scfg = train_setup.model_config(config.student, "student")
+  train_setup.lora_config(config.student)  # a bad lora block fails here
   cached = bool(config.loss.get("teacher_cache"))
   no_teacher = config.loss.kind == losses.CE or cached
   tcfg = scfg if no_teacher else train_setup.model_config(config.teacher, "teacher")
   return scfg, tcfg, cached
 
 
+def trained_dtype(config, scfg) -> str:
+  """The dtype of what the optimizer updates (make_optimizer's param_dtype):
+  the student's params, or its LoRA adapters'."""
+  lcfg = train_setup.lora_config(config.student)
+  return scfg.param_dtype if lcfg is None else lcfg.dtype
+
+
 def run_programs(config, scfg, tcfg, vocab, mesh, rules, cached):
   """The run's compiled programs (train/programs.py), abstract."""
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps, scfg.param_dtype)
+      config.optim, config.total_steps, trained_dtype(config, scfg))
   return programs.train_programs(
       config, scfg, tcfg, mesh, rules, vocab, optimizer=optimizer,
       schedule=schedule, cached=cached,
@@ -418,20 +479,28 @@ def _train(config, workdir, overwrite, mesh, rules):
   tparams = None if sft or cached else train_setup.load_params(
       tcfg, config.teacher, mesh, rules, t_key, "teacher")
   params0 = train_setup.load_params(scfg, config.student, mesh, rules, s_key)
+  lcfg = train_setup.lora_config(config.student)
+  base = scale = None
+  if lcfg is not None:  # train fresh adapters on the frozen student
+    base, scale = params0, lcfg.scale
+    params0 = train_setup.init_adapters(scfg, lcfg, mesh, rules,
+                                        jax.random.fold_in(s_key, LORA_KEY))
 
   optimizer, schedule = step_lib.make_optimizer(
-      config.optim, config.total_steps, scfg.param_dtype)
+      config.optim, config.total_steps, trained_dtype(config, scfg))
   ckpt, state, state_shard, _, start = init_or_restore(
-      config, workdir, scfg, optimizer, params0, mesh, rules)
-  if not config.get("track_sparsity", True):
-    del params0
+      config, workdir, scfg, optimizer, params0, mesh, rules, base=base,
+      lcfg=lcfg)
+  if lcfg is not None or not config.get("track_sparsity", True):
+    del params0  # LoRA: the update of the base is low-rank; not tracked
     params0 = None
 
   loss_fn = step_lib.make_loss_fn(config, scfg, tcfg, vocab,
                                   shard=sharding.Activations(mesh, rules))
   update = step_lib.jit_update(functools.partial(
       step_lib.train_step, optimizer=optimizer, schedule=schedule,
-      loss_fn=loss_fn, grad_accum=int(config.optim.grad_accum)), state_shard)
+      loss_fn=loss_fn, grad_accum=int(config.optim.grad_accum),
+      lora_scale=scale), state_shard)
   make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
                                                tokenizer, vocab_size=vocab)
   if cached:
@@ -440,7 +509,7 @@ def _train(config, workdir, overwrite, mesh, rules):
   def step_fn(step, state):
     rng = jax.random.fold_in(seed_key, step)
     batch, ro_metrics = make_sequences(
-        batches[step], state["params"], tparams, rng)
+        batches[step], step_lib.policy_params(state, scale), tparams, rng)
     batch["weights"] = losses.reduction_weights(batch["loss_mask"],
                                                 config.loss.reduction)
     state, metrics = update(state, tparams, batch)
@@ -449,7 +518,8 @@ def _train(config, workdir, overwrite, mesh, rules):
     return state, metrics
 
   return run_steps(config, workdir, step_fn=step_fn, state=state, start=start,
-                   ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer)
+                   ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer,
+                   meta=lora_meta(config, lcfg, revisions), lcfg=lcfg)
 
 
 # Kept here for callers that name them as loop.Preempted / loop.StopOnSignal.
@@ -505,7 +575,7 @@ def nan_stop_message(step, loss, ckpt, state, init_norm) -> str:
   ckpt.wait()
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-      state)
+      step_lib.saved(state))
   norms = ckpt.param_norms(abstract)
   if init_norm is None and norms and norms[0][1] is not None:
     init_norm = norms[0][1]  # resumed: the oldest kept one is the yardstick

@@ -24,6 +24,8 @@ from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.models import flops
+from jaxdistill.models import lora
+from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
 # Bytes per parameter an AdamW update moves: params read and written (their
@@ -38,6 +40,24 @@ def abstract_params(cfg, mesh, rules):
   return jax.tree.map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
       shapes, shard)
+
+
+def abstract_state(cfg, optimizer, mesh, rules, lcfg=None):
+  """(train state, its shardings, the policy's params as rollouts take
+  them) of a model of `cfg`, abstract. LoRA (`lcfg`): the state trains
+  adapters on a frozen 'base', and the policy is the base with them attached."""
+  base = abstract_params(cfg, mesh, rules)
+  trained, frozen, policy = base, None, base
+  if lcfg is not None:
+    trained = with_shardings(lora.shapes(cfg, lcfg), sharding.tree_shardings(
+        lora.logical_axes(cfg, lcfg), mesh, rules, lora.shapes(cfg, lcfg)))
+    frozen, policy = base, lora.attach(base, trained, None)
+  state_shard = step_lib.state_shardings(cfg, optimizer, trained, mesh, rules,
+                                         lcfg)
+  state = with_shardings(jax.eval_shape(
+      functools.partial(step_lib.new_state, optimizer), trained, frozen),
+                         state_shard)
+  return state, state_shard, policy
 
 
 def with_shardings(shapes, shardings):
@@ -91,17 +111,26 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
 
 
 def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int,
-                 in_place: bool = False) -> float:
+                 in_place: bool = False, trained: int | None = None) -> float:
   """HBM traffic lower bound per chip of one update: each micro-batch reads
   the student's weights `passes` times and the teacher's once (whole:
   gathered under FSDP; `in_place`: only the chip's share, the physical
-  limit), then AdamW reads and writes the chip's share of the state."""
+  limit), then AdamW reads and writes the chip's share of the state: of all
+  the student's parameters, or of `trained` many (LoRA's adapters)."""
   share = 1 / n_dev if in_place else 1
   out = micro * passes * flops.weight_bytes(scfg) * share
   if tcfg is not None:
     out += micro * flops.weight_bytes(tcfg) * share
   n = flops.weight_bytes(scfg) / flops._itemsize(scfg.param_dtype)  # pylint: disable=protected-access
+  if trained is not None:
+    n = trained
   return out + n * _ADAM_F32_BYTES / n_dev
+
+
+def trained_count(state) -> int | None:
+  """The number of parameters the optimizer updates in a LoRA state, None
+  for a state that trains the whole model (update_bytes' `trained`)."""
+  return models.num_params(state["params"]) if "base" in state else None
 
 
 def student_passes(cfg) -> int:
@@ -120,17 +149,16 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
   seq = int(d.max_prompt_len) + int(ro.max_new_tokens)
   n_dev = mesh.devices.size
   no_teacher = config.loss.kind == losses.CE or cached
-  student = abstract_params(scfg, mesh, rules)
+  lcfg = train_setup.lora_config(config.student)
+  state, state_shard, student = abstract_state(scfg, optimizer, mesh, rules,
+                                               lcfg)
   teacher = None if no_teacher else abstract_params(tcfg, mesh, rules)
-  state_shard = step_lib.state_shardings(scfg, optimizer, student, mesh, rules)
-  state = with_shardings(
-      jax.eval_shape(functools.partial(step_lib.new_state, optimizer), student),
-      state_shard)
   size = compile_only.tree_bytes_per_device
-  # What stays on the chips for the whole run: the train state, the teacher
-  # and the initial weights (kept for update sparsity).
+  # What stays on the chips for the whole run: the train state (with a LoRA
+  # run's frozen base), the teacher and the initial weights (kept for update
+  # sparsity; not with LoRA).
   run_b = (size(state) + size(teacher)
-           + (size(student) if track_sparsity else 0))
+           + (size(student) if track_sparsity and lcfg is None else 0))
 
   out = []
   if ro.policy != "dataset" and not cached:
@@ -171,16 +199,19 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
   accum = int(config.optim.grad_accum)
   update = step_lib.jit_update(functools.partial(
       step_lib.train_step, optimizer=optimizer, schedule=schedule,
-      loss_fn=loss_fn, grad_accum=accum), state_shard)
+      loss_fn=loss_fn, grad_accum=accum,
+      lora_scale=None if lcfg is None else lcfg.scale), state_shard)
   t_model = None if no_teacher else tcfg
   out.append(compile_only.Program(
       "update", update, (state, teacher, batch),
       model_flops=flops.train_step_flops(scfg, t_model, b * seq, seq),
       bytes_accessed=update_bytes(scfg, t_model, passes=student_passes(scfg),
-                                  micro=accum, n_dev=n_dev),
+                                  micro=accum, n_dev=n_dev,
+                                  trained=trained_count(state)),
       # The limit: forward and backward (no recomputation), weights in place.
       limit_bytes=update_bytes(scfg, t_model, passes=2, micro=accum,
-                               n_dev=n_dev, in_place=True),
+                               n_dev=n_dev, in_place=True,
+                               trained=trained_count(state)),
       resident_bytes=run_b - size(state) - size(teacher)))
   return out
 

@@ -15,6 +15,7 @@ import jax
 from jaxdistill import models
 from jaxdistill import sharding
 from jaxdistill.models import hub
+from jaxdistill.models import lora
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.train import batches as train_batches
 
@@ -94,6 +95,20 @@ def load_params(cfg, mcfg, mesh, rules, rng, name: str = "student"):
   shapes = jax.eval_shape(functools.partial(models.init, cfg), rng)
   shard = sharding.tree_shardings(models.logical_axes(cfg), mesh, rules, shapes)
   return jax.jit(functools.partial(models.init, cfg), out_shardings=shard)(rng)
+
+
+def lora_config(mcfg, name: str = "student"):
+  """The lora.LoraConfig of config.<name>.lora, or None (absent, or rank 0 /
+  None: the model itself is trained)."""
+  return lora.from_config(mcfg.get("lora"), f"config.{name}.lora")
+
+
+def init_adapters(cfg, lcfg, mesh, rules, rng):
+  """Fresh LoRA adapters (B = 0: the model as loaded) placed on the mesh."""
+  shard = sharding.tree_shardings(lora.logical_axes(cfg, lcfg), mesh, rules,
+                                  lora.shapes(cfg, lcfg))
+  return jax.jit(functools.partial(lora.init, cfg, lcfg),
+                 out_shardings=shard)(rng)
 
 
 def check_weights(mcfg, name: str = "student") -> None:

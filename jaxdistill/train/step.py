@@ -37,6 +37,7 @@ from jaxdistill import losses
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
+from jaxdistill.models import lora
 from jaxdistill.train import optim as optim_lib
 
 PyTree = Any
@@ -250,15 +251,22 @@ def merge_micro_metrics(stacked: dict) -> dict:
 
 
 def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
-               grad_accum: int = 1):
+               grad_accum: int = 1, lora_scale: float | None = None):
   """state = {'params', 'opt_state', 'step'} -> (new state, metrics).
 
   `loss_fn(params, teacher_params, micro_batch) -> (loss, metrics)` sums over
   tokens with globally normalised weights, so micro-batch losses and
   gradients add up to the full-batch ones; its metrics are merged by
   `merge_micro_metrics`, so the logged numbers do not depend on grad_accum.
+
+  A LoRA state (new_state with a `base`) trains state['params'], the
+  adapters: loss_fn sees lora.attach(state['base'], adapters, lora_scale)
+  and the base passes through unchanged.
   """
   params = state["params"]
+  if "base" in state:
+    inner, base, scale = loss_fn, state["base"], _scale(lora_scale)
+    loss_fn = lambda a, t, b: inner(lora.attach(base, a, scale), t, b)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if grad_accum == 1:
     (loss, metrics), grads = grad_fn(params, teacher_params, batch)
@@ -295,15 +303,50 @@ def train_step(state, teacher_params, batch, *, optimizer, schedule, loss_fn,
   metrics["train/update_norm"] = optax.global_norm(updates)
   metrics["train/lr"] = schedule(state["step"])
   metrics["train/response_tokens"] = batch["loss_mask"].sum()
-  new_state = {"params": new_params, "opt_state": opt_state,
+  new_state = {**state, "params": new_params, "opt_state": opt_state,
                "step": state["step"] + 1}
   return new_state, metrics
 
 
-def new_state(optimizer, params):
-  """The train state at step 0: {params, opt_state, step}."""
-  return {"params": params, "opt_state": optimizer.init(params),
-          "step": jnp.zeros((), jnp.int32)}
+# The entries of a train state that are trained and checkpointed; a LoRA
+# state also holds the frozen 'base', which is neither.
+SAVED = ("params", "opt_state", "step")
+
+
+def new_state(optimizer, params, base=None):
+  """The train state at step 0: {params, opt_state, step}; with LoRA,
+  `params` are the adapters and `base` the frozen model they adapt."""
+  state = {"params": params, "opt_state": optimizer.init(params),
+           "step": jnp.zeros((), jnp.int32)}
+  return state if base is None else {**state, "base": base}
+
+
+def saved(state):
+  """What a checkpoint holds of a train state (SAVED: not a LoRA base)."""
+  return {k: state[k] for k in SAVED}
+
+
+def policy_params(state, lora_scale: float | None = None):
+  """The student's params of a train state (what rollouts sample from): the
+  base with the adapters attached for LoRA, else state['params']."""
+  if "base" not in state:
+    return state["params"]
+  return lora.attach(state["base"], state["params"], _scale(lora_scale))
+
+
+def export_params(state, lora_scale: float | None = None):
+  """The student's weights to export: the base with the adapters merged
+  (W + scale * A B, in the base's dtype) for LoRA, else state['params']."""
+  if "base" not in state:
+    return state["params"]
+  return jax.jit(lora.merge, static_argnums=2)(
+      state["base"], state["params"], _scale(lora_scale))
+
+
+def _scale(lora_scale):
+  if lora_scale is None:
+    raise ValueError("a LoRA train state (with a 'base') needs lora_scale")
+  return float(lora_scale)
 
 
 def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
@@ -314,16 +357,23 @@ def opt_shardings(optimizer, abstract_opt, param_shardings, mesh):
       transform_non_params=lambda _: sharding.replicated(mesh))
 
 
-def state_shardings(cfg, optimizer, params, mesh, rules):
+def state_shardings(cfg, optimizer, params, mesh, rules, lcfg=None):
   """Shardings of the train state {params, opt_state, step} of a model of
-  `cfg` (params: arrays or ShapeDtypeStructs of its shapes)."""
-  param_shardings = sharding.tree_shardings(models.logical_axes(cfg), mesh,
-                                            rules, params)
-  return {"params": param_shardings,
-          "opt_state": opt_shardings(
-              optimizer, jax.eval_shape(optimizer.init, params),
-              param_shardings, mesh),
-          "step": sharding.replicated(mesh)}
+  `cfg` (params: arrays or ShapeDtypeStructs of its shapes). With `lcfg` (a
+  lora.LoraConfig) `params` are its adapters, and the state's 'base' is
+  placed as the model's params."""
+  axes = (models.logical_axes(cfg) if lcfg is None
+          else lora.logical_axes(cfg, lcfg))
+  param_shardings = sharding.tree_shardings(axes, mesh, rules, params)
+  out = {"params": param_shardings,
+         "opt_state": opt_shardings(
+             optimizer, jax.eval_shape(optimizer.init, params),
+             param_shardings, mesh),
+         "step": sharding.replicated(mesh)}
+  if lcfg is not None:
+    out["base"] = sharding.tree_shardings(
+        models.logical_axes(cfg), mesh, rules, models.param_shapes(cfg))
+  return out
 
 
 def jit_update(update, state_shard):
