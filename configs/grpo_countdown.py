@@ -6,9 +6,10 @@ the initial policy), avg (token | sequence), seed, paper (the paper's RLVR
 stage, App. D.6 and Table 4, below), runlocal (a tiny random policy; its
 defaults g=4, lr=1e-3 apply to the args not given).
 
-`paper` is Table 4 (arXiv 2609.35259) but for its LoRA adapters on a 4-bit
-base and its 8-bit AdamW (full fine-tuning here, float32 moments): the
-paper's Countdown-4 (5,000 problems, seed 42; Table 1's prompt, the step
+`paper` is Table 4 (arXiv 2609.35259) but for its 4-bit base and 8-bit AdamW
+(here a bfloat16 base and float32 moments): a fresh LoRA, rank 256, alpha 256,
+on the q, k, v, o, gate, up and down projections of the frozen policy (the
+distilled student; docs/training.md, "LoRA"), the paper's Countdown-4 (5,000 problems, seed 42; Table 1's prompt, the step
 verifier), reward 2 for right and 0 otherwise, GRPO with the DAPO loss
 (grpo.py: token-level mean over all completion tokens of the step, clip
 0.2 / 0.28, no KL), 8 completions per prompt at T 1.0 and top-p 0.95,
@@ -52,6 +53,15 @@ TINY = dict(family="llama", vocab_size=320, hidden_size=32,
             intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, head_dim=16, eos_token_id=(2,),
             max_position_embeddings=512)
+
+
+def paper_lora(c, runlocal: bool) -> None:
+  """The paper's adapters (Table 4, App. D.2.2): LoRA 256 / 256 on a frozen
+  bfloat16 base; runlocal's tiny model takes rank 4 (scale 1 as 256 / 256)."""
+  rank = 4 if runlocal else 256
+  c.student.lora.update(rank=rank, alpha=float(rank))
+  if not runlocal:
+    c.student.param_dtype = "bfloat16"  # frozen: nothing to round away
 
 
 def get_config(arg=None):
@@ -139,6 +149,7 @@ def get_config(arg=None):
     c.optim.update(lr=arg.given_or("lr", 2e-6), schedule="cosine",
                    warmup_steps=30, final_lr_frac=0.0, clip_norm=1.0,
                    grad_accum=2)
+    paper_lora(c, arg.runlocal)
   if arg.runlocal:
     c.total_steps = 4
     c.eval_every = c.ckpt_every = 2

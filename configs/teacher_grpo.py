@@ -15,15 +15,15 @@ completion tokens of the step, clip 0.2 / 0.28), group-normalised rewards,
 no KL (beta 0); 500 optimizer steps of 8 per device x 16 accumulation = 128
 completions (16 prompts x 8), here 2 micro-batches of 64 (8 rows per chip of
 8; the same update); LR 1e-5, cosine after 50 warm-up steps (ratio 0.1),
-clip 1.0; prompts up to 2,048 tokens, completions up to 824. Not the
-paper's: its rank-256 LoRA on a 4-bit base and 8-bit AdamW (all weights
-train here, float32 moments), its generation in rollout batches of 32 / 48
+clip 1.0; prompts up to 2,048 tokens, completions up to 824; LoRA rank 256,
+alpha 256 on the q, k, v, o, gate, up and down projections of the frozen
+backbone. Not the paper's: its 4-bit base and 8-bit AdamW (here a bfloat16
+base and float32 moments), its generation in rollout batches of 32 / 48
 completions (here all 128 of a step at once: the same params sample them),
 and the seed (not stated; 42).
 
   # One command per (family, task); the starting point is that pair's SFT
-  # teacher (configs/teacher_sft.py is not built yet: any HF directory or
-  # workdir serves), the data prepared first (jaxdistill.data.prepare):
+  # teacher (a configs/teacher_sft.py workdir; any HF directory serves), the data prepared first (jaxdistill.data.prepare):
   python -m jaxdistill.data.prepare sciknoweval --data_dir /data
   python -m jaxdistill.rl.train --config configs/teacher_grpo.py:family=qwen,task=science \
     --config.student.path=/runs/teacher_sft_qwen_science \
@@ -88,4 +88,7 @@ def get_config(arg=None):
   c.rollout.max_new_tokens = 824
   c.grpo.num_minibatches = 1
   c.optim.update(lr=arg.lr, warmup_steps=50, grad_accum=2)
+  # LoRA 256 / 256 on the frozen bfloat16 backbone (App. D.2.2).
+  c.student.lora.update(rank=256, alpha=256.0)
+  c.student.param_dtype = "bfloat16"
   return c

@@ -9,11 +9,11 @@ App. D.2.2's settings: the vanilla task prompt (Table 1) as input, the
 demonstration as the target, cross-entropy over its tokens (loss.kind 'ce'
 on rollout.policy 'dataset': the records' own responses), 500 optimizer
 steps, LR 5e-5 cosine after 10 warm-up steps, 32 sequences per step, clip
-1.0, prompts and completions of at most 2,048 tokens each. Not yet the
-paper's: its LoRA (rank 256, alpha 256 on the q, k, v, o, gate, up and down
-projections): all weights train here until the project has LoRA; and
-records longer than the limits are left out (reported at the start), not
-truncated. The demonstrations are a records file the user gives
+1.0, prompts and completions of at most 2,048 tokens each, LoRA rank 256,
+alpha 256 on the q, k, v, o, gate, up and down projections of the frozen
+bfloat16 backbone (hf_student/ is the merged teacher, hf_adapter/ the
+adapters). Not the paper's: records longer than the limits are left out
+(reported at the start), not truncated. The demonstrations are a records file the user gives
 (data.records_file, .jsonl: Countdown or MCQ records with a `response`, the
 Table 1 prompt named by `variant` / `prompt`; the paper's are verified GPT-5
 answers for Countdown-3 and MedReason and the set's own worked solutions for
@@ -64,4 +64,6 @@ def get_config(arg=None):
                 max_prompt_len=2048)
   c.rollout.max_new_tokens = 2048
   c.optim.update(lr=arg.lr)
+  c.student.lora.update(rank=256, alpha=256.0)
+  c.student.param_dtype = "bfloat16"  # the frozen backbone
   return c

@@ -210,7 +210,8 @@ TABLE4 = {"data.source": "countdown4", "seed": 42, "total_steps": 300,
           "rollout.max_new_tokens": 1024, "data.max_prompt_len": 2048,
           "grpo.loss": "dapo", "kl.coef": 0.0, "grpo.reward_scale": 2.0,
           "grpo.format_reward": None, "optim.clip_norm": 1.0,
-          "log_every": 5, "ckpt_every": 50, "rows_per_step": 48}
+          "log_every": 5, "ckpt_every": 50, "rows_per_step": 48,
+          "student.lora.rank": 256, "student.lora.alpha": 256.0}
 TEACHER_GRPO = {"total_steps": 500, "optim.lr": 1e-5,
                 "optim.schedule": "cosine", "optim.warmup_steps": 50,
                 "rollout.group_size": 8, "rollout.temperature": 1.0,
@@ -218,7 +219,8 @@ TEACHER_GRPO = {"total_steps": 500, "optim.lr": 1e-5,
                 "data.max_prompt_len": 2048, "grpo.loss": "dapo",
                 "kl.coef": 0.0, "grpo.reward_scale": 2.0,
                 "grpo.format_reward": "think_answer", "optim.clip_norm": 1.0,
-                "rows_per_step": 128}
+                "rows_per_step": 128, "student.lora.rank": 256,
+                "student.lora.alpha": 256.0}
 
 
 def _setting(c, key):
@@ -253,8 +255,9 @@ def test_rl_configs_have_the_papers_settings(spec, paper):
     assert c.data.task == "mcq" and c.data.prompt in ("science", "medreason")
 
 
-# The teachers' SFT stage (App. D.2.2); its LoRA is not built yet.
-TEACHER_SFT = {"loss.kind": "ce", "rollout.policy": "dataset",
+# The teachers' SFT stage (App. D.2.2).
+TEACHER_SFT = {"student.lora.rank": 256, "student.lora.alpha": 256.0,
+               "loss.kind": "ce", "rollout.policy": "dataset",
                "loss.reduction": "token_mean", "total_steps": 500,
                "optim.lr": 5e-5, "optim.schedule": "cosine",
                "optim.warmup_steps": 10, "data.batch_size": 32,
