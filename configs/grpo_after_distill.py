@@ -48,6 +48,8 @@ def get_config(arg=None):
       f"configs/grpo_countdown.py:paper{',' + arg if arg else ''}")
   if arm:  # else: --config.student.path=<workdir or HF dir>
     c.student.path = arm
-    # The arm's own tokenizer (its hf_student/), even for runlocal.
+    # The arm's weights and tokenizer (its hf_student/), even for runlocal:
+    # an init block would make the path unread (models.hub.weights_spec).
+    c.student.init = None
     c.tokenizer_build = None
   return c

@@ -60,6 +60,14 @@ def import_transformers():
   return transformers
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(path: str) -> bool:
+  """Whether a local directory holds a tokenizer load_tokenizer can read."""
+  return any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(path: str):
   """A transformers tokenizer from a checkpoint directory or hub name
   (models.hub.resolve)."""
@@ -68,9 +76,9 @@ def load_tokenizer(path: str):
     path = hub.resolve(path, allow_patterns=hub.CONFIG_FILES)[0]  # no weights
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
-  files = ("tokenizer.json", "tokenizer.model", "vocab.json")
-  if not any(os.path.isfile(os.path.join(path, f)) for f in files):
-    raise ValueError(f"{path}: no tokenizer files (none of {', '.join(files)})")
+  if not has_tokenizer(path):
+    raise ValueError(f"{path}: no tokenizer files (none of "
+                     f"{', '.join(TOKENIZER_FILES)})")
   for name in ("tokenizer.json", "tokenizer_config.json"):
     f = os.path.join(path, name)
     if os.path.isfile(f):
@@ -192,11 +200,17 @@ def special_ids(tokenizer) -> Mapping[str, int]:
 
 def run_tokenizer(config):
   """The run's tokenizer: config.tokenizer, else that of the checkpoint the
-  student loads (a directory or hub name); None for synthetic data."""
+  student loads (a directory or hub name); for synthetic data, which needs
+  none, the student checkpoint's if it has one (so that its export carries
+  it), else None."""
   field = "config.tokenizer" if config.get("tokenizer") else "config.student.path"
   spec = config.get("tokenizer") or hub.weights_spec(config.student)
   if config.data.task == "synthetic" and not config.get("tokenizer"):
-    return None
+    if not spec:
+      return None
+    path = hub.checkpoint_dir(spec, field, need_config=False,
+                              files=hub.CONFIG_FILES)
+    return load_tokenizer(path) if has_tokenizer(path) else None
   if not spec:
     raise ValueError("config.tokenizer: a tokenizer directory or hub name is "
                      f"needed for data.task={config.data.task!r}")
