@@ -60,6 +60,7 @@ from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
 from jaxdistill.train import programs
 from jaxdistill.train import preempt
+from jaxdistill.train import seen as seen_lib
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 from jaxdistill.train import teacher_cache
@@ -214,10 +215,11 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
   return ckpt, state, state_shard, meta, start
 
 
-def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
+def export_hf(scfg, params, tokenizer, workdir: str, seen=None) -> str | None:
   """Saves the trained student as a Hugging Face directory <workdir>/hf_student
-  (with its tokenizer). Sharded params are gathered on every host; host 0
-  writes. Returns the directory on host 0, else None.
+  (with its tokenizer, and `seen`, the host mask of the token ids training
+  processed, as sparsity.SEEN_FILE). Sharded params are gathered on every
+  host; host 0 writes. Returns the directory on host 0, else None.
 
   On gs:// the directory is built locally and uploaded, config.json last
   (a Hugging Face directory without it does not load); its earlier
@@ -232,11 +234,13 @@ def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   if not storage.is_gs(out):
     models.save_pretrained(scfg, params, out)
     tok_lib.save_tokenizer(tokenizer, out)
+    _write_seen(out, seen)
     return out
   local = storage.local_staging()
   try:
     models.save_pretrained(scfg, params, local)
     tok_lib.save_tokenizer(tokenizer, local)
+    _write_seen(local, seen)
     storage.remove(os.path.join(out, "config.json"))
     storage.upload_dir(local, out, last="config.json")
   finally:
@@ -245,8 +249,15 @@ def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   return out
 
 
+def _write_seen(directory, seen):
+  if seen is not None:
+    sparsity.write_seen(directory, seen)
+  elif os.path.isfile(os.path.join(directory, sparsity.SEEN_FILE)):
+    os.remove(os.path.join(directory, sparsity.SEEN_FILE))  # not this run's
+
+
 def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
-              tokenizer, name="train", meta=None) -> dict:
+              tokenizer, name="train", meta=None, seen=None) -> dict:
   """The loop both training commands share; returns the last step's metrics.
 
   `step_fn(step, state) -> (state, metrics)` runs one step (metrics: floats
@@ -255,7 +266,9 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   steps, the log (progress bar `name`), checkpoints (metadata: step, data
   position, seed and `meta`), the SIGTERM/SIGINT stop (raises Preempted after
   its checkpoint), closing the checkpointer and log, and the final
-  <workdir>/hf_student export (config.export_hf).
+  <workdir>/hf_student export (config.export_hf). `seen` (a
+  train.seen.SeenTokens that step_fn updates, or None) splits the embedding
+  rows' sparsity, rides in each checkpoint's metadata and is exported.
   """
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
@@ -278,14 +291,16 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
         # S_tau on the float32 values training produced (docs/method.md).
-        metrics.update(sparsity.metrics_from_params(params0, state["params"]))
+        metrics.update(sparsity.metrics_from_params(
+            params0, state["params"], None if seen is None else seen.mask()))
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point
       if (done % config.ckpt_every == 0 or done == config.total_steps
           or stopping):
         ckpt.save(done, state, {"step": done, "data_position": done,
-                                "seed": int(config.seed), **(meta or {})})
+                                "seed": int(config.seed), **(meta or {}),
+                                **(seen.meta() if seen is not None else {})})
         log.sync()
     ckpt.wait()
     stop.raise_if_stopped(ckpt)
@@ -296,7 +311,8 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   if config.get("export_hf", True):
     if tokenizer is None and config.get("tokenizer_build"):  # runlocal
       tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
-    export_hf(scfg, state["params"], tokenizer, workdir)
+    export_hf(scfg, state["params"], tokenizer, workdir,
+              None if seen is None else seen.mask())
   return last
 
 
@@ -407,8 +423,9 @@ def _train(config, workdir, overwrite, mesh, rules):
 
   optimizer, schedule = step_lib.make_optimizer(
       config.optim, config.total_steps, scfg.param_dtype)
-  ckpt, state, state_shard, _, start = init_or_restore(
+  ckpt, state, state_shard, restored, start = init_or_restore(
       config, workdir, scfg, optimizer, params0, mesh, rules)
+  seen = seen_lib.SeenTokens.resume(scfg.vocab_size, mesh, restored, start)
   if not config.get("track_sparsity", True):
     del params0
     params0 = None
@@ -427,6 +444,8 @@ def _train(config, workdir, overwrite, mesh, rules):
     rng = jax.random.fold_in(seed_key, step)
     batch, ro_metrics = make_sequences(
         batches[step], state["params"], tparams, rng)
+    if seen is not None:
+      seen.add(batch)
     batch["weights"] = losses.reduction_weights(batch["loss_mask"],
                                                 config.loss.reduction)
     state, metrics = update(state, tparams, batch)
@@ -435,7 +454,8 @@ def _train(config, workdir, overwrite, mesh, rules):
     return state, metrics
 
   return run_steps(config, workdir, step_fn=step_fn, state=state, start=start,
-                   ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer)
+                   ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer,
+                   seen=seen)
 
 
 # Kept here for callers that name them as loop.Preempted / loop.StopOnSignal.
