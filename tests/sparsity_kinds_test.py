@@ -275,3 +275,27 @@ def test_table_rows_carry_the_kinds():
   assert row["sparsity_embeddings_unseen_S_1e-8_f32"] == 0.5
   assert row["sparsity_embeddings_unseen_rows"] == 27.0
   assert row["sparsity_mlp_S_1e-6_f32"] is None
+
+
+def test_results_table_has_the_kind_columns(tmp_path):
+  """results.md: kinds in %, the token-id counts as numbers, per arm over
+  seeds."""
+  def result(seed, unseen):
+    return {"name": f"lr=1e-05,seed={seed}", "dirname": "x",
+            "factors": {"lr": 1e-5, "seed": seed}, "study": {"seed": seed},
+            "eval": {"sparsity/S_1e-6_f32": 0.5,
+                     "sparsity/embeddings_unseen/S_1e-6_f32": unseen,
+                     "sparsity/embeddings_unseen/num_rows": 27.0},
+            "train": {}}
+  rows = [table.row_of(result(0, 1.0)), table.row_of(result(1, 0.5))]
+  _, md = table.write_table(rows, str(tmp_path))
+  text = open(md).read()
+  def cells_of(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+  head = cells_of(text.splitlines()[0])
+  i = head.index("sparsity_embeddings_unseen_S_1e-6_f32")
+  j = head.index("sparsity_embeddings_unseen_rows")
+  cells = cells_of(text.splitlines()[2])
+  assert cells[i] == "75.0 ± 35.4 % (n=2)"
+  assert cells[j] == "27"
+  assert "sparsity_attention_S_1e-6_f32" not in head  # no arm has it
