@@ -18,7 +18,8 @@ Its column is named `S_{tau}_f32` (`S_1e-6_f32`).
 
 Beside the whole model, S_tau is reported per layer kind (layer_kind:
 attention, MLP, norms, embeddings) and, given the set of token ids training
-processed (SEEN_FILE, written by the training loop beside its export), over
+processed (jaxdistill.train.seen: the training loop writes it beside its
+export), over
 the embedding rows of seen tokens and of never-seen ones apart.
 
 The project's former figures stay under names of their own, whole model only:
@@ -160,10 +161,6 @@ def layer_kind(name: str) -> str:
   return "other"
 
 
-# The set of token ids a run's student processed, beside its export.
-SEEN_FILE = "seen_tokens.json"
-
-
 def check_seen(seen, rows: int | None = None, where: str = "seen") -> np.ndarray:
   """`seen` as a bool [vocab rows] array; ValueError unless it is a 1-D
   boolean (or 0/1) vector of `rows` entries."""
@@ -176,50 +173,6 @@ def check_seen(seen, rows: int | None = None, where: str = "seen") -> np.ndarray
     raise ValueError(f"{where}: {arr.shape[0]} entries, but the embedding has "
                      f"{rows} rows")
   return arr.astype(bool)
-
-
-def seen_to_json(seen) -> dict:
-  """{'vocab_size', 'ids': the seen token ids, ascending}: the file's form."""
-  seen = check_seen(seen)
-  return {"vocab_size": int(seen.shape[0]),
-          "ids": [int(i) for i in np.flatnonzero(seen)]}
-
-
-def seen_from_json(value, where: str = "seen tokens") -> np.ndarray:
-  """The bool mask of seen_to_json's dict; ValueError naming `where`."""
-  try:
-    v, ids = int(value["vocab_size"]), np.asarray(value["ids"], np.int64)
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"{where}: expected {{'vocab_size', 'ids'}}, got "
-                     f"{str(value)[:60]!r}") from e
-  if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= v)):
-    raise ValueError(f"{where}: token ids outside [0, {v})")
-  out = np.zeros(v, bool)
-  out[ids] = True
-  return out
-
-
-def write_seen(directory: str, seen) -> str:
-  """Writes <directory>/seen_tokens.json; returns its path."""
-  path = os.path.join(directory, SEEN_FILE)
-  with open(path, "w") as f:
-    json.dump({"definition": "token ids at attention_mask == 1 in any "
-               "training sequence the student processed", **seen_to_json(seen)},
-              f)
-  return path
-
-
-def read_seen(directory: str) -> np.ndarray | None:
-  """The mask of <directory>/seen_tokens.json, or None without that file."""
-  path = os.path.join(directory, SEEN_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    try:
-      value = json.load(f)
-    except ValueError as e:
-      raise ValueError(f"{path}: not valid JSON ({e})") from None
-  return seen_from_json(value, path)
 
 
 def _split_rows(tally, hits, seen, entries, *, group, name):
@@ -359,7 +312,7 @@ def update_sparsity(params0, params1, *, taus=TAUS, atol: float = ATOL,
 
   'per_kind' holds the same figures by layer kind (layer_kind: attention,
   mlp, norms, embeddings, other if any); with `seen` (a bool mask over the
-  vocabulary, SEEN_FILE's), also 'embeddings_seen' and 'embeddings_unseen':
+  vocabulary, train.seen's), also 'embeddings_seen' and 'embeddings_unseen':
   the rows of embed_tokens and of an untied lm_head (its kernel's last axis)
   whose token training did / never processed, with their 'num_rows' (token
   ids), and per group '<group>/seen', '<group>/unseen'.
@@ -497,8 +450,8 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *, taus=TAUS,
   are tensor names without it ('model.layers.self_attn.q_proj.weight').
   Tied embeddings count once: lm_head.weight is skipped when either config
   ties it. Layer kinds and `seen` as in update_sparsity (an embedding's
-  rows are its first axis; read_seen(path1) gives the mask a training run
-  exported). Returns update_sparsity's dict ('values_dtype': the stored dtypes
+  rows are its first axis; train.seen.read_seen(path1) gives the mask a
+  training run exported). Returns update_sparsity's dict ('values_dtype': the stored dtypes
   of path0) plus 'stored_dtype' {'before', 'after'} (a comma-joined list if a
   checkpoint mixes dtypes).
   """

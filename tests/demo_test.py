@@ -24,6 +24,7 @@ from jaxdistill.demo import checks
 from jaxdistill.demo import report
 from jaxdistill.demo import study
 from jaxdistill.demo import tasks as demo_tasks
+from jaxdistill.sweep import grid as grid_lib
 
 
 def _eval_exact(expr: str) -> Fraction:
@@ -355,6 +356,19 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
                 "sparsity_unchanged_1e-5_bf16"):
       assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r)
       assert -100 <= r[key] <= 100
+    # Per layer kind, the embedding rows split by the arm's seen token ids.
+    for kind in ("attention", "mlp", "norms", "embeddings", "embeddings_seen",
+                 "embeddings_unseen"):
+      v = r[f"sparsity_{kind}_S_1e-6_f32"]
+      assert isinstance(v, float) and 0 <= v <= 1, (kind, r)
+    assert r["sparsity_embeddings_seen_rows"] > 0
+    hf = os.path.join(summary["grid_dir"], grid_lib.safe_name(r["name"]),
+                      "hf_student", "config.json")
+    with open(hf) as f:
+      rows_ = json.load(f)["vocab_size"]
+    assert (r["sparsity_embeddings_seen_rows"]
+            + r["sparsity_embeddings_unseen_rows"]) == rows_
+  assert "| embeddings seen | embeddings unseen |" in printed
   for ev in (summary["teacher"], summary["student"]):
     assert all(math.isfinite(v) for v in ev.values())
   out = summary["results_dir"]

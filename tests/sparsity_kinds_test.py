@@ -19,6 +19,7 @@ from jaxdistill import models
 from jaxdistill import sparsity
 from jaxdistill.evaluate import report as eval_report
 from jaxdistill.sweep import table
+from jaxdistill.train import seen as seen_lib
 
 TAUS = (1e-6, 1e-8)
 V, D = 40, 8
@@ -208,9 +209,9 @@ def test_kinds_and_seen_rows_of_checkpoints_equal_brute_force(
   d0, d1 = str(tmp_path / "before"), str(tmp_path / "after")
   models.save_pretrained(cfg, cast(p0), d0)
   models.save_pretrained(cfg, cast(p1), d1)
-  sparsity.write_seen(d1, seen)
+  seen_lib.write_seen(d1, seen)
   got = sparsity.update_sparsity_from_checkpoints(
-      d0, d1, chunk_bytes=100, seen=sparsity.read_seen(d1))
+      d0, d1, chunk_bytes=100, seen=seen_lib.read_seen(d1))
   pairs = hf_pairs(d0, d1, seen, tied)
   assert set(got["per_kind"]) == set(pairs)
   for tau in TAUS:
@@ -246,11 +247,11 @@ def test_layer_kind_names():
 def test_seen_mask_files_and_errors(tmp_path):
   seen = np.zeros(7, bool)
   seen[[0, 3, 6]] = True
-  assert sparsity.read_seen(str(tmp_path)) is None
-  sparsity.write_seen(str(tmp_path), seen)
-  with open(tmp_path / sparsity.SEEN_FILE) as f:
+  assert seen_lib.read_seen(str(tmp_path)) is None
+  seen_lib.write_seen(str(tmp_path), seen)
+  with open(tmp_path / seen_lib.SEEN_FILE) as f:
     assert json.load(f)["ids"] == [0, 3, 6]
-  np.testing.assert_array_equal(sparsity.read_seen(str(tmp_path)), seen)
+  np.testing.assert_array_equal(seen_lib.read_seen(str(tmp_path)), seen)
   p = {"embed_tokens": {"embedding": np.zeros((5, 2), np.float32)}}
   with pytest.raises(ValueError, match="5 vocabulary rows, but the seen mask "
                      "has 7"):
@@ -258,10 +259,10 @@ def test_seen_mask_files_and_errors(tmp_path):
   with pytest.raises(ValueError, match="1-D boolean"):
     sparsity.update_sparsity(p, p, seen=np.zeros((5, 1), bool))
   with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
-    sparsity.seen_from_json({"vocab_size": 4, "ids": [4]})
-  (tmp_path / sparsity.SEEN_FILE).write_text("{")
+    seen_lib.seen_from_json({"vocab_size": 4, "ids": [4]})
+  (tmp_path / seen_lib.SEEN_FILE).write_text("{")
   with pytest.raises(ValueError, match="not valid JSON"):
-    sparsity.read_seen(str(tmp_path))
+    seen_lib.read_seen(str(tmp_path))
 
 
 def test_table_rows_carry_the_kinds():

@@ -39,6 +39,7 @@ from jaxdistill.sweep import runner
 from jaxdistill.sweep import table
 from jaxdistill.train import log as train_log
 from jaxdistill.train import preempt
+from jaxdistill.train import seen as seen_lib
 
 ID = (f"arith{demo_tasks.ID_NUMBERS}",)
 HARDER = (f"arith{demo_tasks.HARDER_NUMBERS}",)
@@ -291,7 +292,7 @@ def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
     dtype = run_.config.student.param_dtype
     start = params0 if dtype == "float32" else jax.tree.map(
         lambda x: x.astype(dtype).astype(x.dtype), params0)
-    flat.update(sparsity(cfg, start, params, sparsity_lib.read_seen(hf_dir)))
+    flat.update(sparsity(cfg, start, params, seen_lib.read_seen(hf_dir)))
     spent[f"{kind}_eval"] += time.time() - t
     spent[kind] += 1
     return flat

@@ -58,6 +58,7 @@ from jaxdistill.evaluate import programs
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import hub
+from jaxdistill.train import seen as seen_lib
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -213,7 +214,7 @@ def run(config, checkpoint: str, baseline: str | None = None,
     sp = sparsity.update_sparsity_from_checkpoints(
         baseline, checkpoint, taus=tuple(config.sparsity.taus),
         atol=float(config.sparsity.atol),
-        seen=sparsity.read_seen(checkpoint))  # a training run's export has it
+        seen=seen_lib.read_seen(checkpoint))  # a training run's export has it
     flat.update(sparsity.metrics_from_result(sp))
     result["sparsity"] = {k: sp[k] for k in (
         "taus", "atol", "former_dtypes", "columns", "stored_dtype")}

@@ -218,7 +218,7 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules):
 def export_hf(scfg, params, tokenizer, workdir: str, seen=None) -> str | None:
   """Saves the trained student as a Hugging Face directory <workdir>/hf_student
   (with its tokenizer, and `seen`, the host mask of the token ids training
-  processed, as sparsity.SEEN_FILE). Sharded params are gathered on every
+  processed, as train.seen.SEEN_FILE). Sharded params are gathered on every
   host; host 0 writes. Returns the directory on host 0, else None.
 
   On gs:// the directory is built locally and uploaded, config.json last
@@ -251,9 +251,9 @@ def export_hf(scfg, params, tokenizer, workdir: str, seen=None) -> str | None:
 
 def _write_seen(directory, seen):
   if seen is not None:
-    sparsity.write_seen(directory, seen)
-  elif os.path.isfile(os.path.join(directory, sparsity.SEEN_FILE)):
-    os.remove(os.path.join(directory, sparsity.SEEN_FILE))  # not this run's
+    seen_lib.write_seen(directory, seen)
+  elif os.path.isfile(os.path.join(directory, seen_lib.SEEN_FILE)):
+    os.remove(os.path.join(directory, seen_lib.SEEN_FILE))  # not this run's
 
 
 def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,

@@ -12,11 +12,14 @@ so under tied embeddings never-seen rows of the real vocabulary move too.
 The mask is a replicated device array updated by a small jitted scatter per
 step; every checkpoint's metadata carries it ('seen_tokens'), so a resumed
 run continues it, and the loop writes it beside its export
-(<workdir>/hf_student/seen_tokens.json, sparsity.SEEN_FILE).
+(<workdir>/hf_student/seen_tokens.json, SEEN_FILE), where evaluation reads it
+(read_seen).
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +31,52 @@ from jaxdistill import sharding
 from jaxdistill import sparsity
 
 META_KEY = "seen_tokens"
+# Beside the export: the token ids its run processed.
+SEEN_FILE = "seen_tokens.json"
+
+
+def seen_to_json(seen) -> dict:
+  """{'vocab_size', 'ids': the seen token ids, ascending}: the file's form."""
+  seen = sparsity.check_seen(seen)
+  return {"vocab_size": int(seen.shape[0]),
+          "ids": [int(i) for i in np.flatnonzero(seen)]}
+
+
+def seen_from_json(value, where: str = "seen tokens") -> np.ndarray:
+  """The bool mask of seen_to_json's dict; ValueError naming `where`."""
+  try:
+    v, ids = int(value["vocab_size"]), np.asarray(value["ids"], np.int64)
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{where}: expected {{'vocab_size', 'ids'}}, got "
+                     f"{str(value)[:60]!r}") from e
+  if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= v)):
+    raise ValueError(f"{where}: token ids outside [0, {v})")
+  out = np.zeros(v, bool)
+  out[ids] = True
+  return out
+
+
+def write_seen(directory: str, seen) -> str:
+  """Writes <directory>/seen_tokens.json; returns its path."""
+  path = os.path.join(directory, SEEN_FILE)
+  with open(path, "w") as f:
+    json.dump({"definition": "token ids at attention_mask == 1 in any "
+               "training sequence the student processed", **seen_to_json(seen)},
+              f)
+  return path
+
+
+def read_seen(directory: str) -> np.ndarray | None:
+  """The mask of <directory>/seen_tokens.json, or None without that file."""
+  path = os.path.join(directory, SEEN_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    try:
+      value = json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path}: not valid JSON ({e})") from None
+  return seen_from_json(value, path)
 
 
 @jax.jit
@@ -58,7 +107,7 @@ class SeenTokens:
       logging.warning("checkpoint %d holds no seen token ids: the embedding "
                       "rows' seen / unseen split is not reported", start)
       return None
-    return cls(rows, mesh, sparsity.seen_from_json(
+    return cls(rows, mesh, seen_from_json(
         meta[META_KEY], f"checkpoint {start} meta {META_KEY!r}"))
 
   def add(self, batch) -> None:
@@ -70,4 +119,4 @@ class SeenTokens:
     return sharding.to_host(self._mask).astype(bool)
 
   def meta(self) -> dict:
-    return {META_KEY: sparsity.seen_to_json(self.mask())}
+    return {META_KEY: seen_to_json(self.mask())}

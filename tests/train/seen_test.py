@@ -19,9 +19,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdistill import sparsity
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import log as train_log
+from jaxdistill.train import seen as seen_lib
 from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -61,14 +61,14 @@ def test_seen_tokens_are_exported_resumed_and_split_the_embeddings(tmp_path,
                                                                    tied):
   if not tied:  # one step, then resumed to two: the mask rides the checkpoint
     train_loop.train(_config(1, tied), str(tmp_path), devices=ONE_DEVICE)
-    with open(tmp_path / "hf_student" / sparsity.SEEN_FILE) as f:
+    with open(tmp_path / "hf_student" / seen_lib.SEEN_FILE) as f:
       ids = json.load(f)["ids"]
     assert ids == list(np.flatnonzero(_reference(_config(1, tied), 1)))
   c = _config(2, tied)
   train_loop.train(c, str(tmp_path), devices=ONE_DEVICE)
   want = _reference(c, 2)
   assert 0 < want.sum() < want.size and not want[0]  # pad id 0: never seen
-  got = sparsity.read_seen(str(tmp_path / "hf_student"))
+  got = seen_lib.read_seen(str(tmp_path / "hf_student"))
   np.testing.assert_array_equal(got, want)
   last = train_log.read_metrics(str(tmp_path))[-1]
   assert last["sparsity/embeddings_seen/num_rows"] == want.sum()
