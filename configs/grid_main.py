@@ -37,9 +37,18 @@ Local checkpoints and data instead (any path flag overrides its default):
   #   .medical.split=validation)
 
 Args: families / tasks (names joined by '+'), seeds (how many), axes (the
-axes kept, joined by '+'; default all five), runlocal (tiny CPU models, no
+axes kept, joined by '+'; default the study's five, family+task+kl+policy+lr;
+`precision`, the student's weights stored and updated in float32 (master
+weights, the default) or bfloat16 (student.param_dtype, no float32 copy;
+docs/method.md section 8), only when named), runlocal (tiny CPU models, no
 family or task axis; axes kl x policy unless `axes` names others, e.g.
 `runlocal,axes=policy+lr`).
+
+Weight precision as a sixth axis (twice the arms):
+
+  python -m jaxdistill.sweep --config \
+    configs/grid_main.py:families=qwen05b,axes=family+task+kl+policy+lr+precision \
+    --workdir /runs/main_precision
 """
 import ml_collections
 from ml_collections import config_dict
@@ -49,6 +58,9 @@ from jaxdistill.sweep import grid as grid_lib
 
 FAMILIES = ("llama", "qwen05b", "qwen15b")
 TASKS = ("science", "medical", "countdown")
+# The axes a grid keeps unless `axes` names others; `precision` is opt-in.
+STUDY_AXES = "family+task+kl+policy+lr"
+PRECISIONS = ("float32", "bfloat16")
 
 
 # family -> (student, teacher): the study's checkpoints on the hub.
@@ -89,7 +101,8 @@ def get_config(arg=None):
             ("task", None, tuple(arg.tasks.split("+"))),
             ("kl", "loss.kind", ("forward", "reverse")),
             ("policy", "rollout.policy", ("student", "teacher")),
-            ("lr", "optim.lr", (1e-5, 5e-5)))
+            ("lr", "optim.lr", (1e-5, 5e-5)),
+            ("precision", "student.param_dtype", PRECISIONS))
   c.seeds = tuple(42 + i for i in range(int(arg.seeds)))  # the paper's seeds 42, 43, 44
   # In-distribution accuracy and coverage on the trained task, forgetting on
   # the other two families of tasks, sparsity against the student checkpoint.
@@ -101,14 +114,13 @@ def get_config(arg=None):
     for key in ("families", "tasks"):
       arg.refuse(key, "runlocal has no family or task axis (tiny random "
                  "models on synthetic prompts)")
-  keep = (arg.axes or ("kl+policy" if arg.runlocal else "")).split("+")
-  if keep != [""]:
-    names = [a[0] for a in c.axes]
-    if set(keep) - set(names):
-      raise ValueError(f"config arg axes={arg.axes}: no axis "
-                       f"{sorted(set(keep) - set(names))[0]!r}; the axes are "
-                       f"{'+'.join(names)}")
-    c.axes = tuple(a for a in c.axes if a[0] in keep)
+  keep = (arg.axes or ("kl+policy" if arg.runlocal else STUDY_AXES)).split("+")
+  names = [a[0] for a in c.axes]
+  if set(keep) - set(names):
+    raise ValueError(f"config arg axes={arg.axes}: no axis "
+                     f"{sorted(set(keep) - set(names))[0]!r}; the axes are "
+                     f"{'+'.join(names)}")
+  c.axes = tuple(a for a in c.axes if a[0] in keep)
   if arg.runlocal:
     grid_lib.make_runlocal(c, arg)
   return c

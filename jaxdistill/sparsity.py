@@ -16,6 +16,12 @@ bfloat16, upcast), their difference is taken in float32 and compared with
 float32(tau), as `(a.float() - b.float()).abs() < tau` does in PyTorch.
 Its column is named `S_{tau}_f32` (`S_1e-6_f32`).
 
+Beside the whole model, S_tau is reported per layer kind (layer_kind:
+attention, MLP, norms, embeddings) and, given the set of token ids training
+processed (jaxdistill.train.seen: the training loop writes it beside its
+export), over
+the embedding rows of seen tokens and of never-seen ones apart.
+
 The project's former figures stay under names of their own, whole model only:
 `unchanged_{atol}_{dt}` counts |theta1 - theta0| <= atol after both are
 ROUNDED to dt (bf16 or f32; atol 1e-5), `equal_{dt}` counts theta1 == theta0
@@ -125,6 +131,63 @@ def _layer_info(path: Sequence[str], layer_key: str):
   return False, None, "/".join(path)
 
 
+# ------------------------------------------------------------ layer kinds
+
+EMBEDDINGS = "embeddings"
+# Per-kind figures, in report order; the seen / unseen parts split the
+# embedding rows by whether training ever processed the row's token.
+KINDS = ("attention", "mlp", "norms", EMBEDDINGS, f"{EMBEDDINGS}_seen",
+         f"{EMBEDDINGS}_unseen", "other")
+_KIND_KEYS = (("attention", ("self_attn", "q_proj", "k_proj", "v_proj",
+                             "o_proj")),
+              ("mlp", ("mlp", "gate_proj", "up_proj", "down_proj")),
+              (EMBEDDINGS, ("embed_tokens", "lm_head")))
+
+
+def layer_kind(name: str) -> str:
+  """The kind of a parameter from its name, a tree path
+  ('layers/self_attn/q_proj/bias') or a Hugging Face tensor name
+  ('model.layers.3.mlp.down_proj.weight'): 'norms' (any part ending in
+  'norm': input_layernorm, post_attention_layernorm, the final norm; checked
+  first, so a norm inside attention is a norm), 'attention' (q, k, v, o
+  projections and their biases), 'mlp' (gate, up, down), 'embeddings'
+  (embed_tokens, lm_head), else 'other'."""
+  parts = re.split(r"[/.]", name)
+  if any(p.endswith("norm") for p in parts):
+    return "norms"
+  for kind, keys in _KIND_KEYS:
+    if any(p in keys for p in parts):
+      return kind
+  return "other"
+
+
+def check_seen(seen, rows: int | None = None, where: str = "seen") -> np.ndarray:
+  """`seen` as a bool [vocab rows] array; ValueError unless it is a 1-D
+  boolean (or 0/1) vector of `rows` entries."""
+  arr = np.asarray(seen)
+  if arr.ndim != 1 or not (arr.dtype == bool or (
+      np.issubdtype(arr.dtype, np.integer) and np.isin(arr, (0, 1)).all())):
+    raise ValueError(f"{where}: expected a 1-D boolean mask over the vocabulary, "
+                     f"got {arr.dtype} of shape {arr.shape}")
+  if rows is not None and arr.shape[0] != rows:
+    raise ValueError(f"{where}: {arr.shape[0]} entries, but the embedding has "
+                     f"{rows} rows")
+  return arr.astype(bool)
+
+
+def _split_rows(tally, hits, seen, entries, *, group, name):
+  """hits [columns, vocab rows] of an embedding tensor of `entries` entries
+  -> its seen and unseen parts."""
+  if hits.shape[1] != seen.shape[0]:
+    raise ValueError(f"{name}: {hits.shape[1]} vocabulary rows, but the seen "
+                     f"mask has {seen.shape[0]} entries")
+  per_row = entries // max(seen.shape[0], 1)
+  for part, rows in (("seen", seen), ("unseen", ~seen)):
+    k = int(rows.sum())
+    tally.part(per_row * k, hits[:, rows].sum(axis=1), k, group=group,
+               part=part)
+
+
 def _nonfinite(x):
   return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
 
@@ -160,27 +223,45 @@ def _row_counts(a, b, *, taus, atol, former, axis):
 
 
 class _Tally:
-  """Accumulates [entries, hits per column] whole-model, per layer, per group."""
+  """Accumulates [entries, hits per column] whole-model, per layer, per group
+  and per layer kind; `part` adds the seen / unseen embedding rows, which
+  only enter their own kinds and groups (their tensor is already counted)."""
 
   def __init__(self, cols):
     self.cols = cols
     self.whole = np.zeros(1 + len(cols), np.int64)
     self.per_layer: dict[int, np.ndarray] = {}
     self.per_group: dict[str, np.ndarray] = {}
+    self.per_kind: dict[str, np.ndarray] = {}
+    self.rows: dict[str, int] = {}
 
-  def add(self, n, hits, *, group, layer=None):
+  def add(self, n, hits, *, group, layer=None, kind=None):
     v = np.concatenate([[n], np.asarray(hits, np.int64)])
     self.whole += v
-    for acc, k in ((self.per_group, group), (self.per_layer, layer)):
+    for acc, k in ((self.per_group, group), (self.per_layer, layer),
+                   (self.per_kind, kind)):
       if k is not None:
         acc[k] = acc.get(k, 0) + v
 
-  def _summary(self, v) -> dict:
+  def part(self, n, hits, rows, *, group, part):
+    v = np.concatenate([[n], np.asarray(hits, np.int64)])
+    for acc, k in ((self.per_group, f"{group}/{part}"),
+                   (self.per_kind, f"{EMBEDDINGS}_{part}")):
+      acc[k] = acc.get(k, 0) + v
+    kind = f"{EMBEDDINGS}_{part}"
+    self.rows[kind] = max(self.rows.get(kind, 0), int(rows))
+
+  def _summary(self, v, rows=None) -> dict:
     n = int(v[0])
-    return {"num_params": n,
-            **{c: (int(h) / n if n else 0.0) for c, h in zip(self.cols, v[1:])}}
+    out = {"num_params": n,
+           **{c: (int(h) / n if n else 0.0) for c, h in zip(self.cols, v[1:])}}
+    if rows is not None:
+      out["num_rows"] = rows
+    return out
 
   def result(self, taus, atol, former, values_dtypes) -> dict:
+    kinds = sorted(self.per_kind, key=lambda k: (
+        KINDS.index(k) if k in KINDS else len(KINDS), k))
     return {"taus": list(taus), "atol": atol, "former_dtypes": list(former),
             "columns": list(self.cols),
             "values_dtype": ",".join(sorted(values_dtypes)),
@@ -188,7 +269,9 @@ class _Tally:
             "per_layer": {i: self._summary(self.per_layer[i])
                           for i in sorted(self.per_layer)},
             "per_group": {k: self._summary(self.per_group[k])
-                          for k in sorted(self.per_group)}}
+                          for k in sorted(self.per_group)},
+            "per_kind": {k: self._summary(self.per_kind[k], self.rows.get(k))
+                         for k in kinds}}
 
 
 def _check_finite(name, bad, dtypes, where0, where1):
@@ -206,7 +289,8 @@ def _check_finite(name, bad, dtypes, where0, where1):
 
 def update_sparsity(params0, params1, *, taus=TAUS, atol: float = ATOL,
                     former=FORMER_DTYPES, tied: bool = False,
-                    layer_key: str = "layers", layer_axis: int = 0) -> dict:
+                    layer_key: str = "layers", layer_axis: int = 0,
+                    seen=None) -> dict:
   """Update sparsity of params1 against params0 (the module docstring's
   definitions): the paper's S_tau for each of `taus`, in float32 on the
   values as they are (a bf16 tree, e.g. restored from a bf16 Orbax
@@ -226,10 +310,18 @@ def update_sparsity(params0, params1, *, taus=TAUS, atol: float = ATOL,
   per-group figures. Tied embeddings count once: a tied model has no lm_head
   leaf; `tied=True` drops one that a conversion duplicated.
 
+  'per_kind' holds the same figures by layer kind (layer_kind: attention,
+  mlp, norms, embeddings, other if any); with `seen` (a bool mask over the
+  vocabulary, train.seen's), also 'embeddings_seen' and 'embeddings_unseen':
+  the rows of embed_tokens and of an untied lm_head (its kernel's last axis)
+  whose token training did / never processed, with their 'num_rows' (token
+  ids), and per group '<group>/seen', '<group>/unseen'.
+
   Leaves are reduced one at a time by a jitted counter on their own devices
   (sharded leaves stay sharded), so peak memory is one leaf's temporaries.
   """
   taus, atol, former = _check_args(taus, atol, former)
+  seen = None if seen is None else check_seen(seen)
   flat0 = jax.tree_util.tree_flatten_with_path(params0)[0]
   flat1, def1 = jax.tree_util.tree_flatten_with_path(params1)
   def0 = jax.tree_util.tree_structure(params0)
@@ -247,7 +339,10 @@ def update_sparsity(params0, params1, *, taus=TAUS, atol: float = ATOL,
       raise ValueError(f"{name}: shape {a.shape} vs {b.shape}")
     dtypes.add(jnp.dtype(a.dtype).name)
     stacked, layer, group = _layer_info(names, layer_key)
-    axis = layer_axis if stacked else 0
+    kind = layer_kind(name)
+    split = seen is not None and kind == EMBEDDINGS and not stacked
+    axis = layer_axis if stacked else (
+        a.ndim - 1 if split and "lm_head" in names else 0)  # lm_head: [D, V]
     if stacked and not -a.ndim <= layer_axis < a.ndim:
       raise ValueError(f"{name}: no layer axis {layer_axis} in {a.shape}")
     # Sharded leaves give sharded counts; on several hosts they are gathered.
@@ -258,10 +353,13 @@ def update_sparsity(params0, params1, *, taus=TAUS, atol: float = ATOL,
     if stacked:
       per_row = int(np.prod(a.shape)) // max(hits.shape[1], 1)
       for i in range(hits.shape[1]):
-        tally.add(per_row, hits[:, i], group=group, layer=i)
+        tally.add(per_row, hits[:, i], group=group, layer=i, kind=kind)
     else:
       tally.add(int(np.prod(a.shape)), hits.sum(axis=1), group=group,
-                layer=layer)
+                layer=layer, kind=kind)
+      if split:
+        _split_rows(tally, hits, seen, int(np.prod(a.shape)), group=group,
+                    name=name)
   return tally.result(taus, atol, former, dtypes)
 
 
@@ -301,8 +399,9 @@ def _hf_tensors(path: str) -> tuple[dict, bool]:
 
 
 def _host_counts(a: np.ndarray, b: np.ndarray, taus, atol, former,
-                 where) -> np.ndarray:
-  """int64 [columns] hits of host arrays, as _row_counts counts them (S_tau
+                 where, per_row: bool = False) -> np.ndarray:
+  """int64 [columns] hits of host arrays (with `per_row`: [columns, rows],
+  per index of the first axis), as _row_counts counts them (S_tau
   in float32; the former figures' difference in float64, exact for every
   storage dtype we read); ValueError if either holds inf or nan (`where`: the
   tensor and both paths).
@@ -314,22 +413,28 @@ def _host_counts(a: np.ndarray, b: np.ndarray, taus, atol, former,
     bad = [(np.count_nonzero(~np.isfinite(x)), np.count_nonzero(~np.isfinite(y)))]
     _check_finite(where[0], bad, (dt,), *where[1:])
 
+  def count(hit):
+    if per_row:
+      return np.count_nonzero(hit.reshape(hit.shape[0], -1), axis=1)
+    return np.count_nonzero(hit)
+
   a32, b32 = a.astype(np.float32), b.astype(np.float32)
   finite(a32, b32, None)
   diff = np.abs(b32 - a32)  # float32, as in _row_counts
-  hits = [np.count_nonzero(diff < np.float32(t)) for t in taus]
+  hits = [count(diff < np.float32(t)) for t in taus]
   for d in former:
     ad, bd = a.astype(d, copy=False), b.astype(d, copy=False)
     finite(ad, bd, d)
-    hits.append(np.count_nonzero(
+    hits.append(count(
         np.abs(ad.astype(np.float64) - bd.astype(np.float64)) <= atol))
-    hits.append(np.count_nonzero(ad == bd))
+    hits.append(count(ad == bd))
   return np.asarray(hits, np.int64)
 
 
 def update_sparsity_from_checkpoints(path0: str, path1: str, *, taus=TAUS,
                                      atol: float = ATOL, former=FORMER_DTYPES,
-                                     chunk_bytes: int = 64 << 20) -> dict:
+                                     chunk_bytes: int = 64 << 20,
+                                     seen=None) -> dict:
   """`update_sparsity` between two Hugging Face directories (before, after),
   on the values as stored: S_tau compares the stored values widened to
   float32 (a bf16 checkpoint's bf16 values, upcast), the former figures round
@@ -344,11 +449,14 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *, taus=TAUS,
   Per-layer figures use the HF layer index ('model.layers.3.' -> 3); groups
   are tensor names without it ('model.layers.self_attn.q_proj.weight').
   Tied embeddings count once: lm_head.weight is skipped when either config
-  ties it. Returns update_sparsity's dict ('values_dtype': the stored dtypes
+  ties it. Layer kinds and `seen` as in update_sparsity (an embedding's
+  rows are its first axis; train.seen.read_seen(path1) gives the mask a
+  training run exported). Returns update_sparsity's dict ('values_dtype': the stored dtypes
   of path0) plus 'stored_dtype' {'before', 'after'} (a comma-joined list if a
   checkpoint mixes dtypes).
   """
   taus, atol, former = _check_args(taus, atol, former)
+  seen = None if seen is None else check_seen(seen)
   if chunk_bytes <= 0:
     raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
   infos0, tied0 = _hf_tensors(path0)
@@ -376,10 +484,12 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *, taus=TAUS,
       m = _HF_LAYER.search(name)
       layer = int(m.group(2)) if m else None
       group = _HF_LAYER.sub(r"\1layers.", name, count=1) if m else name
+      kind = layer_kind(name)
+      split = seen is not None and kind == EMBEDDINGS and len(i0.shape) > 1
       rows = i0.shape[0] if i0.shape else 1
       row_bytes = max(i0.nbytes, i1.nbytes) // max(rows, 1)
       step = max(1, chunk_bytes // max(row_bytes, 1))
-      n, hits = 0, 0
+      n, hits, row_hits = 0, 0, []
       for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         for i in (i0, i1):  # once per file, not per block
@@ -387,10 +497,17 @@ def update_sparsity_from_checkpoints(path0: str, path1: str, *, taus=TAUS,
             files[i.file] = open(i.file, "rb")
         a = st.read_rows(i0, r0, r1, f=files[i0.file])
         b = st.read_rows(i1, r0, r1, f=files[i1.file])
-        hits = hits + _host_counts(a, b, taus, atol, former_np,
-                                   (f"tensor {name!r}", path0, path1))
+        got = _host_counts(a, b, taus, atol, former_np,
+                           (f"tensor {name!r}", path0, path1), per_row=split)
+        if split:
+          row_hits.append(got)
+          got = got.sum(axis=1)
+        hits = hits + got
         n += a.size
-      tally.add(n, hits, group=group, layer=layer)
+      tally.add(n, hits, group=group, layer=layer, kind=kind)
+      if split:
+        _split_rows(tally, np.concatenate(row_hits, axis=1), seen, n,
+                    group=group, name=f"tensor {name!r}")
   finally:
     for f in files.values():
       f.close()
@@ -407,8 +524,12 @@ def metrics_from_result(res, *, detail: bool = True) -> dict:
     sparsity/{column}     whole model, every column of res ('S_1e-6_f32',
                           'S_1e-8_f32', 'unchanged_1e-5_bf16', 'equal_bf16', ...)
     sparsity/layer_{i:02d}/S_{tau}_f32   per layer, the paper's figures only
+    sparsity/{kind}/S_{tau}_f32          per layer kind (KINDS present:
+                          attention, mlp, norms, embeddings, and with a seen
+                          mask embeddings_seen / embeddings_unseen)
+    sparsity/embeddings_{seen,unseen}/num_rows   their token ids
   and with `detail` (evaluation; the training loop logs without it):
-    sparsity/num_params,
+    sparsity/num_params, sparsity/{kind}/num_params,
     sparsity/{tensor group}/S_{tau}_f32 (the group without 'model.' / '.weight')
   """
   cols = list(res["columns"])
@@ -416,19 +537,29 @@ def metrics_from_result(res, *, detail: bool = True) -> dict:
   out = {f"sparsity/{c}": float(res[c]) for c in cols}
   if detail:
     out["sparsity/num_params"] = float(res["num_params"])
+  for k, v in (res.get("per_kind") or {}).items():
+    for c in s_cols:
+      out[f"sparsity/{k}/{c}"] = float(v[c])
+    if "num_rows" in v:
+      out[f"sparsity/{k}/num_rows"] = float(v["num_rows"])
+    if detail:
+      out[f"sparsity/{k}/num_params"] = float(v["num_params"])
   for i, v in res["per_layer"].items():
     for c in s_cols:
       out[f"sparsity/layer_{int(i):02d}/{c}"] = float(v[c])
   if detail:
     for g, v in res["per_group"].items():
-      g = g.removeprefix("model.").removesuffix(".weight")
+      g = re.sub(r"\.weight(?=/|$)", "", g.removeprefix("model."))
       for c in s_cols:
         out[f"sparsity/{g}/{c}"] = float(v[c])
   return out
 
 
-def metrics_from_params(params0, params1) -> dict:
-  """The training loop's sparsity/* of params1 (the float32 values training
+def metrics_from_params(params0, params1, seen=None) -> dict:
+  """The training loop's sparsity/* of params1 (the values training
   produced) against the initial student params0: metrics_from_result without
-  detail, at the default TAUS and the former figures in bf16 and f32."""
-  return metrics_from_result(update_sparsity(params0, params1), detail=False)
+  detail, at the default TAUS and the former figures in bf16 and f32; `seen`
+  (the loop's mask of processed token ids, or None) splits the embedding
+  rows."""
+  return metrics_from_result(update_sparsity(params0, params1, seen=seen),
+                             detail=False)

@@ -270,3 +270,34 @@ TEACHER_SFT = {"student.lora.rank": 256, "student.lora.alpha": 256.0,
 def test_teacher_sft_has_the_papers_settings(spec):
   c = config_lib.load_config(spec)
   assert {k: _setting(c, k) for k in TEACHER_SFT} == TEACHER_SFT
+
+
+@pytest.mark.parametrize("spec, n", [
+    ("families=qwen05b,tasks=countdown,axes=family+task+kl+policy+lr+precision",
+     16),
+    ("runlocal,axes=kl+precision", 4)])
+def test_grid_main_precision_axis_is_opt_in(spec, n):
+  """Named in axes, precision doubles the arms: each float32 arm has a
+  bfloat16 twin that differs only in student.param_dtype; by default the
+  study's five axes, float32 only, names unchanged."""
+  default = grid_lib.expand(config_lib.load_config("configs/grid_main.py"))
+  assert len(default) == 3 * 3 * 2 * 2 * 2
+  assert {r.config.student.param_dtype for r in default} == {"float32"}
+  assert not any("precision" in r.factors for r in default)
+  runs = grid_lib.expand(config_lib.load_config(f"configs/grid_main.py:{spec}"))
+  assert len(runs) == n
+  arms = {}
+  for r in runs:
+    config_lib.validate(r.config)
+    assert r.config.student.param_dtype == r.factors["precision"]
+    rest = r.config.to_dict()
+    rest["student"].pop("param_dtype")
+    key = ",".join(p for p in r.name.split(",")
+                   if not p.startswith("precision="))
+    arms.setdefault(key, []).append((r.factors["precision"], rest))
+  assert len(arms) == n // 2
+  for pair in arms.values():
+    assert sorted(p for p, _ in pair) == ["bfloat16", "float32"]
+    assert pair[0][1] == pair[1][1]  # nothing else differs
+  with pytest.raises(ValueError, match="no axis 'precisions'"):
+    config_lib.load_config("configs/grid_main.py:axes=kl+precisions")

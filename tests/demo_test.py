@@ -24,6 +24,7 @@ from jaxdistill.demo import checks
 from jaxdistill.demo import report
 from jaxdistill.demo import study
 from jaxdistill.demo import tasks as demo_tasks
+from jaxdistill.sweep import grid as grid_lib
 
 
 def _eval_exact(expr: str) -> Fraction:
@@ -235,6 +236,36 @@ def test_precision_finding_follows_the_sparsity_of_the_low_rate_arms():
   assert report.paragraph(found).startswith("This run reproduces 1 of the 1 ")
 
 
+def test_sparsity_by_layer_kind_table_shows_both_precisions():
+  """Per-arm means over seeds (arm_means) in the kind table, S_1e-6 / S_1e-8,
+  with the seen / never-seen token ids."""
+  def run(prec, seed, attn):
+    r = {"arm": f"forward,student,{prec}", "kl": "forward",
+         "policy": "student", "lr": 1e-4, "precision": prec, "seed": seed,
+         "sparsity": .5, "sparsity_S_1e-8_f32": .25}
+    for k in ("attention", "mlp", "norms", "embeddings", "embeddings_seen",
+              "embeddings_unseen"):
+      r[f"sparsity_{k}_S_1e-6_f32"] = attn if k == "attention" else .75
+      r[f"sparsity_{k}_S_1e-8_f32"] = .125
+    r["sparsity_embeddings_seen_rows"] = 300 + seed
+    r["sparsity_embeddings_unseen_rows"] = 212 - seed
+    return r
+  arms = report.arm_means([run("float32", 0, .1), run("float32", 2, .3),
+                           run("bfloat16", 0, .9)])
+  text = report.sparsity_markdown(arms)
+  lines = text.splitlines()
+  assert lines[0].startswith("| KL | rollouts | lr | weights | whole model | "
+                             "attention | mlp | norms | embeddings | "
+                             "embeddings seen | embeddings unseen |")
+  assert lines[2] == ("| forward | student | 1e-04 | float32 | 50.0 / 25.0 | "
+                      "20.0 / 12.5 | " + "75.0 / 12.5 | " * 5 + "301 / 211 |")
+  assert lines[3].startswith("| forward | student | 1e-04 | bfloat16 | "
+                             "50.0 / 25.0 | 90.0 / 12.5 |")
+  # Arms without per-kind figures (an older grid): no table.
+  assert report.sparsity_markdown([{**arms[0],
+                                    "sparsity_attention_S_1e-6_f32": None}]) == ""
+
+
 def test_harder_finding_is_untested_when_the_teacher_cannot_do_it():
   rows = [_row(kl, pol, 1e-4, .5, .0, .9, .9)
           for kl in ("forward", "reverse") for pol in ("student", "teacher")]
@@ -325,6 +356,19 @@ def test_quick_demo_table_is_complete_finite_and_deterministic(quick_demo,
                 "sparsity_unchanged_1e-5_bf16"):
       assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r)
       assert -100 <= r[key] <= 100
+    # Per layer kind, the embedding rows split by the arm's seen token ids.
+    for kind in ("attention", "mlp", "norms", "embeddings", "embeddings_seen",
+                 "embeddings_unseen"):
+      v = r[f"sparsity_{kind}_S_1e-6_f32"]
+      assert isinstance(v, float) and 0 <= v <= 1, (kind, r)
+    assert r["sparsity_embeddings_seen_rows"] > 0
+    hf = os.path.join(summary["grid_dir"], grid_lib.safe_name(r["name"]),
+                      "hf_student", "config.json")
+    with open(hf) as f:
+      rows_ = json.load(f)["vocab_size"]
+    assert (r["sparsity_embeddings_seen_rows"]
+            + r["sparsity_embeddings_unseen_rows"]) == rows_
+  assert "| embeddings seen | embeddings unseen |" in printed
   for ev in (summary["teacher"], summary["student"]):
     assert all(math.isfinite(v) for v in ev.values())
   out = summary["results_dir"]

@@ -440,10 +440,13 @@ def test_metric_keys_and_evaluation_report(tmp_path):
   flat = sparsity.metrics_from_result(sp)
   groups = ("embed_tokens", "norm", "layers.mlp.up_proj",
             "layers.self_attn.q_proj.bias")
+  kinds = ("attention", "mlp", "norms", "embeddings")
   assert set(flat) == (
       {f"sparsity/{c}" for c in sparsity.columns()} | {"sparsity/num_params"}
       | {f"sparsity/{p}/{c}" for c in sparsity.s_columns()
-         for p in [f"layer_{i:02d}" for i in range(3)] + list(groups)})
+         for p in [f"layer_{i:02d}" for i in range(3)] + list(groups)
+         + list(kinds)}
+      | {f"sparsity/{k}/num_params" for k in kinds})
   names = [k for k in before if k != "lm_head.weight"]
   want = reference([(before[k], after[k]) for k in names])
   assert flat["sparsity/S_1e-6_f32"] == want["S_1e-6_f32"]

@@ -114,9 +114,10 @@ def main(argv=None) -> dict | None:
   figs = report.make_figures([r for r in runs if r["precision"] == first],
                              res["teacher"], res["student"], n_test, out)
   md = report.table_markdown(arms, res["teacher"], res["student"], n_test)
-  rl_md = report.rlvr_markdown(arms, n_test)
-  if rl_md:
-    md += "\n\n" + rl_md
+  for extra in (report.sparsity_markdown(arms),
+                report.rlvr_markdown(arms, n_test)):
+    if extra:
+      md += "\n\n" + extra
   found = report.findings([a for a in arms if a["precision"] == first],
                           res["teacher"], res["student"], n_test,
                           chance=tasks.CHANCE, figures=figs)

@@ -19,6 +19,7 @@ from jaxdistill.demo import tasks as demo_tasks
 from jaxdistill.sweep import figures as study_figures
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import rlvr as rlvr_lib
+from jaxdistill.sweep import table as table_lib
 
 ID_S = f"arith{demo_tasks.ID_NUMBERS}"  # suite names
 HARD_S = f"arith{demo_tasks.HARDER_NUMBERS}"
@@ -42,7 +43,11 @@ SAMPLED = f"sampled/{ID_S}"
 RLVR_KEYS = (f"rlvr/acc/{ID_S}", f"rlvr/acc/{HARD_S}", "rlvr/acc/addition",
              SAMPLED, f"rlvr/{SAMPLED}", "reward_start", "reward_end")
 NUMERIC = tuple(k for k, _, kind in COLUMNS if kind in ("pct", "pp")) + (
-    "accuracy",) + RLVR_KEYS
+    "accuracy",) + RLVR_KEYS + table_lib.SPARSITY_KINDS
+# The sparsity-by-layer-kind table: (header, row key prefix) per column.
+KIND_COLUMNS = (("whole model", "sparsity"),
+                *((k.replace("_", " "), f"sparsity_{k}")
+                  for k in table_lib.KINDS))
 
 
 def rows_with_extras(rows, grid_dir) -> list[dict]:
@@ -141,6 +146,43 @@ def table_markdown(arms: Sequence[Mapping], teacher: Mapping,
             "updated (float32 master weights, or bfloat16 weights and Adam "
             "moments, measured from the student rounded to bfloat16). The "
             "teacher was never trained on addition ('-')."]
+  return "\n".join(lines)
+
+
+def sparsity_markdown(arms: Sequence[Mapping]) -> str:
+  """S_1e-6 / S_1e-8 per arm by layer kind, with the seen / never-seen
+  embedding rows apart ('' when no arm has per-kind figures)."""
+  if not any(a.get("sparsity_attention_S_1e-6_f32") is not None for a in arms):
+    return ""
+
+  def pair(a, prefix):
+    keys = (("sparsity", "sparsity_S_1e-8_f32") if prefix == "sparsity" else
+            (f"{prefix}_S_1e-6_f32", f"{prefix}_S_1e-8_f32"))
+    if a.get(keys[0]) is None:
+      return "-"
+    return " / ".join(_fmt(a.get(k), "pct") for k in keys)
+
+  def ids(a):
+    n = [a.get(f"sparsity_embeddings_{p}_rows") for p in ("seen", "unseen")]
+    return "-" if None in n else f"{n[0]:,.0f} / {n[1]:,.0f}"
+
+  heads = ("KL", "rollouts", "lr", "weights",
+           *(h for h, _ in KIND_COLUMNS), "token ids seen / never seen")
+  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+  for a in arms:
+    lines.append("| " + " | ".join(
+        [str(a["kl"]), str(a["policy"]), _fmt(a["lr"], "sci"),
+         str(a.get("precision"))] + [pair(a, p) for _, p in KIND_COLUMNS]
+        + [ids(a)]) + " |")
+  lines += ["", "Update sparsity by layer kind, S_1e-6 / S_1e-8 in % (the "
+            "paper's S_tau, strict <, compared in float32; mean over seeds): "
+            "attention = q, k, v, o projections, mlp = gate, up, down, norms "
+            "= every RMSNorm scale, embeddings = the token embedding (and an "
+            "untied output head); embeddings seen / never seen = its rows of "
+            "the token ids the arm's training sequences (prompts and "
+            "completions, not padding) did / never hold. A tied output head "
+            "gets gradient at every row through the softmax, so never-seen "
+            "rows move too."]
   return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ from jaxdistill.sweep import runner
 from jaxdistill.sweep import table
 from jaxdistill.train import log as train_log
 from jaxdistill.train import preempt
+from jaxdistill.train import seen as seen_lib
 
 ID = (f"arith{demo_tasks.ID_NUMBERS}",)
 HARDER = (f"arith{demo_tasks.HARDER_NUMBERS}",)
@@ -112,13 +113,15 @@ def evaluate(cfg, model_dir: str, tokenizer, suites, *, seed: int | None = None,
   return flat, params
 
 
-def sparsity(cfg, params0, params1) -> dict:
-  """sparsity/*: the paper's S_tau at cfg.eval.sparsity_taus on the float32
-  weights (the demo trains and exports in float32), and the former
-  |delta| <= cfg.eval.sparsity_atol figures in bfloat16 and float32."""
+def sparsity(cfg, params0, params1, seen=None) -> dict:
+  """sparsity/*: the paper's S_tau at cfg.eval.sparsity_taus on the weights
+  as exported, whole model and per layer kind (with `seen`, the arm's mask
+  of processed token ids, the embedding rows of seen and never-seen tokens
+  apart), and the former |delta| <= cfg.eval.sparsity_atol figures in
+  bfloat16 and float32."""
   res = sparsity_lib.update_sparsity(
       params0, params1, taus=tuple(cfg.eval.sparsity_taus),
-      atol=float(cfg.eval.sparsity_atol))
+      atol=float(cfg.eval.sparsity_atol), seen=seen)
   return sparsity_lib.metrics_from_result(res)
 
 
@@ -279,8 +282,9 @@ def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
     before distillation (forgetting, sparsity), for an arm or its RLVR stage
     (kind 'arms' or 'rlvr': what it counts and times)."""
     t = time.time()
-    flat, params = evaluate(cfg, os.path.join(run_dir, "hf_student"), tok,
-                            suites, seed=int(run_.config.seed), cache=False)
+    hf_dir = os.path.join(run_dir, "hf_student")
+    flat, params = evaluate(cfg, hf_dir, tok, suites,
+                            seed=int(run_.config.seed), cache=False)
     flat.update({f"baseline/{k}": v for k, v in student_eval.items()})
     flat.update(report.forgetting_metrics(flat, student_eval, OOD))
     # A bfloat16 arm starts from the student rounded to bfloat16 (its
@@ -288,7 +292,7 @@ def run(cfg, workdir: str, *, workers: int = 1, argv: list[str] | None = None,
     dtype = run_.config.student.param_dtype
     start = params0 if dtype == "float32" else jax.tree.map(
         lambda x: x.astype(dtype).astype(x.dtype), params0)
-    flat.update(sparsity(cfg, start, params))
+    flat.update(sparsity(cfg, start, params, seen_lib.read_seen(hf_dir)))
     spent[f"{kind}_eval"] += time.time() - t
     spent[kind] += 1
     return flat

@@ -20,6 +20,10 @@ Keys added next to the per-suite ones of evaluation.core:
                               to that dtype (sparsity/unchanged_1e-5_bf16)
   sparsity/equal_{bf16,f32}   equal after that rounding (IEEE ==, so -0.0
                               equals 0.0)
+  sparsity/{kind}/S_{tau}_f32 per layer kind: attention, mlp, norms,
+                              embeddings, and over the embedding rows of seen /
+                              never-seen tokens (embeddings_seen,
+                              embeddings_unseen, with .../num_rows)
   sparsity/num_params
 (the sparsity/* keys: jaxdistill.sparsity.metrics_from_result)
 """
@@ -151,6 +155,11 @@ def format_report(result: Mapping) -> str:
               f"baseline {sp['stored_dtype']['before']}; "
               f"{int(m['sparsity/num_params']):,} parameters)", ""]
     rows = [["whole model", *(_fmt(m[f"sparsity/{c}"], True) for c in s_cols)]]
+    for k in sp.get("kinds", ()):  # layer kinds; seen / unseen embedding rows
+      if f"sparsity/{k}/{s_cols[0]}" in m:
+        n = m.get(f"sparsity/{k}/num_rows")
+        rows.append([k + ("" if n is None else f" ({int(n):,} token ids)"),
+                     *(_fmt(m[f"sparsity/{k}/{c}"], True) for c in s_cols)])
     layers = sorted({k.split("/")[1] for k in m
                      if k.startswith("sparsity/layer_")})
     rows += [[k, *(_fmt(m.get(f"sparsity/{k}/{c}"), True) for c in s_cols)]

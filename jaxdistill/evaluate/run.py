@@ -29,7 +29,10 @@ With --baseline (the student before training):
                layer and per tensor group (sparsity/S_1e-6_f32, ...); and the
                former figures, whole model, |delta| <= config.sparsity.atol
                and equal after rounding both to bfloat16 / float32
-               (sparsity/unchanged_1e-5_bf16, sparsity/equal_bf16, ...).
+               (sparsity/unchanged_1e-5_bf16, sparsity/equal_bf16, ...); per
+               layer kind (sparsity/attention/S_1e-6_f32, ...) and, when the
+               checkpoint holds the run's seen_tokens.json, over the
+               embedding rows of seen and never-seen tokens apart.
 
 On a multi-host slice run the same command on every host with --distributed
 (train's flags): the mesh spans all chips, each host places its rows of every
@@ -63,6 +66,7 @@ from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import hub
 from jaxdistill.train import distributed
+from jaxdistill.train import seen as seen_lib
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -250,10 +254,12 @@ def run(config, checkpoint: str, baseline: str | None = None,
     # Cheap next to evaluation, and it checks that the two models match.
     sp = sparsity.update_sparsity_from_checkpoints(
         baseline, checkpoint, taus=tuple(config.sparsity.taus),
-        atol=float(config.sparsity.atol))
+        atol=float(config.sparsity.atol),
+        seen=seen_lib.read_seen(checkpoint))  # a training run's export has it
     flat.update(sparsity.metrics_from_result(sp))
     result["sparsity"] = {k: sp[k] for k in (
         "taus", "atol", "former_dtypes", "columns", "stored_dtype")}
+    result["sparsity"]["kinds"] = list(sp["per_kind"])
 
   s = config.sampler
   flat.update(_evaluate("checkpoint", checkpoint, config, mesh, rules, factory,

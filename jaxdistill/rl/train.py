@@ -44,6 +44,7 @@ from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import disk
 from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
+from jaxdistill.train import seen as seen_lib
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
@@ -297,6 +298,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
     seed_key = jax.random.wrap_key_data(
         jnp.asarray(meta["rng"], jnp.uint32),
         impl=jax.random.key_impl(seed_key))
+  seen = seen_lib.SeenTokens.resume(scfg.vocab_size, mesh, meta, start)
 
   reference = None
   if rmcfg is not None:
@@ -326,6 +328,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
     batch, metrics = collect(
         batches[step], step_lib.policy_params(state, scale), r_roll,
         reference_params=state["base"] if ref_is_base else None)
+    if seen is not None:
+      seen.add(batch)
     watch.update(step, metrics)
     t1 = time.perf_counter()
     state, upd = update(state, batch, r_upd)
@@ -335,7 +339,7 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
 
   return train_loop.run_steps(
       config, workdir, step_fn=step_fn, state=state, start=start, ckpt=ckpt,
-      scfg=scfg, params0=params0, tokenizer=tokenizer, name="grpo",
+      scfg=scfg, params0=params0, tokenizer=tokenizer, name="grpo", seen=seen,
       meta={"rng": [int(x) for x in jax.random.key_data(seed_key).ravel()],
             **train_loop.lora_meta(config, lcfg, revisions)}, lcfg=lcfg)
 

@@ -19,6 +19,14 @@ the metrics below (None when a run has no such figure):
                   that dtype
   sparsity_equal_bf16, sparsity_equal_f32   equal after that rounding
                   (IEEE ==, so -0.0 == 0.0)
+  sparsity_<kind>_S_1e-6_f32, sparsity_<kind>_S_1e-8_f32   S_tau per layer
+                  kind: attention (q, k, v, o and their biases), mlp (gate,
+                  up, down), norms (every RMSNorm scale), embeddings
+                  (embed_tokens, an untied lm_head), and the embedding rows of
+                  tokens the run's training processed (embeddings_seen) and
+                  never processed (embeddings_unseen)
+  sparsity_embeddings_seen_rows, sparsity_embeddings_unseen_rows   how many
+                  token ids those rows are
   sparsity        row field only (figures): sparsity_S_1e-6_f32
   harder_acc      mean accuracy of the harder suites (Countdown-4E, 5/6),
                   single sample or greedy as `accuracy`
@@ -51,8 +59,18 @@ STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
 SPARSITY = tuple(f"sparsity_{c}" for c in (
     "S_1e-6_f32", "S_1e-8_f32", "unchanged_1e-5_bf16", "unchanged_1e-5_f32",
     "equal_bf16", "equal_f32"))
+# S_tau per layer kind (sparsity.KINDS but 'other'), sparsity/<kind>/<column>
+# as sparsity_<kind>_<column>, and the token ids behind the seen / unseen
+# embedding rows, sparsity/<kind>/num_rows as sparsity_<kind>_rows.
+KINDS = ("attention", "mlp", "norms", "embeddings", "embeddings_seen",
+         "embeddings_unseen")
+_KIND_KEYS = {f"sparsity_{k}_{c}": f"sparsity/{k}/{c}" for k in KINDS
+              for c in ("S_1e-6_f32", "S_1e-8_f32")}
+_ROW_KEYS = {f"sparsity_{k}_rows": f"sparsity/{k}/num_rows"
+             for k in KINDS[-2:]}
+SPARSITY_KINDS = tuple(_KIND_KEYS) + tuple(_ROW_KEYS)
 METRICS = ("accuracy", "coverage", "forgetting_pp", *SPARSITY,
-           "harder_acc", "tokens_generated", "flops")
+           *SPARSITY_KINDS, "harder_acc", "tokens_generated", "flops")
 
 
 def _pass_at_max_k(ev: Mapping, group: str = "id"):
@@ -119,8 +137,9 @@ def row_of(result: Mapping) -> dict:
   row["accuracy"] = ev.get(f"id/{acc}")
   row["coverage"] = _pass_at_max_k(ev)
   row["forgetting_pp"] = ev.get("forgetting/mean_pp")
-  for col in SPARSITY:
-    key = col.replace("_", "/", 1)
+  keys = {**{c: c.replace("_", "/", 1) for c in SPARSITY}, **_KIND_KEYS,
+          **_ROW_KEYS}
+  for col, key in keys.items():
     row[col] = ev.get(key, tr.get(key))
   row["sparsity"] = row["sparsity_S_1e-6_f32"]
   row["harder_acc"] = ev.get(f"harder/{acc}")
@@ -135,8 +154,10 @@ def row_of(result: Mapping) -> dict:
 
 
 RLVR, CHANGE = "rlvr/", "rlvr_change/"
-# Compute columns describe the distillation run, not a change.
+# Compute columns describe the distillation run, not a change; counts are
+# printed as numbers, not percentages.
 _NO_CHANGE = ("tokens_generated", "flops")
+_COUNTS = _NO_CHANGE + tuple(_ROW_KEYS)
 
 
 def with_rlvr(row: Mapping, stage: Mapping) -> dict:
@@ -213,7 +234,7 @@ def summarize_arms(rows: Sequence[Mapping]) -> list[dict]:
 def _cell(mean, std, n, metric):
   if mean is None:
     return "-"
-  if metric in ("tokens_generated", "flops"):
+  if metric.removeprefix(CHANGE).removeprefix(RLVR) in _COUNTS:
     return f"{mean:.3g}"
   change = metric.startswith(CHANGE)
   pp = metric.removeprefix(CHANGE).removeprefix(RLVR) == "forgetting_pp"
@@ -278,7 +299,10 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
             "share of parameters with |change| < tau (strict), compared in "
             "float32; sparsity_unchanged_1e-5_<dtype>: the former figure, "
             "|change| <= 1e-5 after both are rounded to <dtype> "
-            "(sparsity_equal_<dtype>: equal, IEEE ==, so -0.0 equals 0.0)."]
+            "(sparsity_equal_<dtype>: equal, IEEE ==, so -0.0 equals 0.0); "
+            "sparsity_<kind>_S_<tau>_f32: the same per layer kind "
+            "(embeddings_seen / _unseen: the embedding rows of token ids the "
+            "run's training did / never processed, _rows of them)."]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path

@@ -8,6 +8,8 @@
                     gradient accumulation
   batches.py        the run's batches and the rollouts that turn them into
                     training sequences (SequenceMaker)
+  seen.py           the token ids the student processed (update sparsity's
+                    seen / never-seen embedding rows), kept and exported
   log.py            metrics.jsonl, TensorBoard, progress bar
   checkpoint.py     Orbax checkpoints of the train state, the workdir lock
   teacher_cache.py  `python -m jaxdistill.train.teacher_cache`: teacher top-k

@@ -63,6 +63,7 @@ from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
 from jaxdistill.train import programs
 from jaxdistill.train import preempt
+from jaxdistill.train import seen as seen_lib
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 from jaxdistill.train import teacher_cache
@@ -229,10 +230,11 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules,
   return ckpt, state, state_shard, meta, start
 
 
-def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
+def export_hf(scfg, params, tokenizer, workdir: str, seen=None) -> str | None:
   """Saves the trained student as a Hugging Face directory <workdir>/hf_student
-  (with its tokenizer). Sharded params are gathered on every host; host 0
-  writes. Returns the directory on host 0, else None.
+  (with its tokenizer, and `seen`, the host mask of the token ids training
+  processed, as train.seen.SEEN_FILE). Sharded params are gathered on every
+  host; host 0 writes. Returns the directory on host 0, else None.
 
   On gs:// the directory is built locally and uploaded, config.json last
   (a Hugging Face directory without it does not load); its earlier
@@ -247,11 +249,13 @@ def export_hf(scfg, params, tokenizer, workdir: str) -> str | None:
   if not storage.is_gs(out):
     models.save_pretrained(scfg, params, out)
     tok_lib.save_tokenizer(tokenizer, out)
+    _write_seen(out, seen)
     return out
   local = storage.local_staging()
   try:
     models.save_pretrained(scfg, params, local)
     tok_lib.save_tokenizer(tokenizer, local)
+    _write_seen(local, seen)
     storage.remove(os.path.join(out, "config.json"))
     storage.upload_dir(local, out, last="config.json")
   finally:
@@ -293,8 +297,15 @@ def lora_meta(config, lcfg, revisions) -> dict:
                    "revision": rev.get("commit")}}
 
 
+def _write_seen(directory, seen):
+  if seen is not None:
+    seen_lib.write_seen(directory, seen)
+  elif os.path.isfile(os.path.join(directory, seen_lib.SEEN_FILE)):
+    os.remove(os.path.join(directory, seen_lib.SEEN_FILE))  # not this run's
+
+
 def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
-              tokenizer, name="train", meta=None, lcfg=None) -> dict:
+              tokenizer, name="train", meta=None, lcfg=None, seen=None) -> dict:
   """The loop both training commands share; returns the last step's metrics.
 
   `step_fn(step, state) -> (state, metrics)` runs one step (metrics: floats
@@ -306,7 +317,9 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   <workdir>/hf_student export (config.export_hf), after which, with
   config.keep_final_only, only the final checkpoint is kept. LoRA (`lcfg`):
   the checkpoints hold the adapters only (step.SAVED), hf_student/ the merged
-  weights and hf_adapter/ the adapters in peft's format.
+  weights and hf_adapter/ the adapters in peft's format. `seen` (a
+  train.seen.SeenTokens that step_fn updates, or None) splits the embedding
+  rows' sparsity, rides in each checkpoint's metadata and is exported.
   """
   log = train_log.Logger(workdir, total=config.total_steps, start=start,
                          progress=config.get("progress", True),
@@ -330,7 +343,8 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
       if params0 is not None and (done % config.eval_every == 0 or
                                   done == config.total_steps):
         # S_tau on the float32 values training produced (docs/method.md).
-        metrics.update(sparsity.metrics_from_params(params0, state["params"]))
+        metrics.update(sparsity.metrics_from_params(
+            params0, state["params"], None if seen is None else seen.mask()))
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point
@@ -338,7 +352,8 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
           or stopping):
         ckpt.save(done, step_lib.saved(state),
                   {"step": done, "data_position": done,
-                   "seed": int(config.seed), **(meta or {})})
+                   "seed": int(config.seed), **(meta or {}),
+                   **(seen.meta() if seen is not None else {})})
         log.sync()
     ckpt.wait()
     stop.raise_if_stopped(ckpt)
@@ -350,7 +365,8 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
     if tokenizer is None and config.get("tokenizer_build"):  # runlocal
       tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
     scale = None if lcfg is None else lcfg.scale
-    export_hf(scfg, step_lib.export_params(state, scale), tokenizer, workdir)
+    export_hf(scfg, step_lib.export_params(state, scale), tokenizer, workdir,
+              None if seen is None else seen.mask())
     if lcfg is not None:
       export_adapters(lcfg, state["params"], workdir,
                       (meta or {}).get("lora", {}))
@@ -488,9 +504,10 @@ def _train(config, workdir, overwrite, mesh, rules):
 
   optimizer, schedule = step_lib.make_optimizer(
       config.optim, config.total_steps, trained_dtype(config, scfg))
-  ckpt, state, state_shard, _, start = init_or_restore(
+  ckpt, state, state_shard, restored, start = init_or_restore(
       config, workdir, scfg, optimizer, params0, mesh, rules, base=base,
       lcfg=lcfg)
+  seen = seen_lib.SeenTokens.resume(scfg.vocab_size, mesh, restored, start)
   if lcfg is not None or not config.get("track_sparsity", True):
     del params0  # LoRA: the update of the base is low-rank; not tracked
     params0 = None
@@ -510,6 +527,8 @@ def _train(config, workdir, overwrite, mesh, rules):
     rng = jax.random.fold_in(seed_key, step)
     batch, ro_metrics = make_sequences(
         batches[step], step_lib.policy_params(state, scale), tparams, rng)
+    if seen is not None:
+      seen.add(batch)
     batch["weights"] = losses.reduction_weights(batch["loss_mask"],
                                                 config.loss.reduction)
     state, metrics = update(state, tparams, batch)
@@ -519,7 +538,8 @@ def _train(config, workdir, overwrite, mesh, rules):
 
   return run_steps(config, workdir, step_fn=step_fn, state=state, start=start,
                    ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer,
-                   meta=lora_meta(config, lcfg, revisions), lcfg=lcfg)
+                   meta=lora_meta(config, lcfg, revisions), lcfg=lcfg,
+                   seen=seen)
 
 
 # Kept here for callers that name them as loop.Preempted / loop.StopOnSignal.
