@@ -141,3 +141,57 @@ def test_spectrum_evaluation_is_figure_5():
   assert ev.sampler.per_suite.countdown4e.max_new_tokens == 4096
   assert ev.suites.countdown3_paper.num_problems == 200
   assert ev.suites.countdown4e.num_problems == 200
+
+
+# App. A.12, Fig. 25: MedReason, Llama; only the generation temperatures are
+# swapped (OnPD samples at 0.5, OffPD at 1.0), the KL keeps 1.0 / 0.5.
+def test_temperature_ablation_is_appendix_a12():
+  runs = _arms("configs/grid_temperature.py:seeds=3")
+  assert len(runs) == 2 * 2 * 2 * 3
+  assert _factor_values(runs, "lr") == [1e-5, 5e-5]
+  assert sorted({r.config.seed for r in runs}) == [42, 43, 44]
+  for r in runs:
+    assert _models(r) == LLAMA
+    assert r.config.data.source == "medreason"
+    _check_table3(r, **{"rollout.max_new_tokens": 1024})
+    student, teacher = config_lib.rollout_temperatures(r.config)
+    sampled_at = student if r.factors["policy"] == "student" else teacher
+    assert sampled_at == {"student": 0.5, "teacher": 1.0}[r.factors["policy"]]
+    assert config_lib.temperatures(r.config) == (1.0, 0.5)
+
+
+def test_generation_temperatures_leave_the_loss_alone():
+  c = config_lib.load_config("configs/distill.py")
+  assert config_lib.rollout_temperatures(c) == (1.0, 0.5)
+  c.rollout.teacher_temperature = 0.8
+  assert config_lib.rollout_temperatures(c) == (1.0, 0.8)
+  assert config_lib.temperatures(c) == (1.0, 0.5)
+  c.rollout.teacher_temperature = -1.0
+  with pytest.raises(ValueError, match="rollout.teacher_temperature"):
+    config_lib.validate(c)
+  # The estimators on the rollout's own tokens need it sampled at the loss
+  # temperatures; the paper's fresh-token ones do not.
+  c.rollout.teacher_temperature = 1.0
+  c.loss.kind, c.loss.estimator = "sampled", "k3"
+  with pytest.raises(ValueError, match="rollout.student_temperature"):
+    config_lib.validate(c)
+  c.loss.estimator = "fresh_forward"
+  config_lib.validate(c)
+
+
+# Sec. 5.3, App. D.6: the 24 Countdown-3 arms (Llama, KL x policy x lr
+# {1e-5, 5e-5} x seeds 42-44), each followed by Table 4's RLVR with RLVR
+# seed 42 whatever the distillation seed.
+def test_rlvr_after_distillation_is_appendix_d6():
+  from jaxdistill.sweep import rlvr  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_config("configs/grid_rlvr.py:seeds=3")
+  runs = grid_lib.expand(c)
+  assert len(runs) == 24
+  _countdown3_llama("configs/grid_rlvr.py:seeds=3", [1e-5, 5e-5])
+  for r in runs:
+    stage = rlvr.stage_config(c, r, "/runs/arm")
+    assert stage.seed == 42
+    assert stage.student.path == "/runs/arm/hf_student"
+    assert (stage.data.source, stage.total_steps, stage.optim.lr) == (
+        "countdown4", 300, 2e-6)
+    assert (stage.grpo.loss, stage.rollout.group_size) == ("dapo", 8)
