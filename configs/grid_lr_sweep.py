@@ -14,16 +14,14 @@ factors, one workdir can hold both).
   python -m jaxdistill.sweep --config configs/grid_lr_sweep.py:runlocal --workdir /tmp/lrs
 """
 from jaxdistill import config_lib
+from jaxdistill.sweep import grid as grid_lib
 
 LRS = (1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5)
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, seeds=1, runlocal=False)
-  mode = "runlocal,axes=kl+policy+lr" if arg.runlocal else (
-      "families=llama,tasks=countdown")
-  seeds = f",seeds={arg.seeds}" if arg.given("seeds") else ""
-  c = config_lib.load_config(f"configs/grid_main.py:{mode}{seeds}")
+  c = grid_lib.main_grid_slice(arg, "families=llama,tasks=countdown")
   if not arg.runlocal:  # runlocal keeps tiny models' own rates
     c.axes = tuple((n, f, LRS if n == "lr" else v) for n, f, v in c.axes)
   return c

@@ -14,16 +14,14 @@ A.1 names no count).
   python -m jaxdistill.sweep --config configs/grid_noclip.py:runlocal --workdir /tmp/noclip
 """
 from jaxdistill import config_lib
+from jaxdistill.sweep import grid as grid_lib
 
 LRS = (1e-5, 2e-5, 3e-5, 4e-5, 5e-5)
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, seeds=1, runlocal=False)
-  mode = "runlocal,axes=kl+policy+lr" if arg.runlocal else (
-      "families=llama,tasks=countdown")
-  seeds = f",seeds={arg.seeds}" if arg.given("seeds") else ""
-  c = config_lib.load_config(f"configs/grid_main.py:{mode}{seeds}")
+  c = grid_lib.main_grid_slice(arg, "families=llama,tasks=countdown")
   c.base.optim.clip_norm = None
   if not arg.runlocal:  # runlocal keeps tiny models' own rates
     c.axes = tuple((n, f, LRS if n == "lr" else v) for n, f, v in c.axes)

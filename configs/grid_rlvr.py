@@ -19,16 +19,14 @@ grpo_after_distill.py (its docstring says how far that is).
   python -m jaxdistill.sweep --config configs/grid_rlvr.py:runlocal --workdir /tmp/rlvr
 """
 from jaxdistill import config_lib
+from jaxdistill.sweep import grid as grid_lib
 
 RLVR_SEED = 42
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, seeds=1, runlocal=False)
-  mode = "runlocal,axes=kl+policy+lr" if arg.runlocal else (
-      "families=llama,tasks=countdown")
-  seeds = f",seeds={arg.seeds}" if arg.given("seeds") else ""
-  c = config_lib.load_config(f"configs/grid_main.py:{mode}{seeds}")
+  c = grid_lib.main_grid_slice(arg, "families=llama,tasks=countdown")
   c.rlvr = dict(base_spec="configs/grpo_after_distill.py",
                 updates=dict(keep_final_only=True), seed=RLVR_SEED,
                 select=None)

@@ -15,16 +15,14 @@ is the main grid's (configs/grid_main.py, Table 3). seeds=3: 42, 43, 44.
   python -m jaxdistill.sweep --config configs/grid_sampled_kl.py:runlocal --workdir /tmp/skl
 """
 from jaxdistill import config_lib
+from jaxdistill.sweep import grid as grid_lib
 
 ESTIMATORS = ("fresh_forward", "fresh_reverse")
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, seeds=1, runlocal=False)
-  mode = "runlocal,axes=kl+policy+lr" if arg.runlocal else (
-      "families=llama,tasks=countdown")
-  seeds = f",seeds={arg.seeds}" if arg.given("seeds") else ""
-  c = config_lib.load_config(f"configs/grid_main.py:{mode}{seeds}")
+  c = grid_lib.main_grid_slice(arg, "families=llama,tasks=countdown")
   c.base.loss.kind = "sampled"
   c.axes = tuple(("kl", "loss.estimator", ESTIMATORS) if n == "kl"
                  else (n, f, v) for n, f, v in c.axes)

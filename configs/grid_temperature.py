@@ -15,6 +15,7 @@ MedReason accuracy at step 150 against grid_main's arms is Fig. 25.
   python -m jaxdistill.sweep --config configs/grid_temperature.py:runlocal --workdir /tmp/temp
 """
 from jaxdistill import config_lib
+from jaxdistill.sweep import grid as grid_lib
 
 # The swap: each policy generates at the other's default temperature.
 GENERATION = dict(student_temperature=0.5, teacher_temperature=1.0)
@@ -22,9 +23,6 @@ GENERATION = dict(student_temperature=0.5, teacher_temperature=1.0)
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, seeds=1, runlocal=False)
-  mode = "runlocal,axes=kl+policy+lr" if arg.runlocal else (
-      "families=llama,tasks=medical")
-  seeds = f",seeds={arg.seeds}" if arg.given("seeds") else ""
-  c = config_lib.load_config(f"configs/grid_main.py:{mode}{seeds}")
+  c = grid_lib.main_grid_slice(arg, "families=llama,tasks=medical")
   c.base.rollout.update(GENERATION)
   return c
