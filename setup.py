@@ -4,6 +4,8 @@ import setuptools
 # libtpu at the version the installed jax names (jax[tpu] pins it): wheels
 # exist for Linux x86-64 only.
 TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
+MATH = "math-verify>=0.9"
+STYLE = "langdetect>=1.0.9"
 WANDB = "wandb>=0.19"
 
 setuptools.setup(
@@ -78,9 +80,15 @@ setuptools.setup(
                  # (skipped without libtpu, which only Linux x86-64 has)
                  TPU,
                  # tests/train/log_test.py reads a W&B offline run
-                 WANDB],
+                 WANDB, MATH, STYLE],
         # Weights & Biases logging beside TensorBoard (config.wandb.project).
         "wandb": [WANDB],
+        # MATH-500 / Numina-MATH answers by symbolic equivalence
+        # (jaxdistill/tasks/math_answer.py; brings sympy).
+        "math": [MATH],
+        # The style-transfer judge: language identification
+        # (jaxdistill/tasks/language.py; profiles ship with the package).
+        "style": [STYLE],
         # Benchmarks only (python -m jaxdistill.bench.gkd races TRL's
         # GKDTrainer); never needed to train, test or evaluate.
         "bench": ["trl==1.16.0", "torch==2.13.0"],

@@ -151,7 +151,13 @@ def get_config(arg=None):
                    # policy='spectrum' only: both models' temperature inside
                    # pi_lambda (None: each its own); the paper's spectrum
                    # runs used 1.0 (configs/grid_spectrum.py).
-                   spectrum_temperature=config_dict.placeholder(float))
+                   spectrum_temperature=config_dict.placeholder(float),
+                   # Generation only (None: the model's own temperature;
+                   # the loss always uses student/teacher.temperature):
+                   # the paper's temperature ablation (App. A.12,
+                   # configs/grid_temperature.py).
+                   student_temperature=config_dict.placeholder(float),
+                   teacher_temperature=config_dict.placeholder(float))
   # reduction 'sequence_mean' is the paper's (Eq. 1); 'token_mean' pools all
   # tokens of the batch. estimator (kind='sampled'): 'fresh_forward' /
   # 'fresh_reverse' are the paper's (App. A.2), the others score the

@@ -1,7 +1,10 @@
 r"""The study's main factorial grid: family x KL x rollout policy x lr x task.
 
+The paper's Sec. 4 (Fig. 1, App. D.3: Llama) and its App. A.5 replication
+(Figs. 13-14: Qwen2.5-7B -> 1.5B); seeds=3 gives its seeds 42, 43, 44.
 Llama 3 (3.1-8B-Instruct -> 3.2-1B-Instruct) and Qwen2.5 (7B-Instruct ->
-0.5B / 1.5B-Instruct) x forward / reverse KL x student / teacher rollouts x
+1.5B-Instruct; 0.5B-Instruct as an extra family, not the paper's, by
+families=qwen05b) x forward / reverse KL x student / teacher rollouts x
 lr 1e-5 / 5e-5 x science (the paper's SciKnowEval set) / medical (its
 MedReason pools) / Countdown-3 (tasks.countdown.PRESETS), all three the
 paper's (App. D.1; data.paper_mcq says how close the MCQ sets are). Every arm
@@ -9,11 +12,13 @@ shares data, seeds and sampler settings (the runner checks it). The
 checkpoints are the study's, by hub name (the Llama repos are gated: accept
 their licence and set HF_TOKEN); SciKnowEval and MedReason are prepared from
 the hub into <workdir>/data before the first arm (jaxdistill.data.prepare).
-One command per family:
+The teachers are the Instruct checkpoints unless their paths name the
+task-trained teachers of configs/teacher_sft.py / teacher_grpo.py (App.
+D.2.2; --config.presets.family.F.teacher.path=...). One command per family:
 
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=llama,seeds=3 --workdir /runs/main
+  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen15b,seeds=3 --workdir /runs/main
   python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen05b --workdir /runs/main
-  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen15b --workdir /runs/main
-  python -m jaxdistill.sweep --config configs/grid_main.py:families=llama --workdir /runs/main
   # add --print_commands for a cluster
 
 Local checkpoints and data instead (any path flag overrides its default):
@@ -57,6 +62,8 @@ from jaxdistill import config_lib
 from jaxdistill.sweep import grid as grid_lib
 
 FAMILIES = ("llama", "qwen05b", "qwen15b")
+# The paper's two families (Sec. 4.1, App. A.5): the default of `families`.
+PAPER_FAMILIES = ("llama", "qwen15b")
 TASKS = ("science", "medical", "countdown")
 # The axes a grid keeps unless `axes` names others; `precision` is opt-in.
 STUDY_AXES = "family+task+kl+policy+lr"
@@ -82,7 +89,7 @@ def _mcq(source, prompt):
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, families="+".join(FAMILIES),
+  arg = config_lib.parse_arg(arg, families="+".join(PAPER_FAMILIES),
                              tasks="+".join(TASKS), seeds=1, axes="",
                              runlocal=False)
   c = ml_collections.ConfigDict()

@@ -1,5 +1,11 @@
 r"""Robustness of the main comparison (student vs teacher rollouts).
 
+The project's own variants, one lr per sweep. The paper's own robustness
+experiments are configs/grid_noclip.py (App. A.1: its lr sweep without
+clipping) and configs/grid_sampled_kl.py (App. A.2: a fresh token per
+position, not the rollout's own as rkl_sampled / rkl_k3 below); its longer
+chains are Numina-MATH (App. A.3), not Countdown-4 as fkl_long / rkl_long.
+
 Variants, each against both rollout policies:
   fkl, rkl                  the exact token-level KL with clipping (reference)
   fkl_noclip, rkl_noclip    no gradient clipping

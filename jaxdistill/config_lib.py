@@ -202,14 +202,24 @@ def temperatures(config) -> tuple[float, float]:
 def rollout_temperatures(config) -> tuple[float, float]:
   """(student, teacher) temperatures the rollouts sample at: the models' own
   (`temperatures`), or rollout.spectrum_temperature for both under
-  policy='spectrum' when it is set (the paper's spectrum runs: 1.0)."""
+  policy='spectrum' when it is set (the paper's spectrum runs: 1.0), or else
+  rollout.student_temperature / rollout.teacher_temperature where set (the
+  paper's temperature ablation, App. A.12: generation only, the loss keeps
+  the models' own)."""
   ro = config.rollout
   t = ro.get("spectrum_temperature")
   if ro.get("policy") == "spectrum" and t is not None:
     if not 0 < float(t) < float("inf"):
       _err("rollout.spectrum_temperature", f"must be > 0 and finite, got {t}")
     return float(t), float(t)
-  return temperatures(config)
+  out = list(temperatures(config))
+  for i, name in enumerate(("student", "teacher")):
+    t = ro.get(f"{name}_temperature")
+    if t is not None:
+      if not 0 < float(t) < float("inf"):
+        _err(f"rollout.{name}_temperature", f"must be > 0 and finite, got {t}")
+      out[i] = float(t)
+  return out[0], out[1]
 
 
 def check_teacher_prompt(template) -> None:
@@ -357,6 +367,12 @@ def validate(config) -> None:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
   if loss.kind == choices.SAMPLED:
     _check_sampled_rollout(loss, ro)
+    if (loss.estimator not in choices.FRESH_ESTIMATORS
+        and rollout_temperatures(config) != temperatures(config)):
+      _err("rollout.student_temperature", "the estimators on the rollout's "
+           "own tokens assume it was sampled at the loss temperatures: leave "
+           "rollout.student_temperature / teacher_temperature None, or use "
+           "estimator 'fresh_forward' / 'fresh_reverse'")
   _check_teacher_prompt(config)
 
   opt = config.optim

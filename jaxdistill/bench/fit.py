@@ -60,18 +60,25 @@ MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 # config: (kind, spec, families). kind: "train" (a distillation run),
 # "sweep" (a grid: its base run takes the family's pair) or "rl" (GRPO: the
 # family's student as the policy). The pairs are the configs' own: the
-# spectrum and top-k grids distil Qwen2.5-0.5B, the harder Countdown grid
-# Qwen2.5-1.5B, GRPO after distillation starts from Qwen2.5-0.5B.
+# spectrum grid distils Llama-3.2-1B and Qwen2.5-1.5B (the paper's Sec. 5.2,
+# App. A.5), the paper's Countdown-3 / MedReason grids and its RLVR stage
+# (App. D.6) Llama-3.2-1B, the top-k grid Qwen2.5-0.5B, the harder Countdown
+# grid Qwen2.5-1.5B.
 CONFIGS = {
     "distill": ("train", "configs/distill.py", tuple(FAMILIES)),
     "grid_main": ("sweep", "configs/grid_main.py:families={family}",
                   tuple(FAMILIES)),
-    "grid_spectrum": ("sweep", "configs/grid_spectrum.py", ("qwen05b",)),
+    "grid_spectrum": ("sweep", "configs/grid_spectrum.py:family={family}",
+                      ("llama", "qwen15b")),
+    "grid_lr_sweep": ("sweep", "configs/grid_lr_sweep.py", ("llama",)),
+    "grid_noclip": ("sweep", "configs/grid_noclip.py", ("llama",)),
+    "grid_sampled_kl": ("sweep", "configs/grid_sampled_kl.py", ("llama",)),
+    "grid_temperature": ("sweep", "configs/grid_temperature.py", ("llama",)),
     "grid_topk": ("sweep", "configs/grid_topk.py", ("qwen05b",)),
     "grid_countdown_harder": ("sweep", "configs/grid_countdown_harder.py",
                               ("qwen15b",)),
     "grpo_after_distill": ("rl", "configs/grpo_after_distill.py",
-                           ("qwen05b",)),
+                           ("llama", "qwen05b")),
 }
 
 

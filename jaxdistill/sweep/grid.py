@@ -288,6 +288,17 @@ def _diff_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
   return out
 
 
+def main_grid_slice(arg, slice_args: str):
+  """configs/grid_main.py restricted to one slice of it (`slice_args`, e.g.
+  'families=llama,tasks=countdown'), or under arg.runlocal its runlocal
+  variant with the axes kl x policy x lr; arg.seeds is passed on when given.
+  The paper's Countdown-3 and MedReason grids (configs/grid_lr_sweep.py, ...)
+  start from it and change what their section changes."""
+  mode = "runlocal,axes=kl+policy+lr" if arg.runlocal else slice_args
+  seeds = f",seeds={arg.seeds}" if arg.given("seeds") else ""
+  return config_lib.load_config(f"configs/grid_main.py:{mode}{seeds}")
+
+
 def make_runlocal(grid, arg=None, *,
                   eval_spec: str = "configs/eval.py:runlocal,samples=2",
                   lrs: tuple = (1e-3, 5e-3)) -> None:

@@ -10,6 +10,8 @@ declares that stage with
              base=None,      # or the GRPO ConfigDict itself; base_spec then
                              # only names where launch commands start
              updates={},     # merged into it (dotted fields must exist)
+             seed=None,      # None: the arm's seed; or one for every
+                             # stage (the paper's RLVR seed 42, App. D.6)
              select=None)    # None: every arm; or dict(metric='accuracy',
                              # per=('kl', 'policy')): in each group of arms
                              # sharing these study factors, the arm with the
@@ -18,8 +20,9 @@ declares that stage with
 
 and `python -m jaxdistill.sweep` (study.runner.run_sweep) then runs, after
 the arms, one GRPO run per chosen arm in <arm dir>/rlvr/: started from the
-arm's export (<arm dir>/hf_student/, tokenizer included) with the arm's seed,
-so every arm gets the same RL stage and only the start differs. The stage is
+arm's export (<arm dir>/hf_student/, tokenizer included) with the arm's seed
+(or rlvr.seed: one for every stage), so every arm gets the same RL stage and
+only the start differs. The stage is
 evaluated as the arm was (grid.eval, against the student the arm started
 from), so the table shows before and after RLVR in the same columns. A stage
 is finished when <arm dir>/rlvr/results.json exists (written last):
@@ -83,7 +86,8 @@ def stage_config(grid, run: grid_lib.Run, run_dir: str):
   c.student.init = None
   if "tokenizer_build" in c:
     c.tokenizer_build = None
-  c.seed = int(run.config.seed)
+  seed = r.get("seed")
+  c.seed = int(run.config.seed if seed is None else seed)
   _pin_hub_names(c)
   return c
 
