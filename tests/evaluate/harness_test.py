@@ -1,0 +1,288 @@
+"""jaxdistill.evaluate.harness against lm-eval's own `hf` model (HFLM).
+
+Both load the same tiny random transformers checkpoint (a Llama whose
+tokenizer adds BOS, as Llama 3's does, and a Qwen2 whose tokenizer adds
+nothing), float32 on CPU, and answer the same lm-eval Instances. max_length 32
+so that long requests are left-truncated and documents span several rolling
+windows on both sides. The end-to-end test runs a task defined from local
+JSON files through `python -m jaxdistill.evaluate.harness` offline.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # pylint: disable=g-import-not-at-top
+
+from jaxdistill.evaluate import harness  # pylint: disable=g-import-not-at-top
+from tests import tiny_hf  # pylint: disable=g-import-not-at-top
+
+MAX_LEN = 32
+TOL = 1e-4
+
+CONTEXTS = [
+    "Question: 3 + 4 =",
+    "Answer: ",  # trailing space moves into the continuation
+    "Which organ pumps blood? A) Heart B) Liver\nAnswer:",
+    # longer than MAX_LEN tokens: left-truncated
+    "Using the numbers 1 2 3 4 5 6 7 8 9 create an equation that equals 24. "
+    "Using the numbers 9 8 7 6 5 4 3 2 1 create an equation that equals 42.",
+]
+CONTINUATIONS = [" 7", "B", " Heart", " 9 * 8 - 7 = 65"]
+DOCS = ["Oxygen", "Which gas do plants absorb for photosynthesis? Carbon dioxide.",
+        " ".join(f"{i} + {i} = {2 * i}." for i in range(12))]  # several windows
+
+
+def _add_bos(path):
+  """Makes the saved tokenizer prepend <|bos|> to every encoding."""
+  f = path / "tokenizer.json"
+  tj = json.loads(f.read_text())
+  bos = next(t for t in tj["added_tokens"] if t["content"] == "<|bos|>")
+  tj["post_processor"] = {
+      "type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<|bos|>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}}],
+      "pair": [{"SpecialToken": {"id": "<|bos|>", "type_id": 0}},
+               {"Sequence": {"id": "A", "type_id": 0}},
+               {"Sequence": {"id": "B", "type_id": 1}}],
+      "special_tokens": {"<|bos|>": {"id": "<|bos|>", "ids": [bos["id"]],
+                                     "tokens": ["<|bos|>"]}}}
+  f.write_text(json.dumps(tj))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def ckpt(request, tmp_path_factory, tokenizer):
+  from jaxdistill.data import tokenizer as tok_lib
+  path = tmp_path_factory.mktemp(f"harness_{request.param}")
+  vocab = len(tokenizer)
+  for _ in range(2):
+    # The checkpoint's vocabulary is the tokenizer's length as loaded from the
+    # directory (transformers' Qwen2 class adds <|endoftext|>): no logit rows
+    # beyond the tokenizer, so HF's argmax and ours range over the same ids.
+    tiny_hf.make_tiny_checkpoint(request.param, path, vocab_size=vocab,
+                                 eos_token_id=tokenizer.eos_token_id,
+                                 bos_token_id=tokenizer.bos_token_id)
+    tokenizer.save_pretrained(str(path))
+    if len(tok_lib.load_tokenizer(str(path))) == vocab:
+      break
+    vocab = len(tok_lib.load_tokenizer(str(path)))
+  if request.param == "llama":
+    _add_bos(path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def models_pair(ckpt):
+  from lm_eval.models.huggingface import HFLM
+  ref = HFLM(pretrained=str(ckpt), device="cpu", dtype="float32",
+             batch_size=1, max_length=MAX_LEN)
+  ours = harness.JaxLM(pretrained=str(ckpt), dtype="float32", batch_size=3,
+                       max_length=MAX_LEN)
+  return ours, ref
+
+
+def _reqs(kind, args):
+  return [Instance(request_type=kind, doc={}, arguments=a, idx=i)
+          for i, a in enumerate(args)]
+
+
+GEN_KW = {"until": ["\n", "."], "max_gen_toks": 8, "do_sample": False}
+GEN_PROMPTS = ["Question: 3 + 4 =", "<|user|>Which organ pumps blood?<|assistant|>",
+               "Using the numbers 1 2 3", "Answer:"]
+
+
+def test_bos_handling_differs_between_families(models_pair, ckpt):
+  ours, ref = models_pair
+  ids = ours.tok_encode("Answer:")
+  assert ids == ref.tok_encode("Answer:")
+  assert (ids[0] == ours.tokenizer.bos_token_id) == ("llama" in ckpt.name)
+
+
+def test_loglikelihood_matches_hf(models_pair):
+  ours, ref = models_pair
+  args = list(zip(CONTEXTS, CONTINUATIONS)) + [("", "Heart of gold")]
+  a = ours.loglikelihood(_reqs("loglikelihood", args))
+  b = ref.loglikelihood(_reqs("loglikelihood", args))
+  for (lp_a, g_a), (lp_b, g_b), req in zip(a, b, args):
+    assert abs(lp_a - lp_b) < TOL, req
+    assert g_a == g_b, req
+    assert lp_a < 0
+
+
+def test_is_greedy_on_the_reference_argmax(models_pair):
+  """Continuations that are the HF model's own greedy tokens (and the same
+  with the last token changed): is_greedy True, then False, on both sides."""
+  import torch
+  ours, ref = models_pair
+  reqs = []
+  for c in CONTEXTS[:3]:
+    ctx = ref.tok_encode(c)[-(MAX_LEN - 4):]  # fits: no truncation
+    with torch.no_grad():
+      out = ref.model.generate(torch.tensor([ctx]), max_new_tokens=3,
+                               do_sample=False, eos_token_id=None,
+                               pad_token_id=0)
+    cont = out[0, len(ctx):].tolist()
+    wrong = cont[:-1] + [(cont[-1] + 1) % len(ours.tokenizer)]
+    reqs += [((c, "g"), ctx, cont), ((c, "w"), ctx, wrong)]
+  a = ours._loglikelihood_tokens(reqs)  # pylint: disable=protected-access
+  b = ref._loglikelihood_tokens(reqs)  # pylint: disable=protected-access
+  assert [g for _, g in b] == [True, False] * 3
+  assert [g for _, g in a] == [g for _, g in b]
+  for (lp_a, _), (lp_b, _) in zip(a, b):
+    assert abs(lp_a - lp_b) < TOL
+
+
+def test_loglikelihood_rolling_matches_hf(models_pair):
+  ours, ref = models_pair
+  assert len(ours.tok_encode(DOCS[-1])) > 2 * MAX_LEN  # several windows
+  a = ours.loglikelihood_rolling(_reqs("loglikelihood_rolling", [(d,) for d in DOCS]))
+  b = ref.loglikelihood_rolling(_reqs("loglikelihood_rolling", [(d,) for d in DOCS]))
+  assert len(a) == len(b) == len(DOCS)
+  for x, y, d in zip(a, b, DOCS):
+    assert abs(x - y) < TOL, d
+
+
+def test_greedy_generate_until_matches_hf(models_pair):
+  ours, ref = models_pair
+  reqs = [(p, GEN_KW) for p in GEN_PROMPTS] + [
+      (GEN_PROMPTS[0], {"until": ["3"], "max_gen_toks": 5})]
+  a = ours.generate_until(_reqs("generate_until", reqs))
+  b = ref.generate_until(_reqs("generate_until", reqs))
+  assert a == b
+  assert any(a), "every generation is empty: the comparison shows nothing"
+
+
+def test_chat_template_hooks(models_pair):
+  ours, ref = models_pair
+  chat = [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "Which organ pumps blood?"}]
+  assert ours.apply_chat_template(chat) == ref.apply_chat_template(chat)
+  assert ours.apply_chat_template(chat, add_generation_prompt=False) == \
+      ref.apply_chat_template(chat, add_generation_prompt=False)
+  assert ours.chat_template(True) == ref.chat_template(True)
+  assert ours.tokenizer_name == ref.tokenizer_name
+
+
+def test_bad_model_args(ckpt):
+  with pytest.raises(ValueError, match="batch_size 'auto'"):
+    harness.JaxLM(pretrained=str(ckpt), batch_size="auto")
+  with pytest.raises(ValueError, match="max_gen_toks"):
+    harness.JaxLM(pretrained=str(ckpt), max_gen_toks="0")
+  with pytest.raises(ValueError, match="unknown model args"):
+    harness.JaxLM(pretrained=str(ckpt), temprature=1)
+
+
+def test_registered():
+  from lm_eval.api import registry
+  assert registry.get_model("jaxdistill") is harness.JaxLM
+
+
+# -- end to end: lm-eval's CLI on a task from local files ----------------------
+
+MCQ_DOCS = [
+    {"question": "Which organ pumps blood?", "choices": ["Heart", "Liver", "Lung"],
+     "label": 0},
+    {"question": "Which gas do plants absorb?", "choices": ["Oxygen", "Carbon dioxide"],
+     "label": 1},
+    {"question": "What is 3 + 4?", "choices": ["6", "7", "8"], "label": 1},
+]
+
+TASK_YAML = """\
+task: tiny_mcq
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+GEN_YAML = """\
+task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{choices[label]}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def test_cli_end_to_end(ckpt, models_pair, tmp_path):
+  """`python -m jaxdistill.evaluate.harness` (lm-eval's CLI) offline: the
+  results JSON holds the tasks, with acc equal to what HFLM's loglikelihoods
+  give (the argmax over choices, computed here) and no torch imported."""
+  ours, ref = models_pair
+  data = tmp_path / "docs.jsonl"
+  data.write_text("".join(json.dumps(d) + "\n" for d in MCQ_DOCS))
+  tasks = tmp_path / "tasks"
+  tasks.mkdir()
+  (tasks / "tiny_mcq.yaml").write_text(TASK_YAML.format(data=data))
+  (tasks / "tiny_gen.yaml").write_text(GEN_YAML.format(data=data))
+  out = tmp_path / "out"
+  env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+             HF_DATASETS_CACHE=str(tmp_path / "ds_cache"),
+             PYTHONPATH=str(pathlib.Path(__file__).parents[2]))
+  # Whether torch was imported, written when the child exits.
+  flag = tmp_path / "torch_imported"
+  code = ("import atexit, sys\n"
+          f"atexit.register(lambda: open({str(flag)!r}, 'w').write("
+          "str('torch' in sys.modules)))\n"
+          "import runpy\n"
+          "runpy.run_module('jaxdistill.evaluate.harness', run_name='__main__')\n")
+  cmd = [sys.executable, "-c", code, "--model", "jaxdistill",
+         "--model_args", f"pretrained={ckpt},dtype=float32,max_length={MAX_LEN}",
+         "--tasks", "tiny_mcq,tiny_gen", "--include_path", str(tasks),
+         "--batch_size", "2", "--output_path", str(out), "--log_samples"]
+  p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                     check=False)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert flag.read_text() == "False"
+  files = sorted(out.rglob("results_*.json"))
+  assert files, p.stderr[-2000:]
+  res = json.loads(files[-1].read_text())["results"]
+  reqs = [(f"Question: {d['question']}\nAnswer:", " " + c)
+          for d in MCQ_DOCS for c in d["choices"]]
+  lls = [lp for lp, _ in ref.loglikelihood(_reqs("loglikelihood", reqs))]
+  hits, k = [], 0
+  for d in MCQ_DOCS:
+    n = len(d["choices"])
+    scores = lls[k:k + n]
+    hits.append(scores.index(max(scores)) == d["label"])
+    k += n
+  assert res["tiny_mcq"]["acc,none"] == pytest.approx(sum(hits) / len(hits))
+  gens = ref.generate_until(_reqs("generate_until", [
+      (f"Question: {d['question']}\nAnswer:",
+       {"until": ["\n"], "max_gen_toks": 6, "do_sample": False})
+      for d in MCQ_DOCS]))
+  want = sum(g == d["choices"][d["label"]] for g, d in zip(gens, MCQ_DOCS))
+  assert res["tiny_gen"]["exact_match,none"] == pytest.approx(want / len(MCQ_DOCS))
+  samples = sorted(out.rglob("samples_tiny_gen_*.jsonl"))
+  got = [json.loads(l)["resps"][0][0] for l in samples[-1].read_text().splitlines()]
+  assert sorted(got) == sorted(gens)
