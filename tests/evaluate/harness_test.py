@@ -10,6 +10,7 @@ JSON files through `python -m jaxdistill.evaluate.harness` offline.
 import json
 import os
 import pathlib
+import site
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from tests import tiny_hf  # pylint: disable=g-import-not-at-top
 
 MAX_LEN = 32
 TOL = 1e-4
+NO_TORCH = ("torch", "functorch", "torchgen")
 
 CONTEXTS = [
     "Question: 3 + 4 =",
@@ -237,7 +239,7 @@ metadata:
 def test_cli_end_to_end(ckpt, models_pair, tmp_path):
   """`python -m jaxdistill.evaluate.harness` (lm-eval's CLI) offline: the
   results JSON holds the tasks, with acc equal to what HFLM's loglikelihoods
-  give (the argmax over choices, computed here) and no torch imported."""
+  give (the argmax over choices, computed here), without torch installed."""
   ours, ref = models_pair
   data = tmp_path / "docs.jsonl"
   data.write_text("".join(json.dumps(d) + "\n" for d in MCQ_DOCS))
@@ -246,24 +248,30 @@ def test_cli_end_to_end(ckpt, models_pair, tmp_path):
   (tasks / "tiny_mcq.yaml").write_text(TASK_YAML.format(data=data))
   (tasks / "tiny_gen.yaml").write_text(GEN_YAML.format(data=data))
   out = tmp_path / "out"
+  # The child runs where torch is not installed: `python -S` (no site dir)
+  # over a copy of site-packages made of links to all but torch's packages,
+  # as an install of the `lmeval` extra alone would be. (transformers and
+  # lm-eval import torch whenever it is installed, which here it is, for HFLM.)
+  farm = tmp_path / "site"
+  farm.mkdir()
+  for site_dir in site.getsitepackages():
+    for entry in os.listdir(site_dir):
+      if entry.split("-")[0] not in NO_TORCH and not entry.endswith(".pth"):
+        (farm / entry).symlink_to(os.path.join(site_dir, entry))
   env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
              HF_DATASETS_CACHE=str(tmp_path / "ds_cache"),
-             PYTHONPATH=str(pathlib.Path(__file__).parents[2]))
-  # Whether torch was imported, written when the child exits.
-  flag = tmp_path / "torch_imported"
-  code = ("import atexit, sys\n"
-          f"atexit.register(lambda: open({str(flag)!r}, 'w').write("
-          "str('torch' in sys.modules)))\n"
-          "import runpy\n"
-          "runpy.run_module('jaxdistill.evaluate.harness', run_name='__main__')\n")
-  cmd = [sys.executable, "-c", code, "--model", "jaxdistill",
+             PYTHONPATH=f"{pathlib.Path(__file__).parents[2]}{os.pathsep}{farm}")
+  no_torch = subprocess.run([sys.executable, "-S", "-c", "import torch"],
+                            env=env, capture_output=True, check=False)
+  assert no_torch.returncode != 0
+  cmd = [sys.executable, "-S", "-m", "jaxdistill.evaluate.harness",
+         "--model", "jaxdistill",
          "--model_args", f"pretrained={ckpt},dtype=float32,max_length={MAX_LEN}",
          "--tasks", "tiny_mcq,tiny_gen", "--include_path", str(tasks),
          "--batch_size", "2", "--output_path", str(out), "--log_samples"]
   p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
                      check=False)
   assert p.returncode == 0, p.stderr[-3000:]
-  assert flag.read_text() == "False"
   files = sorted(out.rglob("results_*.json"))
   assert files, p.stderr[-2000:]
   res = json.loads(files[-1].read_text())["results"]
