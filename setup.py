@@ -5,6 +5,10 @@ import setuptools
 # exist for Linux x86-64 only.
 TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
 WANDB = "wandb>=0.19"
+# lm-evaluation-harness (jaxdistill/evaluate/harness.py, the paper's forgetting
+# benchmarks): its core needs no torch; the ifeval extra is IFEval's checkers.
+# Tested with 0.4.13 (its model API and CLI change between minor versions).
+LMEVAL = "lm_eval[ifeval]==0.4.13"
 
 setuptools.setup(
     name="jaxdistill",
@@ -76,7 +80,12 @@ setuptools.setup(
                  # (skipped without libtpu, which only Linux x86-64 has)
                  TPU,
                  # tests/train/log_test.py reads a W&B offline run
-                 WANDB],
+                 WANDB,
+                 # tests/evaluate/harness_test.py compares our lm-eval model
+                 # with lm-eval's own `hf` one (torch above, accelerate here)
+                 LMEVAL, "accelerate>=0.26"],
+        # python -m jaxdistill.evaluate.harness (lm-eval on our JAX models).
+        "lmeval": [LMEVAL],
         # Weights & Biases logging beside TensorBoard (config.wandb.project).
         "wandb": [WANDB],
         # Benchmarks only (python -m jaxdistill.bench.gkd races TRL's

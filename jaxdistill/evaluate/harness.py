@@ -56,15 +56,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+_NO_LMEVAL = ("jaxdistill.evaluate.harness needs lm-evaluation-harness: "
+              "pip install 'jaxdistill[lmeval]'")
 try:
   from lm_eval import utils as lm_utils
   from lm_eval.api import model as lm_model
   from lm_eval.api import registry as lm_registry
   from lm_eval.models import utils as lm_model_utils
-except ImportError as e:  # pragma: no cover - exercised only without lm-eval
-  raise ImportError(
-      "jaxdistill.evaluate.harness needs lm-evaluation-harness: "
-      "pip install 'jaxdistill[lmeval]'") from e
+except ImportError as e:
+  if __name__ == "__main__":
+    sys.exit(f"error: {_NO_LMEVAL}")
+  raise ImportError(_NO_LMEVAL) from e
 
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib

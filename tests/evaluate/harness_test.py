@@ -301,3 +301,23 @@ def test_cli_end_to_end(ckpt, models_pair, tmp_path):
   assert any(want)
   assert res["tiny_gen"]["exact_match,none"] == pytest.approx(
       sum(smp["exact_match"] for smp in gen) / len(gen))
+
+
+def test_without_lm_eval_one_line_error():
+  """`import jaxdistill` never needs lm-eval; the harness says what to install."""
+  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[2]))
+  hide = "import sys; sys.modules['lm_eval'] = None; "
+  p = subprocess.run(
+      [sys.executable, "-c", hide + "import jaxdistill, jaxdistill.evaluate, "
+       "jaxdistill.evaluate.run; print('lm_eval' in sys.modules and "
+       "sys.modules['lm_eval'] is not None)"],
+      env=env, capture_output=True, text=True, check=False)
+  assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr[-2000:]
+  p = subprocess.run(
+      [sys.executable, "-c", hide + "import runpy; runpy.run_module("
+       "'jaxdistill.evaluate.harness', run_name='__main__')"],
+      env=env, capture_output=True, text=True, check=False)
+  assert p.returncode == 1
+  assert p.stderr.strip() == ("error: jaxdistill.evaluate.harness needs "
+                              "lm-evaluation-harness: pip install "
+                              "'jaxdistill[lmeval]'")
