@@ -159,6 +159,20 @@ def test_greedy_generate_until_matches_hf(models_pair):
   assert any(a), "every generation is empty: the comparison shows nothing"
 
 
+def test_generate_until_cuts_at_stop_strings(models_pair):
+  """A stop string taken from the middle of an unstopped generation: both
+  cut there (the rollout itself runs on; the cut is on the text)."""
+  ours, ref = models_pair
+  free = {"until": [], "max_gen_toks": 8, "do_sample": False}
+  full = ref.generate_until(_reqs("generate_until", [(GEN_PROMPTS[0], free)]))[0]
+  stop = full[len(full) // 2:len(full) // 2 + 1]
+  assert stop
+  req = [(GEN_PROMPTS[0], dict(free, until=[stop]))]
+  a = ours.generate_until(_reqs("generate_until", req))
+  assert a == ref.generate_until(_reqs("generate_until", req))
+  assert a[0] == full.split(stop)[0] and len(a[0]) < len(full)
+
+
 def test_chat_template_hooks(models_pair):
   ours, ref = models_pair
   chat = [{"role": "system", "content": "Be brief."},
