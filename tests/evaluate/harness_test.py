@@ -335,3 +335,23 @@ def test_without_lm_eval_one_line_error():
   assert p.stderr.strip() == ("error: jaxdistill.evaluate.harness needs "
                               "lm-evaluation-harness: pip install "
                               "'jaxdistill[lmeval]'")
+
+
+def test_sampled_generation_is_seeded_per_request(models_pair, ckpt):
+  """Sampling (do_sample, temperature 1): the same seed gives the same texts
+  whatever the batch size; another seed other texts."""
+  if "llama" not in ckpt.name:
+    pytest.skip("family-independent; run once (compiles are slow)")
+  ours, _ = models_pair
+  kw = {"until": [], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
+  prompts = GEN_PROMPTS[:2]
+  reqs = _reqs("generate_until", [(p, kw) for p in prompts])
+  one = harness.JaxLM(pretrained=str(ckpt), dtype="float32", batch_size=1,
+                      max_length=MAX_LEN)
+  a = ours.generate_until(reqs)
+  assert a == one.generate_until(reqs)
+  one.seed = 1
+  assert a != one.generate_until(reqs)
+  greedy = ours.generate_until(_reqs("generate_until", [
+      (p, dict(kw, do_sample=False)) for p in prompts]))
+  assert a != greedy
