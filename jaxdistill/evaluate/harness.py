@@ -4,6 +4,13 @@
       --model_args pretrained=DIR_OR_HUB_NAME,dtype=bfloat16,max_gen_toks=1024 \
       --batch_size 16 --tasks truthfulqa_mc1 --limit 200 --apply_chat_template
 
+  # the paper's seven forgetting benchmarks (App. D.1.2; OOD_TASKS), then
+  # their scores and unweighted mean (ood/mean) from lm-eval's results file:
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.evaluate.harness --model jaxdistill \
+      --model_args pretrained=DIR --batch_size 16 --ood \
+      --confirm_run_unsafe_code --output_path /runs/x/lmeval
+  python -m jaxdistill.evaluate.harness ood-score /runs/x/lmeval/*/results_*.json
+
 The command line is lm-eval's own (`lm_eval` / `lm-eval run`): this module
 registers the model class `jaxdistill` with lm-eval's registry, then hands the
 arguments to lm-eval's CLI. lm-eval's stock `lm_eval` command cannot find an
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import functools
+import json
 import logging
 import os
 import sys
@@ -372,6 +380,48 @@ class JaxLM(lm_model.TemplateLM):
             "model_sha": ""}
 
 
+# The paper's forgetting suite (App. D.1.2): lm-eval task -> (the key of its
+# score in lm-eval's results JSON, factor to a fraction in [0, 1]). With
+# --limit 200 lm-eval caps each task, and each of MMLU-Pro's 14 subjects, at
+# 200 examples: 2,800 MMLU-Pro, 200 each of TruthfulQA-MC1, IFEval, BBQ and
+# ToxiGen, all 164 HumanEval-Instruct and all 171 EQ-Bench (3,935 in all).
+# The paper names the benchmarks, not lm-eval's task names or versions; these
+# are lm-eval 0.4.13's. EQ-Bench's score is in percent: "normalised" read as
+# divided by 100. HumanEval executes the generated code: lm-eval refuses it
+# unless the user passes --confirm_run_unsafe_code (and HF_ALLOW_CODE_EVAL=1
+# for the `evaluate` code_eval metric); nothing here turns that on.
+OOD_TASKS = {
+    "mmlu_pro": ("exact_match,custom-extract", 1.0),
+    "truthfulqa_mc1": ("acc,none", 1.0),
+    "ifeval": ("prompt_level_strict_acc,none", 1.0),
+    "humaneval_instruct": ("pass@1,create_test", 1.0),
+    "eq_bench": ("eqbench,none", 0.01),
+    "bbq": ("acc,none", 1.0),
+    "toxigen": ("acc,none", 1.0),
+}
+OOD_LIMIT = 200
+
+
+def ood_args() -> list[str]:
+  """lm-eval arguments that run the paper's seven benchmarks."""
+  return ["--tasks", ",".join(OOD_TASKS), "--limit", str(OOD_LIMIT)]
+
+
+def ood_scores(results: dict) -> dict[str, float]:
+  """Per-task scores (fractions) and their unweighted mean, `ood/mean`, from
+  an lm-eval results JSON (its top level or its "results" entry)."""
+  results = results.get("results", results)
+  out = {}
+  for task, (key, scale) in OOD_TASKS.items():
+    value = results.get(task, {}).get(key)
+    if value is None:
+      raise ValueError(f"ood_scores: no {key!r} for task {task!r} in the "
+                       "results (run all seven tasks: ood_args())")
+    out[f"ood/{task}"] = float(value) * scale
+  out["ood/mean"] = sum(out.values()) / len(OOD_TASKS)
+  return out
+
+
 def register() -> None:
   """Registers JaxLM as lm-eval's model `jaxdistill` (once per process)."""
   if NAME not in lm_registry.model_registry.keys():
@@ -382,10 +432,27 @@ register()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """lm-eval's command line, with `--model jaxdistill` available."""
+  """lm-eval's command line, with `--model jaxdistill` available.
+
+  Two additions: `--ood` stands for the paper's seven tasks and limit
+  (ood_args), and `ood-score RESULTS.json` prints ood_scores as JSON.
+  """
   from lm_eval import __main__ as lm_main  # pylint: disable=g-import-not-at-top
-  if argv is not None:
-    sys.argv = [sys.argv[0]] + list(argv)
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["ood-score"]:
+    if len(argv) != 2:
+      sys.exit("usage: python -m jaxdistill.evaluate.harness ood-score "
+               "RESULTS.json")
+    try:
+      with open(argv[1], encoding="utf-8") as f:
+        print(json.dumps(ood_scores(json.load(f)), indent=2))
+    except (OSError, ValueError) as e:
+      sys.exit(f"error: {e}")
+    return
+  if "--ood" in argv:
+    argv.remove("--ood")
+    argv += ood_args()
+  sys.argv = [sys.argv[0]] + argv
   lm_main.cli_evaluate()
 
 

@@ -355,3 +355,69 @@ def test_sampled_generation_is_seeded_per_request(models_pair, ckpt):
   greedy = ours.generate_until(_reqs("generate_until", [
       (p, dict(kw, do_sample=False)) for p in prompts]))
   assert a != greedy
+
+
+# -- the paper's seven-benchmark suite (App. D.1.2) -----------------------------
+
+PAPER_TASKS = ["mmlu_pro", "truthfulqa_mc1", "ifeval", "humaneval_instruct",
+               "eq_bench", "bbq", "toxigen"]
+
+
+def _fake_results():
+  """An lm-eval results JSON for the seven tasks (keys as lm-eval writes them)."""
+  return {"results": {
+      "mmlu_pro": {"alias": "mmlu_pro", "exact_match,custom-extract": 0.30,
+                   "exact_match_stderr,custom-extract": 0.01},
+      "mmlu_pro_law": {"exact_match,custom-extract": 0.9},  # a subject: unused
+      "truthfulqa_mc1": {"acc,none": 0.28, "acc_stderr,none": 0.03},
+      "ifeval": {"prompt_level_strict_acc,none": 0.55,
+                 "prompt_level_loose_acc,none": 0.6},
+      "humaneval_instruct": {"pass@1,create_test": 0.35},
+      "eq_bench": {"eqbench,none": 42.0, "percent_parseable,none": 98.0},
+      "bbq": {"acc,none": 0.5, "accuracy_amb,none": 0.2},
+      "toxigen": {"acc,none": 0.45, "acc_norm,none": 0.43}}}
+
+
+def test_ood_scores_mean_of_seven():
+  got = harness.ood_scores(_fake_results())
+  per_task = [0.30, 0.28, 0.55, 0.35, 0.42, 0.5, 0.45]  # EQ-Bench: 42 / 100
+  assert sorted(got) == sorted([f"ood/{t}" for t in PAPER_TASKS] + ["ood/mean"])
+  assert [got[f"ood/{t}"] for t in PAPER_TASKS] == pytest.approx(per_task)
+  assert got["ood/mean"] == pytest.approx(sum(per_task) / 7)
+  assert harness.ood_scores(_fake_results()["results"]) == got
+  res = _fake_results()
+  del res["results"]["bbq"]
+  with pytest.raises(ValueError, match="'acc,none' for task 'bbq'"):
+    harness.ood_scores(res)
+
+
+def test_ood_tasks_exist_in_lm_eval():
+  """The seven names are tasks (or, MMLU-Pro, the group of 14 subjects that
+  --limit caps one by one) in the installed lm-eval's task files."""
+  import lm_eval
+  root = pathlib.Path(lm_eval.__file__).parent / "tasks"
+  names = set()
+  for f in root.rglob("*.yaml"):
+    for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+      if line.startswith(("task: ", "group: ")):
+        names.add(line.split(":", 1)[1].strip())
+  assert set(PAPER_TASKS) <= names
+  assert len(list((root / "mmlu_pro").glob("mmlu_pro_*.yaml"))) == 14
+  assert harness.ood_args() == ["--tasks", ",".join(PAPER_TASKS), "--limit", "200"]
+
+
+def test_cli_ood_flag_and_score(monkeypatch, tmp_path, capsys):
+  from lm_eval import __main__ as lm_main
+  seen = []
+  monkeypatch.setattr(lm_main, "cli_evaluate", lambda: seen.append(sys.argv[1:]))
+  harness.main(["--model", "jaxdistill", "--ood", "--apply_chat_template"])
+  assert seen == [["--model", "jaxdistill", "--apply_chat_template",
+                   "--tasks", ",".join(PAPER_TASKS), "--limit", "200"]]
+  f = tmp_path / "results.json"
+  f.write_text(json.dumps(_fake_results()))
+  harness.main(["ood-score", str(f)])
+  assert json.loads(capsys.readouterr().out) == harness.ood_scores(_fake_results())
+  with pytest.raises(SystemExit, match="no 'exact_match,custom-extract' for "
+                     "task 'mmlu_pro'"):
+    f.write_text(json.dumps({"results": {"mmlu_pro": {}}}))
+    harness.main(["ood-score", str(f)])
