@@ -7,6 +7,10 @@ TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
 MATH = "math-verify>=0.9"
 STYLE = "langdetect>=1.0.9"
 WANDB = "wandb>=0.19"
+# lm-evaluation-harness (jaxdistill/evaluate/harness.py, the paper's forgetting
+# benchmarks): its core needs no torch; the ifeval extra is IFEval's checkers.
+# Tested with 0.4.13 (its model API and CLI change between minor versions).
+LMEVAL = "lm_eval[ifeval]==0.4.13"
 
 setuptools.setup(
     name="jaxdistill",
@@ -80,7 +84,12 @@ setuptools.setup(
                  # (skipped without libtpu, which only Linux x86-64 has)
                  TPU,
                  # tests/train/log_test.py reads a W&B offline run
-                 WANDB, MATH, STYLE],
+                 WANDB, MATH, STYLE,
+                 # tests/evaluate/harness_test.py compares our lm-eval model
+                 # with lm-eval's own `hf` one (torch above, accelerate here)
+                 LMEVAL, "accelerate>=0.26"],
+        # python -m jaxdistill.evaluate.harness (lm-eval on our JAX models).
+        "lmeval": [LMEVAL],
         # Weights & Biases logging beside TensorBoard (config.wandb.project).
         "wandb": [WANDB],
         # MATH-500 / Numina-MATH answers by symbolic equivalence

@@ -6,5 +6,8 @@
   report.py    tables, group means, forgetting and sparsity keys
   suites.py    the suites an eval config names (Countdown splits, MCQ files)
   metrics.py   accuracy, pass@k, distinct correct answers, forgetting
+  harness.py   lm-evaluation-harness on our models (`python -m
+               jaxdistill.evaluate.harness`, the paper's seven OOD benchmarks;
+               needs the `lmeval` extra, imported only there)
 Update sparsity itself is jaxdistill/sparsity.py.
 """
