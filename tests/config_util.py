@@ -10,3 +10,11 @@ def set_fields(config, updates):
       node = node[p]
     node[leaf] = value
   return config
+
+
+def runlocal_distill(**updates):
+  """configs/distill.py:runlocal, quiet, with dotted-field `updates`."""
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_config("configs/distill.py:runlocal")
+  c.progress = False
+  return set_fields(c, updates)

@@ -140,18 +140,23 @@ def tree_pairs(p0, p1, seen):
   return out
 
 
-@pytest.mark.parametrize("family, tied", [("llama", False), ("qwen2", True),
-                                          ("llama", True), ("qwen2", False)])
-def test_kinds_and_seen_rows_in_memory_equal_brute_force(family, tied):
-  cfg, p0, p1, seen = perturbed(family, tied)
-  got = sparsity.update_sparsity(p0, p1, seen=seen)
-  pairs = tree_pairs(p0, p1, seen)
+def _check_kinds(got, pairs):
+  """Each kind's count and S_tau equal the brute-force count of its pairs."""
   assert set(got["per_kind"]) == set(pairs)
   for tau in TAUS:
     col = f"S_{sparsity.number_name(tau)}_f32"
     for kind, (h, n) in reference(pairs, tau).items():
       assert got["per_kind"][kind]["num_params"] == n, kind
       assert got["per_kind"][kind][col] == h / n, (kind, tau)
+
+
+@pytest.mark.parametrize("family, tied", [("llama", False), ("qwen2", True),
+                                          ("llama", True), ("qwen2", False)])
+def test_kinds_and_seen_rows_in_memory_equal_brute_force(family, tied):
+  cfg, p0, p1, seen = perturbed(family, tied)
+  got = sparsity.update_sparsity(p0, p1, seen=seen)
+  pairs = tree_pairs(p0, p1, seen)
+  _check_kinds(got, pairs)
   # Whole model: every parameter once (the parts do not add to it).
   h, n = brute([p for k, v in pairs.items() if "_" not in k for p in v], 1e-6)
   assert got["num_params"] == n == models.num_params(p0)
@@ -213,12 +218,7 @@ def test_kinds_and_seen_rows_of_checkpoints_equal_brute_force(
   got = sparsity.update_sparsity_from_checkpoints(
       d0, d1, chunk_bytes=100, seen=seen_lib.read_seen(d1))
   pairs = hf_pairs(d0, d1, seen, tied)
-  assert set(got["per_kind"]) == set(pairs)
-  for tau in TAUS:
-    col = f"S_{sparsity.number_name(tau)}_f32"
-    for kind, (h, n) in reference(pairs, tau).items():
-      assert got["per_kind"][kind]["num_params"] == n, kind
-      assert got["per_kind"][kind][col] == h / n, (kind, tau)
+  _check_kinds(got, pairs)
   mem = sparsity.update_sparsity(cast(p0), cast(p1), seen=seen)
   assert mem["per_kind"] == got["per_kind"]
   m = sparsity.metrics_from_result(got)

@@ -16,17 +16,12 @@ from jaxdistill.train import setup as train_setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from configs import \
-    distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import config_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ONE_DEVICE = [jax.devices()[0]]
 
 
-def _config(**updates):
-  c = distill_config.get_config("runlocal")
-  c.progress = False
-  return config_util.set_fields(c, updates)
+_config = config_util.runlocal_distill
 
 
 def _files(path) -> int:

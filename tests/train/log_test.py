@@ -6,6 +6,7 @@ import json
 import pathlib
 import struct
 import sys
+import time
 
 import jax
 import pytest
@@ -15,17 +16,12 @@ from jaxdistill.train import loop as train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from configs import \
-    distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import config_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ONE_DEVICE = [jax.devices()[0]]
 
 
-def _config(**updates):
-  c = distill_config.get_config("runlocal")
-  c.progress = False
-  return config_util.set_fields(c, updates)
+_config = config_util.runlocal_distill
 
 
 def _records(path) -> list:
@@ -123,6 +119,11 @@ def test_revisions_are_attached_and_a_resume_logs_into_the_same_run(
   c = _config(**{"wandb.project": "jd-test", "data.data_dir": str(data),
                  "data.source": "sciq"})
   for step in (1, 2):  # a run, then its resume
+    if step == 2:
+      # wandb names an offline run's directory by the second it started and
+      # the run id: a resume within the same second would reuse the first
+      # run's file. Real resumes come later than that.
+      time.sleep(1.1)
     log = train_log.Logger(str(tmp_path), total=2, start=step - 1,
                            progress=False, config=c)
     log.write(step, {"train/loss": 0.5 * step})
