@@ -167,6 +167,8 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   if _primary():
     grid_lib.write_snapshot(run, run_dir)
   train_loop.train(run.config, run_dir, devices=devices)
+  # Process 0 writes the export and the metrics: every host reads them next.
+  distributed.barrier(f"sweep: {run.name} trained")
   records = train_log.read_metrics(run_dir)
   last = {}
   for r in records:  # sparsity is logged only every eval_every steps
@@ -194,6 +196,7 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   if _primary():
     grid_lib.write_config_snapshot(config, out)
   rl_train.train(config, out, devices=devices)
+  distributed.barrier(f"sweep: {run.name} RLVR trained")
   records = train_log.read_metrics(out)
   last = {}
   for r in records:

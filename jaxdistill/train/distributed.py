@@ -130,9 +130,20 @@ def initialize_from_flags(f) -> None:
     initialize(given, f.coordinator_timeout)
 
 
-def barrier(name: str) -> None:
+BARRIER_TIMEOUT_S = 3600
+
+
+def barrier(name: str, timeout: float = BARRIER_TIMEOUT_S) -> None:
   """Every process waits here for the others (nothing on one process): what
-  process 0 writes before it is seen by all after it."""
-  if jax.process_count() > 1:
+  process 0 writes before it is seen by all after it. Through the cluster's
+  coordination service, not a device collective: process 0 may be writing an
+  export or preparing data for minutes, longer than a CPU collective (gloo)
+  waits for its peers."""
+  if jax.process_count() == 1:
+    return
+  client = getattr(jax_distributed.global_state, "client", None)
+  if client is None:  # a cluster JAX joined by itself: a device collective
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices(name)
+    return
+  client.wait_at_barrier(name, int(timeout * 1000))
