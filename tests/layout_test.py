@@ -15,7 +15,8 @@ FOUNDATIONS = ("config_lib", "sharding", "cli", "choices", "storage")
 # Imported inside functions on purpose: heavy, optional or only for one path.
 LOCAL_OK = ("matplotlib", "transformers", "tokenizers", "pyarrow",
             "tensorboardX", "torch", "trl", "datasets",
-            "lm_eval",  # evaluate/harness.py: the optional lmeval extra
+            # the optional extras: lmeval, math, style
+            "lm_eval", "math_verify", "langdetect",
             "configs")  # the checkout's configs/: absent from an installed package
 
 

@@ -19,8 +19,10 @@ import sys
 import threading
 import time
 
+from absl import flags
 import jax
 from jax._src import distributed as jax_distributed
+from jax.experimental import multihost_utils
 
 DEFAULT_TIMEOUT_S = 300
 PROGRESS_EVERY_S = 30
@@ -96,7 +98,6 @@ FLAG_NAMES = ("coordinator_address", "num_processes", "process_id")
 def define_flags(flag_values=None) -> None:
   """--distributed and its cluster flags, for every command that runs on a
   multi-host slice (train, rl.train, evaluate, sweep)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
   fv = flags.FLAGS if flag_values is None else flag_values
   flags.DEFINE_bool("distributed", False,
                     "Call jax.distributed.initialize() (multi-host TPU/GPU).",
@@ -143,7 +144,6 @@ def barrier(name: str, timeout: float = BARRIER_TIMEOUT_S) -> None:
     return
   client = getattr(jax_distributed.global_state, "client", None)
   if client is None:  # a cluster JAX joined by itself: a device collective
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices(name)
     return
   client.wait_at_barrier(name, int(timeout * 1000))
