@@ -16,7 +16,7 @@ FOUNDATIONS = ("config_lib", "sharding", "cli", "choices", "storage")
 LOCAL_OK = ("matplotlib", "transformers", "tokenizers", "pyarrow",
             "tensorboardX", "torch", "trl", "datasets",
             # the optional extras: lmeval, math, style
-            "lm_eval", "math_verify", "langdetect",
+            "lm_eval", "math_verify", "langdetect", "wandb",
             "configs")  # the checkout's configs/: absent from an installed package
 
 

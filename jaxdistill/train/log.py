@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from jaxdistill import config_lib
 from jaxdistill import storage
+from jaxdistill.data import builders
 
 # A gs:// metrics.jsonl is uploaded at most this often between checkpoints.
 SYNC_S = 30.0
@@ -229,8 +230,6 @@ def run_record(config, workdir: str) -> dict:
   """The run's config as a dict, with `revisions`: what revisions.json
   records (the hub commits the run loaded) and, for a data set prepared by
   name, its record's repo, revision and commit."""
-  # Here, not at the top: the data builders import TensorFlow Datasets.
-  from jaxdistill.data import builders  # pylint: disable=g-import-not-at-top
   out = json.loads(config_lib.to_json(config))
   revisions = {}
   path = os.path.join(workdir, "revisions.json")
