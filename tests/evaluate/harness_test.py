@@ -340,8 +340,6 @@ def test_without_lm_eval_one_line_error():
 def test_sampled_generation_is_seeded_per_request(models_pair, ckpt):
   """Sampling (do_sample, temperature 1): the same seed gives the same texts
   whatever the batch size; another seed other texts."""
-  if "llama" not in ckpt.name:
-    pytest.skip("family-independent; run once (compiles are slow)")
   ours, _ = models_pair
   kw = {"until": [], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
   prompts = GEN_PROMPTS[:2]
