@@ -148,7 +148,9 @@ def get_config(arg=None):
                    ks=tuple(sorted({k for k in (1, 10, arg.samples)
                                     if 1 <= k <= arg.samples})),
                    max_new_tokens=2048, max_prompt_len=1024, prompt_bucket=64,
-                   batch_size=64,
+                   # 8 prompts x 10 samples: rows a multiple of 8 chips (64
+                   # gave 60 sampled rows, which an 8-chip mesh cannot split)
+                   batch_size=80,
                    eos_token_ids=config_dict.placeholder(tuple),
                    per_suite={} if arg.runlocal else {
                        "countdown4e": dict(temperature=0.5,

@@ -64,9 +64,9 @@ def test_compile_only_covers_each_suites_decode_length(monkeypatch):
                           jax.devices())
   programs.eval_programs(c, models.get_preset("qwen2.5-0.5b"), 151665, mesh,
                          sharding.rules_from_config(c))
-  assert seen == [("single", 64, 0.5, 2048), ("sampled", 60, 1.0, 2048),
-                  ("single, 4096 new tokens", 64, 0.5, 4096),
-                  ("sampled, 4096 new tokens", 60, 0.5, 4096)]
+  assert seen == [("single", 80, 0.5, 2048), ("sampled", 80, 1.0, 2048),
+                  ("single, 4096 new tokens", 80, 0.5, 4096),
+                  ("sampled, 4096 new tokens", 80, 0.5, 4096)]
 
 
 def test_table_accuracy_is_the_single_sample_where_evaluated():
