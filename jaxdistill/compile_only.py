@@ -461,6 +461,7 @@ def format_report(report: dict) -> str:
         "-" if r["mfu_ceiling"] is None else f"{r['mfu_ceiling']:.2f}"]))
   # What the command adds: the disk its run(s) need (train/disk.py).
   lines += report.get("disk_lines", [])
+  lines += report.get("cost_lines", [])  # a sweep's chip-hours (sweep/cost.py)
   return "\n".join(lines)
 
 

@@ -48,33 +48,78 @@ def model_config(spec: str, dtype: str | None):
   return cfg, vocab or cfg.vocab_size
 
 
+def suite_modes(sampler, over=None, *, samples: bool = True):
+  """[(mode, rows, temperature, new tokens, prompts per call)] of the
+  decodes an evaluation runs on one suite (core.evaluate_suites' modes),
+  `over` its sampler.per_suite entry; `samples` False: without the
+  sampled mode (a baseline scored by its accuracy sample alone)."""
+  s = sampler
+  over = {k: v for k, v in dict(over or {}).items() if v is not None}
+  b, n = int(s.batch_size), int(s.num_samples) if samples else 0
+  new = int(over.get("max_new_tokens") or s.max_new_tokens)
+  single = over.get("single_temperature", s.get("single_temperature"))
+  out = []
+  if s.greedy:
+    out.append(("greedy", b, 0.0, new, b))
+  if single is not None:
+    out.append(("single", b, float(single), new, b))
+  if n:
+    per_call = max(1, b // n)
+    out.append(("sampled", per_call * n,
+                float(over.get("temperature") or s.temperature), new, per_call))
+  return out
+
+
+def program_name(config, mode: str, new: int) -> str:
+  """The name of the program decoding `mode` with `new` new tokens."""
+  default = int(config.sampler.max_new_tokens)
+  return mode if new == default else f"{mode}, {new} new tokens"
+
+
+def _overrides(config) -> dict:
+  s = config.sampler
+  return {k: dict(v) for k, v in (s.get("per_suite") or {}).items()
+          if k in tuple(config.get("eval_suites") or ())}
+
+
 def eval_programs(config, cfg, vocab, mesh, rules):
   """[greedy, sampled] compile_only.Programs of an evaluation."""
   s = config.sampler
   bucket = s.get("prompt_bucket") or 1
   p = -(-int(s.max_prompt_len) // bucket) * bucket
   params = train_programs.abstract_params(cfg, mesh, rules)
-  n = int(s.num_samples)
-  over = {k: dict(v) for k, v in (s.get("per_suite") or {}).items()
-          if k in tuple(config.get("eval_suites") or ())}
   modes = {}  # (name, rows, temperature, new tokens), each once
-  for o in [{}] + list(over.values()):
-    new = int(o.get("max_new_tokens") or s.max_new_tokens)
-    single = o.get("single_temperature", s.get("single_temperature"))
-    if s.greedy:
-      modes[("greedy", int(s.batch_size), 0.0, new)] = None
-    if single is not None:
-      modes[("single", int(s.batch_size), float(single), new)] = None
-    if n:
-      modes[("sampled", max(1, int(s.batch_size) // n) * n,
-             float(o.get("temperature") or s.temperature), new)] = None
-  default = int(s.max_new_tokens)
+  for o in [{}] + list(_overrides(config).values()):
+    for name, rows, temp, new, _ in suite_modes(s, o):
+      modes[(name, rows, temp, new)] = None
   return [train_programs.rollout_program(
-      name if new == default else f"{name}, {new} new tokens", cfg, None,
+      program_name(config, name, new), cfg, None,
       params, None, mesh, rules, vocab, rows=rows, policy="student",
       prompt_len=p, max_new_tokens=new, temperature=temp, top_k=s.get("top_k"),
       top_p=s.get("top_p"))
           for name, rows, temp, new in modes]
+
+
+def decode_calls(config, names, *, samples: bool = True):
+  """({program name: calls}, [suites not counted]) of an evaluation of the
+  suites `names`: per suite and mode, its num_problems over the prompts per
+  call, rounded up (the last batch is padded). A suite without
+  num_problems (all of a data set's rows) cannot be counted from the
+  config and is listed instead. Prompts over sampler.max_prompt_len, which
+  the evaluation drops, are counted."""
+  calls, uncounted = {}, []
+  over = _overrides(config)
+  for suite in names:
+    problems = config.suites[suite].get("num_problems")
+    if problems is None:
+      uncounted.append(suite)
+      continue
+    for mode, _, _, new, per_call in suite_modes(config.sampler,
+                                                 over.get(suite),
+                                                 samples=samples):
+      name = program_name(config, mode, new)
+      calls[name] = calls.get(name, 0) + -(-int(problems) // per_call)
+  return calls, uncounted
 
 
 def mesh_of(config, devices):

@@ -216,6 +216,17 @@ def _evaluate(role, path, config, mesh, rules, factory, suites, *,
       per_suite=_per_suite(config, suites))
 
 
+def baseline_plan(config, names) -> tuple[tuple[str, ...], int]:
+  """(suites, samples per problem for pass@k) the baseline is evaluated on,
+  of the evaluated suites `names`: the OOD ones unless
+  forgetting.baseline_suites says all; no pass@k samples unless
+  forgetting.baseline_samples."""
+  f = config.forgetting
+  ood = tuple(config.get("ood") or ())
+  chosen = ood if f.baseline_suites == "ood" else tuple(names)
+  return chosen, int(config.sampler.num_samples) if f.baseline_samples else 0
+
+
 def run(config, checkpoint: str, baseline: str | None = None,
         out: str | None = None, *, generator_factory=None) -> dict:
   """Evaluates `checkpoint` (and compares with `baseline`); returns the result.
@@ -266,14 +277,14 @@ def run(config, checkpoint: str, baseline: str | None = None,
                         suites, num_samples=int(s.num_samples)))
   flat.update(report.group_means(flat, groups))
   if baseline:
-    f = config.forgetting
-    base_names = groups["ood"] if f.baseline_suites == "ood" else names
+    base_names, base_samples = baseline_plan(config, names)
     if not groups["ood"]:
       logging.warning("config.ood is empty: no forgetting figures")
     if base_names:
+      f = config.forgetting
       before = _evaluate("baseline", baseline, config, mesh, rules, factory,
                          {n: suites[n] for n in base_names},
-                         num_samples=int(s.num_samples) if f.baseline_samples else 0)
+                         num_samples=base_samples)
       flat.update({f"baseline/{k}": v for k, v in before.items()})
       if groups["ood"]:
         flat.update(report.forgetting_metrics(flat, before, groups["ood"],

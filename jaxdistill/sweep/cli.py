@@ -27,6 +27,13 @@ arm's disk is printed (its peak while training and what it keeps: the final
 checkpoint and the export for the grids' arms, keep_final_only) with the
 grid's total (sweep/disk.py).
 
+With --compile_only=SLICE the sweep compiles every distinct program of its
+arms for the slice (sweep/programs.py) and prints, per arm and for the
+grid, the chip-hours of its training, evaluation and RLVR stage at the
+programs' step-time bounds and physical limits, beside the disk each arm
+keeps (sweep/cost.py; a lower bound, chip-hours only); --json holds them
+under "cost".
+
 Before the first arm, hub names are pinned to their commits and the data
 sets read by name are prepared into <workdir>/data (sweep/inputs.py); the
 printed commands carry the pinned names. Each run gets <workdir>/<run name>/
@@ -67,6 +74,7 @@ from ml_collections import config_flags
 from jaxdistill import cli
 from jaxdistill import compile_only
 from jaxdistill import storage
+from jaxdistill.sweep import cost as sweep_cost
 from jaxdistill.sweep import disk as sweep_disk
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
@@ -115,6 +123,8 @@ def main(argv):
     needs = sweep_disk.arms(runs) + sweep_disk.stages(grid, runs)
     report["disk"] = {"per_run": dict(needs), **sweep_disk.totals(needs)}
     report["disk_lines"] = sweep_disk.lines(needs)
+    report["cost"] = sweep_cost.estimate(grid, runs, report, needs)
+    report["cost_lines"] = sweep_cost.lines(report["cost"])
     compile_only.emit(report, f.json)
     compile_only.check(report, advice=functools.partial(
         sweep_programs.advice, grid))

@@ -1,0 +1,125 @@
+"""A sweep's --compile_only chip-hours (sweep/cost.py) against hand counts.
+
+The programs are the runlocal grids' own, laid out on 4 CPU devices; their
+compilation is replaced by rows with chosen bounds and limits, so that the
+arithmetic is checked, not the compiler. Steps and decode calls are counted
+here from the configs' numbers."""
+import jax
+import pytest
+
+from jaxdistill import compile_only
+from jaxdistill import config_lib
+from jaxdistill.sweep import cost
+from jaxdistill.sweep import disk as sweep_disk
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import programs as sweep_programs
+
+# Seconds per call of each program (the arm-free name); limit = bound / 4.
+BOUNDS = {"train rollout": 3.0, "train update": 5.0, "eval greedy": 0.5,
+          "eval sampled": 0.25, "rlvr rollout": 7.0, "rlvr reference": 1.5,
+          "rlvr update": 11.0}
+CHIPS = 4
+
+
+@pytest.fixture
+def fake_compile(monkeypatch):
+  chip = compile_only.CHIPS["v5e"]
+  devices = tuple(jax.devices()[:CHIPS])
+  t = compile_only.Target("v5e-4", chip, "v5e:2x2", CHIPS, devices,
+                          chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth)
+  monkeypatch.setattr(compile_only, "target", lambda name: t)
+
+  def row(p, target, cache_dir=None):
+    del target, cache_dir
+    b = BOUNDS[p.name.partition(": ")[0]]
+    return {"name": p.name, "step_time_bound_s": b, "limit_s": b / 4,
+            "total_bytes": 0, "fits": True, "cached": False, "compile_s": 0}
+  monkeypatch.setattr(compile_only, "compile_program", row)
+
+
+def _estimate(grid):
+  report = sweep_programs.compile_for(grid, "v5e-4")
+  runs = grid_lib.expand(grid)
+  needs = sweep_disk.arms(runs) + sweep_disk.stages(grid, runs)
+  return runs, needs, cost.estimate(grid, runs, report, needs), report
+
+
+def test_grid_main_runlocal_chip_hours_by_hand(fake_compile):
+  g = config_lib.load_config("configs/grid_main.py:runlocal")
+  # Problem counts that do not divide the prompts per call.
+  g.eval.updates.suites = dict(countdown3=dict(num_problems=10),
+                               countdown5=dict(num_problems=6))
+  g.eval.updates.sampler = dict(batch_size=4)
+  runs, needs, c, report = _estimate(g)
+  assert len(runs) == 4  # kl x policy
+  steps = 2  # make_runlocal's total_steps
+  # configs/eval.py:runlocal,samples=2: greedy and 2 samples per problem, no
+  # single sample; a greedy call decodes 4 prompts, a sampled one 4 // 2.
+  greedy = -(-10 // 4) + -(-6 // 4)       # 3 + 2
+  sampled = -(-10 // 2) + -(-6 // 2)      # 5 + 3
+  baseline = -(-6 // 4)                   # the OOD suite, countdown5, greedy
+  per_arm = (steps * (3.0 + 5.0) + greedy * 0.5 + sampled * 0.25
+             + baseline * 0.5)
+  assert per_arm == 21.5
+  kept = dict(needs)
+  for run in runs:
+    a = c["per_arm"][run.name]
+    assert a["steps"] == steps
+    assert a["bound_s"] == pytest.approx(per_arm)
+    assert a["limit_s"] == pytest.approx(per_arm / 4)
+    assert a["chip_hours"] == pytest.approx(per_arm * CHIPS / 3600)
+    assert a["phases"]["train"]["bound_s"] == pytest.approx(16.0)
+    assert a["phases"]["eval"]["bound_s"] == pytest.approx(4.5)
+    assert a["phases"]["baseline"]["bound_s"] == pytest.approx(1.0)
+    assert a["kept_bytes"] == kept[run.name]["kept_bytes"] > 0
+    assert a["uncounted_suites"] == []
+  total = c["grid"]
+  assert total["chip_hours"] == pytest.approx(4 * per_arm * CHIPS / 3600)
+  assert total["limit_chip_hours"] == pytest.approx(total["chip_hours"] / 4)
+  assert total["train_chip_hours"] == pytest.approx(4 * 16.0 * CHIPS / 3600)
+  assert total["kept_bytes"] == sum(d["kept_bytes"] for _, d in needs)
+  # The printed lines, one per arm and the grid's, with the table.
+  report["cost_lines"] = cost.lines(c)
+  text = compile_only.format_report(dict(
+      report, topology_desc="v5e:2x2", hbm_bytes_per_device=1 << 34,
+      programs=[]))
+  arm_lines = [l for l in text.splitlines() if l.startswith("cost ")]
+  assert len(arm_lines) == 5
+  assert arm_lines[0].startswith(f"cost {runs[0].name}: 2 steps x 8 s + "
+                                 "eval 4.5 s + baseline 1 s = ")
+  assert f"x 4 chips = {per_arm * 4 / 3600:.3g} chip-hours" in arm_lines[0]
+  assert arm_lines[-1].startswith(
+      f"cost grid: 4 arms on v5e-4: {4 * per_arm * 4 / 3600:.3g} chip-hours "
+      "at the step-time bound")
+  assert "lower bound" in arm_lines[-1]
+
+
+def test_rlvr_stage_and_its_evaluation_are_counted(fake_compile):
+  g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
+  runs, _, c, _ = _estimate(g)
+  ec = config_lib.load_config(grid_lib.eval_spec(g, runs[0]))
+  grid_lib.merge(ec, g.eval.get("updates") or {}, "grid.eval.updates")
+  s = ec.sampler
+  assert not s.get("single_temperature") and s.greedy
+  # Greedy and sampled calls of every suite, the baseline's greedy ones.
+  n = int(s.num_samples)
+  problems = {k: int(ec.suites[k].num_problems) for k in ec.eval_suites}
+  b = int(s.batch_size)
+  evaluation = sum(-(-p // b) * 0.5 + -(-p // max(1, b // n)) * 0.25
+                   for p in problems.values())
+  baseline = sum(-(-problems[k] // b) * 0.5 for k in ec.ood)
+  for run in runs:
+    stage = config_lib.load_config(
+        g.rlvr.base_spec.format(**run.factors))
+    grid_lib.merge(stage, g.rlvr.get("updates") or {}, "grid.rlvr.updates")
+    rl_steps = int(stage.total_steps)
+    top_p = stage.rollout.get("top_p")
+    assert top_p is None or top_p == 1.0  # no rescore program
+    want = (int(run.config.total_steps) * 8.0 + 2 * (evaluation + baseline)
+            + rl_steps * (7.0 + 11.0 + (1.5 if stage.kl.get("coef") or
+                                        stage.kl.get("monitor") else 0.0)))
+    a = c["per_arm"][run.name]
+    assert a["bound_s"] == pytest.approx(want), run.name
+    assert a["phases"]["rlvr"]["bound_s"] == pytest.approx(want - (
+        int(run.config.total_steps) * 8.0 + 2 * (evaluation + baseline)))
+    assert a["phases"]["rlvr eval"]["bound_s"] == pytest.approx(evaluation)
