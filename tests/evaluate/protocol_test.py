@@ -12,9 +12,11 @@ import pytest
 from jaxdistill import config_lib
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.evaluate import core
 from jaxdistill.evaluate import programs
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.sweep import table
+from tests.evaluate.core_test import CD_PROBLEMS
 
 # App. D.3: the first 200 evaluation problems; accuracy from one completion at
 # T 0.5, top-p 1.0, up to 2,048 tokens; coverage pass@1 / pass@10 from 10
@@ -97,3 +99,41 @@ def test_mcq_suite_keeps_the_first_problems_without_a_seed(tmp_path):
   got = [r["question"] for r in suites.suite_records("science", spec)]
   want = sorted(np.random.default_rng(3).permutation(10)[:4])
   assert got == [f"q{i}" for i in want]
+
+
+def test_decode_calls_are_the_calls_the_evaluation_makes(tokenizer):
+  # sweep/cost.py counts an evaluation's decodes from its config: here the
+  # count is the calls evaluate_suites makes to a generator, per mode and
+  # decode length (2 prompts a call: the accuracy sample 2 prompts, the 10
+  # coverage samples 1 prompt a call).
+  c = config_lib.load_config("configs/eval.py:task=countdown")
+  c.eval_suites = ("countdown3_paper", "countdown4e")
+  c.sampler.batch_size = 2
+  sizes = {"countdown3_paper": 3, "countdown4e": 2}
+  for name, n in sizes.items():
+    c.suites[name].num_problems = n
+  calls = []
+
+  def gen(prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+          temperature, rng, max_new_tokens=2048):
+    del prompt_mask, sample_ids, row_ids, temperature, rng
+    mode = "sampled" if len(prompts) == 10 else "single"
+    calls.append(mode if max_new_tokens == 2048
+                 else f"{mode}, {max_new_tokens} new tokens")
+    return ([f"<answer>{CD_PROBLEMS[i]['solution']}</answer>"
+             for i in problem_ids], np.full(len(prompts), 3),
+            np.ones(len(prompts), bool))
+  s = c.sampler
+  core.evaluate_suites(
+      gen, tokenizer, {k: CD_PROBLEMS[:n] for k, n in sizes.items()},
+      greedy=False, single_temperature=0.5, num_samples=10, temperature=1.0,
+      ks=(1, 10), batch_size=2, seed=42, max_prompt_len=512, prompt_bucket=16,
+      progress=False, per_suite=dict(s.per_suite))
+  want = {m: calls.count(m) for m in set(calls)}
+  # By hand: 2 + 1 single calls, 3 + 2 sampled ones.
+  assert want == {"single": 2, "sampled": 3, "single, 4096 new tokens": 1,
+                  "sampled, 4096 new tokens": 2}
+  assert programs.decode_calls(c, c.eval_suites) == (want, [])
+  # The baseline: the accuracy sample of the OOD suites alone.
+  assert programs.decode_calls(c, ("countdown4e",), samples=False) == (
+      {"single, 4096 new tokens": 1}, [])
