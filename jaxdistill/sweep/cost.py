@@ -107,10 +107,9 @@ def estimate(grid, runs, report, needs=()) -> dict:
       ph["bound_s"] += n * row["step_time_bound_s"]
       ph["limit_s"] = (None if ph["limit_s"] is None or row["limit_s"] is None
                        else ph["limit_s"] + n * row["limit_s"])
-    bound = sum(n * r["step_time_bound_s"] for _, r, n in terms)
-    limits = [r["limit_s"] for _, r, _ in terms]
-    limit = (None if any(x is None for x in limits) else
-             sum(n * r["limit_s"] for _, r, n in terms))
+    bound = sum(ph["bound_s"] for ph in phases.values())
+    limits = [ph["limit_s"] for ph in phases.values()]
+    limit = None if None in limits else sum(limits)
     kept = sum(d["kept_bytes"] for name, d in disk.items()
                if name in (run.name, f"{run.name} (RLVR stage)"))
     per_arm[run.name] = {
@@ -131,7 +130,7 @@ def estimate(grid, runs, report, needs=()) -> dict:
       "limit_chip_hours": (None if any(x is None for x in limits)
                            else sum(limits)),
       "kept_bytes": sum(a["kept_bytes"] or 0 for a in arms) if disk else None}
-  for phase in sorted({p for a in arms for p in a["phases"]}):
+  for phase in dict.fromkeys(p for a in arms for p in a["phases"]):
     total[f"{phase}_chip_hours"] = sum(
         a["phases"].get(phase, {"bound_s": 0.0})["bound_s"]
         for a in arms) * chips / 3600
@@ -149,7 +148,7 @@ def lines(cost) -> list[str]:
   out = []
   for name, a in cost["per_arm"].items():
     ph = a["phases"]
-    parts = [f"{a['steps']} steps x {a['train_step_bound_s']:.3g} s"]
+    parts = [f"{a['steps']} steps x {a['train_step_bound_s']:.3g} s a step"]
     parts += [f"{p} {v['bound_s']:.3g} s" for p, v in ph.items() if p != "train"]
     keeps = ("" if a["kept_bytes"] is None else
              f"; keeps {disk_lib.gb(a['kept_bytes'])}")

@@ -85,7 +85,7 @@ def test_grid_main_runlocal_chip_hours_by_hand(fake_compile):
       programs=[]))
   arm_lines = [l for l in text.splitlines() if l.startswith("cost ")]
   assert len(arm_lines) == 5
-  assert arm_lines[0].startswith(f"cost {runs[0].name}: 2 steps x 8 s + "
+  assert arm_lines[0].startswith(f"cost {runs[0].name}: 2 steps x 8 s a step + "
                                  "eval 4.5 s + baseline 1 s = ")
   assert f"x 4 chips = {per_arm * 4 / 3600:.3g} chip-hours" in arm_lines[0]
   assert arm_lines[-1].startswith(
