@@ -164,7 +164,8 @@ def lines(cost) -> list[str]:
                         "limit_chip_hours",))
   keeps = ("" if g["kept_bytes"] is None else
            f"; the arms keep {disk_lib.gb(g['kept_bytes'])}")
-  out.append(f"cost grid: {g['arms']} arms on {cost['slice']}: "
+  arms = f"{g['arms']} arm" + ("" if g["arms"] == 1 else "s")
+  out.append(f"cost grid: {arms} on {cost['slice']}: "
              f"{_h(g['chip_hours'])} chip-hours at the step-time bound "
              f"({split}), {_h(g['limit_chip_hours'])} at the physical limit"
              f"{keeps}; {cost['note']}")

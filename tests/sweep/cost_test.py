@@ -4,6 +4,12 @@ The programs are the runlocal grids' own, laid out on 4 CPU devices; their
 compilation is replaced by rows with chosen bounds and limits, so that the
 arithmetic is checked, not the compiler. Steps and decode calls are counted
 here from the configs' numbers."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import pytest
 
@@ -19,6 +25,7 @@ BOUNDS = {"train rollout": 3.0, "train update": 5.0, "eval greedy": 0.5,
           "eval sampled": 0.25, "rlvr rollout": 7.0, "rlvr reference": 1.5,
           "rlvr update": 11.0}
 CHIPS = 4
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -123,3 +130,29 @@ def test_rlvr_stage_and_its_evaluation_are_counted(fake_compile):
     assert a["phases"]["rlvr"]["bound_s"] == pytest.approx(want - (
         int(run.config.total_steps) * 8.0 + 2 * (evaluation + baseline)))
     assert a["phases"]["rlvr eval"]["bound_s"] == pytest.approx(evaluation)
+
+
+@pytest.mark.slow
+def test_sweep_compile_only_json_has_the_arms_chip_hours(tmp_path):
+  # The command itself, compiled for a v5e:2x2 by XLA's TPU compiler (libtpu):
+  # one runlocal arm; its chip-hours from the report's own bounds, counted
+  # here (2 steps; Countdown-3 and -5, 4 problems each: one greedy call of
+  # 8 prompts and one of 4 prompts x 2 samples per suite; the baseline's
+  # greedy call on the OOD suite countdown5).
+  pytest.importorskip("libtpu")
+  out = subprocess.run(
+      [sys.executable, "-m", "jaxdistill.sweep", "--config",
+       "configs/grid_main.py:runlocal", "--workdir", str(tmp_path),
+       "--only", "kl=forward,policy=student", "--compile_only=v5e:2x2",
+       "--json"], cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  report = json.loads(out.stdout)
+  b = {r["name"].partition(": ")[0]: r["step_time_bound_s"]
+       for r in report["programs"]}
+  want = (2 * (b["train rollout"] + b["train update"])
+          + 2 * b["eval greedy"] + 2 * b["eval sampled"] + b["eval greedy"])
+  (arm,) = report["cost"]["per_arm"].values()
+  assert arm["bound_s"] == pytest.approx(want)
+  assert report["cost"]["grid"]["chip_hours"] == pytest.approx(want * 4 / 3600)
+  assert report["cost_lines"][-1].startswith("cost grid: 1 arm on v5e:2x2: ")
