@@ -66,6 +66,7 @@ from jaxdistill.evaluate import programs
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import hub
+from jaxdistill.tasks import language as lang_lib
 from jaxdistill.train import distributed
 from jaxdistill.train import seen as seen_lib
 
@@ -119,6 +120,8 @@ def check_config(config) -> tuple[str, ...]:
                                re.fullmatch(r"[a-z]{2}", lang)):
     raise ValueError("config.language: an ISO 639-1 code such as 'es' (the "
                      f"style judge's, jaxdistill.tasks.language), got {lang!r}")
+  if lang is not None:
+    lang_lib.check_installed()
   f = config.forgetting
   if f.metric not in ("greedy_acc", "single_acc", "sampled_acc"):
     raise ValueError(f"config.forgetting.metric: expected 'greedy_acc', "

@@ -39,6 +39,12 @@ def _detector():
   return langdetect
 
 
+def check_installed() -> None:
+  """ImportError, in one line, unless langdetect can be imported (checked
+  before an evaluation generates anything)."""
+  _detector()
+
+
 def prose(text: str) -> str:
   """`text` without its language-neutral parts."""
   for pattern in _NEUTRAL:

@@ -48,3 +48,15 @@ def test_spanish_fraction():
       [SPANISH, ENGLISH, SPANISH_WITH_MATH, "<answer>B</answer>"]) == 0.5
   with pytest.raises(ValueError, match="no responses"):
     language.spanish_fraction([])
+
+
+def test_missing_langdetect_is_one_line_before_any_generation(monkeypatch):
+  import sys  # pylint: disable=g-import-not-at-top
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.evaluate import run  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_config("configs/eval.py:runlocal")
+  c.language = "es"
+  run.check_config(c)
+  monkeypatch.setitem(sys.modules, "langdetect", None)  # not installed
+  with pytest.raises(ImportError, match=r"pip install 'jaxdistill\[style\]'"):
+    run.check_config(c)
