@@ -113,6 +113,9 @@ def get_config(arg=None):
   c.tokenizer = config_dict.placeholder(str)  # default: the checkpoint's own
   c.system = config_dict.placeholder(str)     # optional system prompt
   c.mesh = dict(data=1, fsdp=-1, tensor=1)    # None: one device
+  # 'es': each completion's language judged (jaxdistill.tasks.language; the
+  # style transfer, configs/grid_spanish.py): S/M_lang_es, style/M_lang_es.
+  c.language = config_dict.placeholder(str)
 
   c.suites = {f"countdown{n}": dict(kind="countdown", n_numbers=n,
                                     num_problems=500, data_seed=0)
@@ -126,6 +129,8 @@ def get_config(arg=None):
   # test splits of SciKnowEval (507) and MedReason (500).
   c.suites.science = _mcq("sciknoweval", "science", first=True)
   c.suites.medical = _mcq("medreason", "medreason", first=True)
+  # Its train split's first 200 (the style evaluation, configs/grid_spanish.py).
+  c.suites.science_train = _mcq("sciknoweval", "science", "train", first=True)
   # Not the paper's data: the project's earlier sets, kept as extras (by
   # name in `suites=`); MedMCQA's test split is unlabelled.
   c.suites.sciq = _mcq("sciq", "science")
@@ -177,7 +182,7 @@ def get_config(arg=None):
       c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
     for n in list(range(3, 7)) + ["3_paper", "4e"]:
       c.suites[f"countdown{n}"].num_problems = 4
-    for n in ("science", "medical", "sciq", "medmcqa", "gpqa"):
+    for n in ("science", "science_train", "medical", "sciq", "medmcqa", "gpqa"):
       c.suites[n].num_problems = 4
     samples = arg.given_or("samples", 4)
     c.sampler.update(num_samples=samples, ks=tuple(k for k in (1, 2, 4)

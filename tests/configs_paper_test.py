@@ -195,3 +195,66 @@ def test_rlvr_after_distillation_is_appendix_d6():
     assert (stage.data.source, stage.total_steps, stage.optim.lr) == (
         "countdown4", 300, 2e-6)
     assert (stage.grpo.loss, stage.rollout.group_size) == ("dapo", 8)
+
+
+# App. A.11 / D.7, Table 5: a frozen Qwen2.5-3B-Instruct teacher (no task
+# tuning) -> Qwen2.5-1.5B-Instruct on Science, OnPD / OffPD x forward /
+# reverse x lr {1e-5, 5e-5}, seed 42, one run each; sampling and
+# distribution temperatures 1.0 for both; completions up to 2,048 tokens;
+# gradient checkpointing on; the teacher conditioned on the demonstration
+# and the Spanish instruction, the student on the vanilla Science prompt.
+SPANISH_INSTRUCTIONS = (
+    "Now answer with a response of your own, including the thinking process.",
+    "Only speak in Spanish. This does not apply to the special <think></think> "
+    "and <answer></answer> tokens or your final answer, but any reasoning or "
+    "thoughts you produce should be strictly written in Spanish.")
+
+
+def test_spanish_style_transfer_is_appendix_d7_table5():
+  grid = config_lib.load_config("configs/grid_spanish.py")
+  runs = grid_lib.expand(grid)
+  assert len(runs) == 2 * 2 * 2
+  assert _factor_values(runs, "kl") == ["forward", "reverse"]
+  assert _factor_values(runs, "policy") == ["student", "teacher"]
+  assert _factor_values(runs, "lr") == [1e-5, 5e-5]
+  for r in runs:
+    c = r.config
+    assert r.config.seed == 42
+    assert _models(r) == ("Qwen/Qwen2.5-1.5B-Instruct",
+                          "Qwen/Qwen2.5-3B-Instruct")
+    assert (c.data.task, c.data.source, c.data.prompt) == (
+        "mcq", "sciknoweval", "science")
+    _check_table3(r, **{"rollout.max_new_tokens": 2048,
+                        "teacher.temperature": 1.0})
+    assert config_lib.rollout_temperatures(c) == (1.0, 1.0)
+    assert config_lib.temperatures(c) == (1.0, 1.0)
+    assert c.student.remat == "full"
+    t = c.data.teacher_prompt
+    assert t.startswith("{prompt}") and "{demonstration}" in t
+    assert t.index("{demonstration}") < t.index(SPANISH_INSTRUCTIONS[0])
+    assert t.endswith("\n\n".join(SPANISH_INSTRUCTIONS))
+    assert c.data.get("system") is None and c.data.get("teacher_system") is None
+
+
+# Table 5: 1,000 responses per condition, 200 each from Science train and
+# test, MedReason test, GSM8K test and Countdown-3 test (the project has no
+# GSM8K: four of the five, docs/experiments.md), under the standard protocol
+# (one completion at T 0.5, 2,048 tokens), each judged for language.
+def test_spanish_style_evaluation_is_table5():
+  from jaxdistill.sweep import inputs  # pylint: disable=g-import-not-at-top
+  grid = config_lib.load_config("configs/grid_spanish.py")
+  ev = inputs.eval_config(grid, grid_lib.expand(grid)[0])
+  assert ev.language == "es"
+  assert set(ev.eval_suites) == {"science", "science_train", "medical",
+                                 "countdown3_paper"}
+  want = {"science": ("sciknoweval", "test"),
+          "science_train": ("sciknoweval", "train"),
+          "medical": ("medreason", "test"),
+          "countdown3_paper": ("countdown3", "test")}
+  for name, (source, split) in want.items():
+    s = ev.suites[name]
+    assert (s.source, s.split, s.num_problems) == (source, split, 200)
+    assert s.get("data_seed") is None  # the first 200, in stored order
+  assert ev.sampler.single_temperature == 0.5
+  assert ev.sampler.max_new_tokens == 2048
+  assert ev.sampler.num_samples == 0

@@ -45,7 +45,11 @@ FAMILIES = {
     "qwen05b": ("qwen2.5-0.5b", "qwen2.5-7b", 151665),
     "qwen15b": ("qwen2.5-1.5b", "qwen2.5-7b", 151665),
     "llama": ("llama-3.2-1b", "llama-3.1-8b", 128000),
+    # The style transfer's pair (App. D.7): a 3B teacher; grid_spanish only.
+    "qwen15b_3b": ("qwen2.5-1.5b", "qwen2.5-3b", 151665),
 }
+# The families of the study's main pairs (configs/distill.py, grid_main).
+MAIN = ("qwen05b", "qwen15b", "llama")
 SLICES = ("v5e-8", "v6e-8", "v5p-8")
 # Where the study runs each family (the goal: every program fits there).
 # Qwen2.5-1.5B <- 7B at the paper's Table 3 lengths (prompt 2,048 +
@@ -53,7 +57,8 @@ SLICES = ("v5e-8", "v6e-8", "v5p-8")
 # vocab-parallel and the rollout prefills in 512-position passes: per chip,
 # update 14.7 -> 9.2 GiB (512) / 9.3 (1,024), teacher rollout at 1,024
 # 15.3 -> 8.0 GiB (compile_only; losses/fused.py, rollout/generation.py).
-STUDY = {"qwen05b": "v5e-8", "qwen15b": "v5e-8", "llama": "v6e-8"}
+STUDY = {"qwen05b": "v5e-8", "qwen15b": "v5e-8", "llama": "v6e-8",
+         "qwen15b_3b": "v5e-8"}
 MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 
 
@@ -65,9 +70,8 @@ MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 # (App. D.6) Llama-3.2-1B, the top-k grid Qwen2.5-0.5B, the harder Countdown
 # grid Qwen2.5-1.5B.
 CONFIGS = {
-    "distill": ("train", "configs/distill.py", tuple(FAMILIES)),
-    "grid_main": ("sweep", "configs/grid_main.py:families={family}",
-                  tuple(FAMILIES)),
+    "distill": ("train", "configs/distill.py", MAIN),
+    "grid_main": ("sweep", "configs/grid_main.py:families={family}", MAIN),
     "grid_spectrum": ("sweep", "configs/grid_spectrum.py:family={family}",
                       ("llama", "qwen15b")),
     "grid_lr_sweep": ("sweep", "configs/grid_lr_sweep.py", ("llama",)),
@@ -79,6 +83,7 @@ CONFIGS = {
                               ("qwen15b",)),
     "grpo_after_distill": ("rl", "configs/grpo_after_distill.py",
                            ("llama", "qwen05b")),
+    "grid_spanish": ("sweep", "configs/grid_spanish.py", ("qwen15b_3b",)),
 }
 
 

@@ -192,24 +192,42 @@ def _prompt_ids(records, tokenizer, system):
   return tok_lib.encode(tokenizer, texts)
 
 
+# The template field of a record's worked solution (teacher_prompt_text).
+DEMONSTRATION = "demonstration"
+
+
 def teacher_prompt_text(template: str, record: Mapping) -> str:
   """The teacher's user message for a record: `template.format(prompt=...,
-  **record)`.
+  demonstration=..., **record)`.
 
-  A format string rather than a per-example field of the records: the paper's
-  style-transfer teacher (App. D.7) sees the task plus ONE fixed
-  demonstration and style instruction, so the template holds them once and
-  works for every task (generated Countdown as well as records files); a
-  demonstration that differs per example is a field of a records file
-  (`{demonstration}` in the template reads record['demonstration']).
-  {prompt} is tasks.prompt_text(record), the student's user message.
+  {prompt} is tasks.prompt_text(record), the student's user message; {field}
+  reads record[field]; {demonstration} is the record's worked solution
+  (`demonstration`): the paper's style-transfer teacher (App. D.7) sees each
+  training example's own correct demonstration after the task.
   """
   names = {f for _, f, _, _ in string.Formatter().parse(template) if f}
-  missing = sorted(names - {"prompt"} - set(record))
+  missing = sorted(names - {"prompt", DEMONSTRATION} - set(record))
   if missing:
     raise ValueError(f"data.teacher_prompt: the record has no field "
                      f"{missing[0]!r} (named in the template)")
-  return template.format(**{**record, "prompt": tasks.prompt_text(record)})
+  derived = {"prompt": tasks.prompt_text(record)}
+  if DEMONSTRATION in names and DEMONSTRATION not in record:
+    derived[DEMONSTRATION] = demonstration(record)
+  return template.format(**{**record, **derived})
+
+
+def demonstration(record: Mapping) -> str:
+  """A record's worked solution: its `response` (SciKnowEval's train traces,
+  a records file's), else a Countdown record's solver steps
+  (tasks.reference_response); a multiple-choice record without one is
+  refused, as its answer letter alone demonstrates no reasoning."""
+  if record.get("response") is None and tasks.task_of(record) == tasks.MCQ:
+    raise ValueError(
+        "data.teacher_prompt: {demonstration} needs each record's worked "
+        "'response' (SciKnowEval's train split carries them when prepared "
+        "with `python -m jaxdistill.data.prepare sciknoweval --split_dir "
+        "DIR`); this record has none")
+  return tasks.reference_response(record)
 
 
 def _teacher_prompt_ids(records, tokenizer, template, system):

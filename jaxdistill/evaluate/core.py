@@ -23,6 +23,10 @@ namespaced numbers, per suite S (accuracies are fractions in [0, 1]):
                                     commutativity/associativity count once;
                                     MCQ: the letter, so at most 1)
     S/sampled_format, S/sampled_parse_rate, S/sampled_len, S/sampled_truncated
+  language (`language='es'`: the style judge, jaxdistill.tasks.language):
+    S/M_lang_es                     fraction of mode M's completions whose
+                                    prose is Spanish (App. A.11, Fig. 24)
+    style/M_lang_es                 the same over every suite's completions
 
 Completions come from a generator, `gen(prompts, prompt_mask, *, problem_ids,
 sample_ids, row_ids, temperature, rng) -> (texts, lengths, ended)` over R
@@ -61,6 +65,7 @@ from jaxdistill.data import sources
 from jaxdistill.evaluate import metrics
 from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
+from jaxdistill.tasks import language as lang_lib
 from jaxdistill.tasks import mcq
 
 Generator = Callable[..., tuple[Sequence[str], np.ndarray, np.ndarray]]
@@ -131,7 +136,8 @@ def evaluate_model(cfg, params, tokenizer, suites: Mapping[str, Sequence[Mapping
                    max_prompt_len: int = 1024, prompt_bucket: int | None = 64,
                    system: str | None = None, progress: bool = True,
                    single_temperature: float | None = None,
-                   per_suite: Mapping[str, Mapping] | None = None) -> dict:
+                   per_suite: Mapping[str, Mapping] | None = None,
+                   language: str | None = None) -> dict:
   """Metrics of the model (cfg, params) on `suites` ({name: records}).
 
   See the module docstring for the keys. `batch_size` is the number of
@@ -150,7 +156,7 @@ def evaluate_model(cfg, params, tokenizer, suites: Mapping[str, Sequence[Mapping
       temperature=temperature, ks=ks, batch_size=batch_size, seed=seed,
       max_prompt_len=max_prompt_len, prompt_bucket=prompt_bucket,
       system=system, progress=progress, single_temperature=single_temperature,
-      per_suite=per_suite)
+      per_suite=per_suite, language=language)
 
 
 def check_settings(*, greedy, num_samples, temperature, ks, batch_size, seed,
@@ -202,7 +208,8 @@ def evaluate_suites(generate: Generator, tokenizer,
                     max_prompt_len: int = 1024, prompt_bucket: int | None = 64,
                     system: str | None = None, progress: bool = True,
                     single_temperature: float | None = None,
-                    per_suite: Mapping[str, Mapping] | None = None) -> dict:
+                    per_suite: Mapping[str, Mapping] | None = None,
+                    language: str | None = None) -> dict:
   """`evaluate_model` with completions from any generator (module docstring)."""
   per_suite = {k: {kk: vv for kk, vv in dict(v).items() if vv is not None}
                for k, v in (per_suite or {}).items()}
@@ -231,6 +238,7 @@ def evaluate_suites(generate: Generator, tokenizer,
 
   key = jax.random.key(int(seed))
   out = {}
+  judged = {}  # mode -> [language of each completion], every suite's
   for name, records in suites.items():
     rng = jax.random.fold_in(key, _crc(name))
     over = per_suite.get(name, {})
@@ -268,7 +276,18 @@ def evaluate_suites(generate: Generator, tokenizer,
                           ks if num_samples else (), num_options,
                           single=runs.get("single")).items():
       out[f"{name}/{k}"] = v
+    if language is not None:
+      for mode, res in runs.items():
+        found = [lang_lib.language(t) for texts in res["texts"] for t in texts]
+        judged.setdefault(mode, []).extend(found)
+        out[f"{name}/{mode}_lang_{language}"] = _share(found, language)
+  for mode, found in judged.items():
+    out[f"style/{mode}_lang_{language}"] = _share(found, language)
   return out
+
+
+def _share(found, language) -> float:
+  return sum(f == language for f in found) / max(len(found), 1)
 
 
 def _crc(text: str) -> int:

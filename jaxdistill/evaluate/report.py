@@ -138,6 +138,11 @@ def format_report(result: Mapping) -> str:
   if groups:
     lines += ["", "## group means", ""]
     lines += _table(["metric", "value"], [[k, _fmt(m[k], True)] for k in groups])
+  lkeys = sorted(k for k in m if "_lang_" in k)
+  if lkeys:
+    lines += ["", "## language (share of completions whose prose the judge "
+              "finds in that language, jaxdistill/tasks/language.py)", ""]
+    lines += _table(["metric", "value"], [[k, _fmt(m[k], True)] for k in lkeys])
   fkeys = sorted(k for k in m if k.startswith("forgetting/"))
   if fkeys:
     lines += ["", "## forgetting (accuracy drop on OOD suites, "

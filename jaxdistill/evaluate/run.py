@@ -45,6 +45,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 import time
 
@@ -65,6 +66,7 @@ from jaxdistill.evaluate import programs
 from jaxdistill.evaluate import report
 from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import hub
+from jaxdistill.tasks import language as lang_lib
 from jaxdistill.train import distributed
 from jaxdistill.train import seen as seen_lib
 
@@ -113,6 +115,13 @@ def check_config(config) -> tuple[str, ...]:
                         per_suite=per_suite)
   except ValueError as e:
     raise ValueError(f"config.sampler.{e}") from None
+  lang = config.get("language")
+  if lang is not None and not (isinstance(lang, str) and
+                               re.fullmatch(r"[a-z]{2}", lang)):
+    raise ValueError("config.language: an ISO 639-1 code such as 'es' (the "
+                     f"style judge's, jaxdistill.tasks.language), got {lang!r}")
+  if lang is not None:
+    lang_lib.check_installed()
   f = config.forgetting
   if f.metric not in ("greedy_acc", "single_acc", "sampled_acc"):
     raise ValueError(f"config.forgetting.metric: expected 'greedy_acc', "
@@ -213,7 +222,7 @@ def _evaluate(role, path, config, mesh, rules, factory, suites, *,
       max_prompt_len=int(s.max_prompt_len), prompt_bucket=s.get("prompt_bucket"),
       system=config.get("system"), progress=bool(config.get("progress", True)),
       single_temperature=s.get("single_temperature"),
-      per_suite=_per_suite(config, suites))
+      per_suite=_per_suite(config, suites), language=config.get("language"))
 
 
 def baseline_plan(config, names) -> tuple[tuple[str, ...], int]:

@@ -31,6 +31,9 @@ the metrics below (None when a run has no such figure):
   harder_acc      mean accuracy of the harder suites (Countdown-4E, 5/6),
                   single sample or greedy as `accuracy`
   acc/<suite>     accuracy per suite, single sample or greedy as `accuracy`
+  lang_<code>     share of the completions (of that same mode, every suite)
+                  judged in language <code> (evaluation 'style/M_lang_<code>',
+                  config.language: the style transfer, configs/grid_spanish.py)
   tokens_generated, flops   compute of the run (runner.compute_record)
 
 Arms with a finished RLVR stage (study.rlvr) also carry, for each metric m
@@ -147,6 +150,8 @@ def row_of(result: Mapping) -> dict:
     suite, _, metric = k.partition("/")
     if metric == acc and suite not in ("id", "ood", "harder", "baseline"):
       row[f"acc/{suite}"] = v
+    elif suite == "style" and metric.startswith(acc.split("_")[0] + "_lang_"):
+      row[f"lang_{metric.rsplit('_', 1)[1]}"] = v
   c = result.get("compute") or {}
   row["tokens_generated"] = c.get("tokens_generated")
   row["flops"] = c.get("flops")
@@ -196,7 +201,8 @@ def stage_dir(run_dir: str) -> str:
 def metric_columns(rows: Sequence[Mapping]) -> list[str]:
   """The metric columns present: METRICS, acc/<suite>, then their rlvr/ and
   rlvr_change/ versions."""
-  extra = sorted({k for r in rows for k in r if k.startswith("acc/")})
+  extra = sorted({k for r in rows for k in r
+                  if k.startswith(("acc/", "lang_"))})
   base = [m for m in METRICS if any(r.get(m) is not None for r in rows)] + extra
   return base + [p + m for p in (RLVR, CHANGE) for m in base
                  if any(r.get(p + m) is not None for r in rows)]

@@ -24,7 +24,7 @@ _NEUTRAL = [
     re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]", re.S),
     re.compile(r"\\[A-Za-z]+(\{[^}]*\})*"),          # TeX commands
     re.compile(r"<answer>.*?</answer>", re.S),       # the final answer
-    re.compile(r"</?\s*(think|answer)\s*>"),         # the format tags
+    re.compile(r"</?\s*(think|answer|reasoning)\s*>"),  # format tags
     re.compile(r"\(?\b[A-Za-z]\b[).:]?"),            # option labels: (A), B.
 ]
 
@@ -37,6 +37,12 @@ def _detector():
                       "'jaxdistill[style]' (or pip install langdetect)") from e
   langdetect.DetectorFactory.seed = 0
   return langdetect
+
+
+def check_installed() -> None:
+  """ImportError, in one line, unless langdetect can be imported (checked
+  before an evaluation generates anything)."""
+  _detector()
 
 
 def prose(text: str) -> str:

@@ -465,7 +465,7 @@ def _train(config, workdir, overwrite, mesh, rules):
   # Everything that can be checked without weights is checked first.
   scfg, tcfg, cached = model_configs(config)
   sft = config.loss.kind == losses.CE
-  tokenizer = tok_lib.run_tokenizer(config)
+  tokenizer = _tokenizer(config, workdir)
   vocab = train_setup.shared_vocab(config, scfg, tcfg, tokenizer)
   config_lib.check_fits(config, {"student": scfg} if sft or cached else
                         {"student": scfg, "teacher": tcfg}, vocab)
@@ -540,6 +540,16 @@ def _train(config, workdir, overwrite, mesh, rules):
                    ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer,
                    meta=lora_meta(config, lcfg, revisions), lcfg=lcfg,
                    seen=seen)
+
+
+def _tokenizer(config, workdir):
+  """tok_lib.run_tokenizer; a runlocal config (tokenizer_build) of a text task
+  with no tokenizer to load builds its tiny one first (the synthetic task's
+  is built with the export)."""
+  if (config.get("tokenizer_build") and config.data.task != "synthetic"
+      and not config.get("tokenizer") and not hub.weights_spec(config.student)):
+    return tok_lib.runlocal_tokenizer(config, workdir)
+  return tok_lib.run_tokenizer(config)
 
 
 # Kept here for callers that name them as loop.Preempted / loop.StopOnSignal.

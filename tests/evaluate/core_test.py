@@ -311,3 +311,40 @@ def test_single_and_per_suite_errors(tokenizer, kw, match):
     core.evaluate_suites(SingleStub(), tokenizer, {"cd": CD_PROBLEMS},
                          greedy=False, num_samples=2, temperature=1.0, ks=(1,),
                          batch_size=8, seed=0, progress=False, **kw)
+
+
+# Hand-written completions of known language (the style evaluation, App.
+# A.11 / D.7): Spanish or English prose around the format tags and answers.
+ES = ("<think>Primero calculamos el producto de los dos primeros números y "
+      "después sumamos el tercero para llegar al objetivo.</think>"
+      "<answer>2*3+4</answer>")
+EN = ("<think>First we multiply the first two numbers and then we add the "
+      "third one to reach the target value.</think><answer>5*6*1</answer>")
+
+
+def language_stub(prompts, prompt_mask, *, problem_ids, sample_ids, row_ids,
+                  temperature, rng, max_new_tokens=None):
+  """Problem 0 Spanish, 1 English, 2 the answer alone (no prose)."""
+  del prompt_mask, sample_ids, row_ids, temperature, rng, max_new_tokens
+  texts = [ES, EN, "<answer>8*7+9</answer>"]
+  return ([texts[i] for i in problem_ids], np.full(len(prompts), 3),
+          np.ones(len(prompts), bool))
+
+
+def test_language_share_per_suite_and_pooled(tokenizer):
+  pytest.importorskip("langdetect")
+  kw = dict(num_samples=0, ks=(), batch_size=4, seed=0, max_prompt_len=512,
+            progress=False)
+  got = core.evaluate_suites(
+      language_stub, tokenizer, {"cd": CD_PROBLEMS, "cd2": CD_PROBLEMS[:2]},
+      greedy=False, single_temperature=0.5, language="es", **kw)
+  assert got["cd/single_lang_es"] == pytest.approx(1 / 3)
+  assert got["cd2/single_lang_es"] == pytest.approx(1 / 2)
+  # Pooled over both suites' completions: 2 of 5.
+  assert got["style/single_lang_es"] == pytest.approx(2 / 5)
+  # Judging adds its keys and changes no other.
+  plain = core.evaluate_suites(
+      language_stub, tokenizer, {"cd": CD_PROBLEMS, "cd2": CD_PROBLEMS[:2]},
+      greedy=False, single_temperature=0.5, **kw)
+  assert not any("lang" in k for k in plain)
+  assert {k: v for k, v in got.items() if "lang" not in k} == plain

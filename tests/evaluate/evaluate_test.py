@@ -308,3 +308,37 @@ def test_paper_countdown_suites_score_step_answers(tiny_ckpt, tmp_path):
   assert m["countdown3_paper/greedy_acc"] == 0.5
   assert m["countdown4e/greedy_acc"] == 0.5
   assert m["countdown4e/greedy_format"] == 1.0
+
+
+def test_language_judge_through_the_command(tiny_ckpt, perturbed, tmp_path):
+  """config.language='es': the style transfer's judge on every completion,
+  in the result and its report (checkpoint Spanish, baseline English)."""
+  pytest.importorskip("langdetect")
+  es = ("<think>La respuesta correcta es la primera opción porque el agua "
+        "pura es neutra y su pH es siete.</think><answer>A</answer>")
+  en = ("<think>The correct answer is the first option because pure water is "
+        "neutral and its pH is seven.</think><answer>A</answer>")
+
+  def factory(role, cfg, params, tokenizer, eos):
+    del cfg, params, tokenizer, eos
+
+    def gen(prompts, prompt_mask, *, problem_ids, **_):
+      del prompt_mask
+      text = es if role == "checkpoint" else en
+      return ([text] * len(problem_ids), np.full(len(prompts), 5),
+              np.ones(len(prompts), bool))
+    return gen
+  c = stub_config(tmp_path)
+  c.language = "es"
+  res = evaluate_run.run(c, str(tiny_ckpt), str(perturbed),
+                         generator_factory=factory)
+  m = res["metrics"]
+  assert m["mcq/greedy_lang_es"] == m["countdown3/greedy_lang_es"] == 1.0
+  assert m["style/greedy_lang_es"] == 1.0
+  assert m["baseline/mcq/greedy_lang_es"] == 0.0
+  text = report.format_report(res)
+  assert "## language" in text
+  assert re.search(r"\| style/greedy_lang_es +\| 100\.0 % +\|", text)
+  c.language = "Spanish"
+  with pytest.raises(ValueError, match="config.language: an ISO 639-1 code"):
+    evaluate_run.check_config(c)

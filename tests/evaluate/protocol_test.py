@@ -82,6 +82,13 @@ def test_table_accuracy_is_the_single_sample_where_evaluated():
   greedy = table.row_of({**base, "eval": {"id/greedy_acc": 0.9,
                                           "countdown3/greedy_acc": 0.9}})
   assert greedy["accuracy"] == 0.9 and greedy["acc/countdown3"] == 0.9
+  assert not any(k.startswith("lang_") for k in greedy)
+  # The style transfer's share of Spanish completions, of the accuracy's mode.
+  style = table.row_of({**base, "eval": {
+      "id/single_acc": 0.4, "style/single_lang_es": 0.75,
+      "style/greedy_lang_es": 0.1, "science/single_lang_es": 0.5}})
+  assert style["lang_es"] == 0.75
+  assert "lang_es" in table.metric_columns([style])
 
 
 def test_mcq_suite_keeps_the_first_problems_without_a_seed(tmp_path):
