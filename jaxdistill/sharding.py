@@ -49,6 +49,34 @@ DEFAULT_RULES = (
 )
 
 
+# How a rollout lays its weights out for the decode loop (rollout/
+# generation.py): 'train' as the run's rules place them (FSDP: every decode
+# step gathers every layer's weights), 'replicated' a whole copy on each chip,
+# 'tp' tensor parallelism over heads, kv heads, mlp and vocab on every mesh
+# axis but 'data'. 'auto' picks per model (generation.decode_layout).
+DECODE_LAYOUTS = ("auto", "train", "replicated", "tp")
+# Logical names a 'tp' decode layout splits over the model axes.
+_TP_NAMES = ("heads", "kv_heads", "mlp", "vocab")
+
+
+def decode_rules(rules, layout: str) -> tuple:
+  """The rules that place a model's weights in a decode `layout` ('train',
+  'replicated' or 'tp'), from the run's `rules`. Only weights follow them:
+  the KV cache and the loop state keep the run's rules (rows split over the
+  data axes), so under 'tp' attention stays data-parallel over the rows,
+  which suits models with fewer kv heads than chips (Qwen2.5's 2 and 4); a
+  dimension the model axes do not divide (those kv heads) is replicated by
+  logical_to_spec's fallback."""
+  if layout == "train":
+    return tuple(rules)
+  if layout not in ("replicated", "tp"):
+    raise ValueError(f"decode layout: expected one of {DECODE_LAYOUTS[1:]}, "
+                     f"got {layout!r}")
+  model_axes = tuple(a for a in MESH_AXES if a != "data")
+  return tuple((name, model_axes if layout == "tp" and name in _TP_NAMES
+                else None) for name, _ in rules)
+
+
 _TARGET = contextvars.ContextVar("jaxdistill_target_platform", default=None)
 
 

@@ -78,8 +78,10 @@ from jax.sharding import NamedSharding
 import numpy as np
 
 from jaxdistill import choices
+from jaxdistill import compile_only
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.models import flops
 from jaxdistill.models import lora
 from jaxdistill.rollout import loop
 from jaxdistill.rollout import prompts as prompts_lib
@@ -90,6 +92,13 @@ POLICIES = choices.ROLLOUT_POLICIES
 
 
 TWO_MODEL_POLICIES = ("coin_mixture", "spectrum")
+
+# 'auto' decodes a model from a whole copy on each chip when its weights in
+# the compute dtype take at most this share of a chip's memory (the rest
+# holds the train state, the other model and the KV caches), else tensor-
+# parallel (resolve_layout). Chosen, not measured: Qwen2.5-1.5B in bf16 is
+# 19 % of a v5e chip (replicated), 7B 93 % (tp).
+REPLICATE_SHARE = 0.25
 
 
 def policy_lam(rollout_config) -> float | None:
@@ -152,6 +161,45 @@ def _constrainer(mesh, rules, cfgs):
         done=batch(s.done), logits=tuple(batch(l) for l in s.logits),
         caches=caches)
   return constrain
+
+
+def resolve_layout(cfg, layout: str, mesh: Mesh | None) -> str:
+  """The decode layout ('train', 'replicated' or 'tp'; sharding.decode_rules)
+  a model of `cfg` takes for `layout` (sharding.DECODE_LAYOUTS) on `mesh`.
+  'auto': 'train' without a mesh, on one device, or where a device's memory
+  is not known (CPU), so CPU runs keep their programs; else 'replicated' when
+  the weights in the compute dtype take at most REPLICATE_SHARE of it, else
+  'tp'."""
+  if layout not in sharding.DECODE_LAYOUTS:
+    raise ValueError(f"decode_layout: expected one of "
+                     f"{sharding.DECODE_LAYOUTS}, got {layout!r}")
+  if mesh is None or mesh.devices.size == 1:
+    return "train"
+  if layout != "auto":
+    return layout
+  hbm = compile_only.device_hbm_bytes(mesh.devices.flat[0])
+  if hbm is None:
+    return "train"
+  weights = flops.weight_bytes(dataclasses.replace(cfg, param_dtype=cfg.dtype))
+  return "replicated" if weights <= REPLICATE_SHARE * hbm else "tp"
+
+
+def _decode_params(cfg, params, layout, mesh, rules):
+  """The params a model decodes from, made once per rollout (not per token):
+  outside 'train', a copy in the compute dtype (what every use of a weight
+  in models/ casts it to first, so the logits do not change) placed by the
+  decode layout's rules, so that the decode steps read weights in place and
+  move only activations between chips."""
+  if layout == "train":
+    return params
+  dtype = jnp.dtype(cfg.dtype)
+  params = jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+      else x, params)
+  shard = sharding.tree_shardings(
+      lora.params_logical_axes(cfg, params), mesh,
+      sharding.decode_rules(rules, layout), params)
+  return jax.lax.with_sharding_constraint(params, shard)
 
 
 def _head(cfg, params, vocab, platform):
@@ -253,10 +301,11 @@ def _step_fn(cfg, params, head, platform):
     jax.jit,
     static_argnames=("cfgs", "student_index", "max_new_tokens", "sampler",
                      "eos_ids", "pad_id", "vocab", "cache_len", "mesh",
-                     "rules", "combine"))
+                     "rules", "combine", "layouts"))
 def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
              top_p, teacher_prompts=None, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
-             pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture"):
+             pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture",
+             layouts=None):
   # temperature: [n_models] float32, one per model in cfgs' order.
   # teacher_prompts: None, or the teacher's own ([B, Pt] tokens, mask).
   b = prompts.shape[0]
@@ -268,6 +317,8 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
 
   logits, caches, steps = [], [], []
   for i, (cfg, p) in enumerate(zip(cfgs, params)):
+    if layouts is not None:  # one per model (resolve_layout)
+      p = _decode_params(cfg, p, layouts[i], mesh, rules)
     head = _head(cfg, p, vocab, platform)  # [V, D]
     toks, mask, length = prompts, prompt_mask, cache_len
     if teacher_prompts is not None and i == teacher:
@@ -441,7 +492,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
              row_ids=None, mesh: Mesh | None = None,
              rules=None,
              vocab_size: int | None = None, teacher_prompts=None,
-             teacher_prompt_mask=None) -> Rollout:
+             teacher_prompt_mask=None,
+             decode_layout: str = "auto") -> Rollout:
   """Samples responses to a left-padded prompt batch.
 
   Args:
@@ -484,6 +536,9 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
     teacher_prompts, teacher_prompt_mask: optional [B, Pt], left-padded like
       `prompts`: the teacher's own prompt (its cache is prefilled from it);
       only for policies that run the teacher. `tokens` keeps the student's.
+    decode_layout: how the weights are laid out for the decode loop, per
+      model: 'train' (as `rules` place them), 'replicated', 'tp' or 'auto'
+      (see `resolve_layout`); the tokens are the same in each.
 
   Returns:
     A Rollout (layout in the module docstring).
@@ -495,7 +550,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
       bucket=bucket, cache_len=cache_len, row_ids=row_ids, mesh=mesh,
       rules=rules, vocab_size=vocab_size, teacher_prompts=teacher_prompts,
-      teacher_prompt_mask=teacher_prompt_mask, abstract=False)
+      teacher_prompt_mask=teacher_prompt_mask, abstract=False,
+      decode_layout=decode_layout)
   out = fn(*args, **kwargs)
   if not return_logprobs:
     out = out.replace(logprobs=None, behaviour_logprobs=None)
@@ -510,7 +566,8 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
             eos_token_ids: Sequence[int] | None = None,
             pad_token_id: int = 0, cache_len: int | None = None,
             mesh: Mesh | None = None, rules=None,
-            vocab_size: int | None = None, teacher_prompts=None):
+            vocab_size: int | None = None, teacher_prompts=None,
+            decode_layout: str = "auto"):
   """The program `generate` runs, for compiling ahead of time: (jitted
   function, arguments, static keyword arguments), with `prompts`,
   `prompt_mask` and the params abstract (jax.ShapeDtypeStruct leaves placed
@@ -532,14 +589,16 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
       bucket=None, cache_len=cache_len,
       row_ids=sds((b,), jnp.int32, sharding=row_sharding), mesh=mesh,
       rules=rules, vocab_size=vocab_size, teacher_prompts=teacher_prompts,
-      teacher_prompt_mask=teacher_prompts, abstract=True)
+      teacher_prompt_mask=teacher_prompts, abstract=True,
+      decode_layout=decode_layout)
 
 
 def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
           max_new_tokens, temperature, teacher_temperature, top_k, top_p,
           eos_token_ids,
           pad_token_id, bucket, cache_len, row_ids, mesh, rules, vocab_size,
-          abstract, teacher_prompts=None, teacher_prompt_mask=None):
+          abstract, teacher_prompts=None, teacher_prompt_mask=None,
+          decode_layout="auto"):
   """Checks and resolves generate's arguments -> (_rollout, args, kwargs).
   `abstract`: prompts, params and row_ids are jax.ShapeDtypeStructs already
   placed (nothing is moved or read)."""
@@ -647,5 +706,7 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
       max_new_tokens=max_new_tokens, sampler=sampler, eos_ids=tuple(eos),
       pad_id=int(pad_token_id), vocab=vocab, cache_len=int(cache_len),
       mesh=mesh, rules=tuple(tuple(r) for r in rules),
-      combine="spectrum" if policy == "spectrum" else "coin_mixture")
+      combine="spectrum" if policy == "spectrum" else "coin_mixture",
+      layouts=tuple(resolve_layout(cfg, decode_layout, mesh)
+                    for cfg in cfgs))
   return _rollout, args, kwargs
