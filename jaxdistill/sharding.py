@@ -57,6 +57,7 @@ DEFAULT_RULES = (
 DECODE_LAYOUTS = ("auto", "train", "replicated", "tp")
 # Logical names a 'tp' decode layout splits over the model axes.
 _TP_NAMES = ("heads", "kv_heads", "mlp", "vocab")
+_MODEL_AXES = tuple(a for a in MESH_AXES if a != "data")
 
 
 def decode_rules(rules, layout: str) -> tuple:
@@ -72,9 +73,35 @@ def decode_rules(rules, layout: str) -> tuple:
   if layout not in ("replicated", "tp"):
     raise ValueError(f"decode layout: expected one of {DECODE_LAYOUTS[1:]}, "
                      f"got {layout!r}")
-  model_axes = tuple(a for a in MESH_AXES if a != "data")
-  return tuple((name, model_axes if layout == "tp" and name in _TP_NAMES
+  return tuple((name, _MODEL_AXES if layout == "tp" and name in _TP_NAMES
                 else None) for name, _ in rules)
+
+
+def embed_split_rules(rules) -> tuple:
+  """Rules that split only 'embed' over the model axes ('tp''s fallback,
+  decode_shardings)."""
+  return tuple((name, _MODEL_AXES if name == "embed" else None)
+               for name, _ in rules)
+
+
+def decode_shardings(logical_tree, mesh: Mesh, rules, layout: str, shapes):
+  """NamedShardings of a model's weights in a decode layout. Under 'tp' a
+  matrix whose heads / kv heads the model axes do not divide (Qwen2.5-7B's
+  28 heads and 4 kv heads on 8 chips) splits its embedding dim instead, so
+  that no matrix is read whole by every chip: its products then sum
+  activation-sized partial results across chips. Vectors (norms, biases)
+  stay whole."""
+  primary = decode_rules(rules, layout)
+  fallback = embed_split_rules(rules)
+
+  def one(ax, s):
+    shape = getattr(s, "shape", s)
+    spec = logical_to_spec(ax, shape, mesh, primary)
+    matrix = sum(n not in (None, "layers") for n in ax) > 1
+    if layout == "tp" and matrix and all(a is None for a in spec):
+      spec = logical_to_spec(ax, shape, mesh, fallback)
+    return NamedSharding(mesh, spec)
+  return jax.tree.map(one, logical_tree, shapes, is_leaf=is_axes_leaf)
 
 
 _TARGET = contextvars.ContextVar("jaxdistill_target_platform", default=None)
