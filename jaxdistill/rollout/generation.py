@@ -214,8 +214,14 @@ def _decode_params(cfg, params, layout, mesh, rules):
                                              "embedding": split}}
 
 
-def _head(cfg, params, vocab, platform):
-  """The output projection and its einsum, restricted to the sampling vocab.
+def _head(cfg, params, vocab, platform, whole=False):
+  """(output projection, its einsum, None | the vocab to cut the logits
+  to), restricted to the sampling vocab.
+
+  `whole` (a decode layout splits the head over its vocab rows): the head
+  is kept whole and its logits are cut instead, so that no cut of the split
+  rows (151,665 of 151,936: not divisible by 8) moves the head between
+  chips inside the decode loop.
 
   XLA:CPU's skinny matmuls read a [V, D] matrix (contracting dim minor) 2-3x
   faster than the [D, V] lm_head kernel, and the head is most of the bytes a
@@ -223,19 +229,24 @@ def _head(cfg, params, vocab, platform):
   rollout (outside the loop). Tied heads are the [V, D] embedding already.
   On accelerators the kernel is used as stored (a copy would only cost memory).
   """
+  keep = vocab if whole else None
   if cfg.tie_word_embeddings:
-    return params["embed_tokens"]["embedding"][:vocab], "BD,VD->BV"
-  head = models.output_head(cfg, params)[:, :vocab]  # [D, V]
+    table = params["embed_tokens"]["embedding"]  # [V, D]
+    return (table if whole else table[:vocab]), "BD,VD->BV", keep
+  head = models.output_head(cfg, params)  # [D, V]
+  if not whole:
+    head = head[:, :vocab]
   if platform == "cpu":
-    return head.T, "BD,VD->BV"
-  return head, "BD,DV->BV"
+    return head.T, "BD,VD->BV", keep
+  return head, "BD,DV->BV", keep
 
 
 def _logits(hidden, head):
   # hidden [B, D] in the compute dtype -> float32 logits [B, V], as apply().
-  w, eq = head
-  return jnp.einsum(eq, hidden, w.astype(hidden.dtype),
-                    preferred_element_type=jnp.float32)
+  w, eq, keep = head
+  out = jnp.einsum(eq, hidden, w.astype(hidden.dtype),
+                   preferred_element_type=jnp.float32)
+  return out if keep is None else out[:, :keep]
 
 
 def _hoisted_layers(cfg, params, platform):
@@ -332,7 +343,8 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
     p_head = p
     if layouts is not None:  # one per model (resolve_layout)
       p_head, p = _decode_params(cfg, p, layouts[i], mesh, rules)
-    head = _head(cfg, p_head, vocab, platform)  # [V, D]
+    head = _head(cfg, p_head, vocab, platform,
+                 whole=layouts is not None and layouts[i] != "train")
     toks, mask, length = prompts, prompt_mask, cache_len
     if teacher_prompts is not None and i == teacher:
       toks, mask = teacher_prompts

@@ -151,3 +151,17 @@ def test_tp_splits_heads_else_the_embedding_dim():
   assert attn["k_proj"]["kernel"].spec == sharding.P(None, "fsdp", None, None)
   assert shard["layers"]["input_layernorm"]["scale"].spec == sharding.P(
       None, None)
+
+
+def test_compile_only_reads_each_layouts_weights_per_step():
+  """The bytes model of the rollout program (train/programs.py): a chip
+  reads per decode step the float32 weights whole ('train', gathered), a
+  bf16 copy whole ('replicated') or a quarter of it ('tp' on 4 model-axis
+  devices); parameters counted from the tree."""
+  cfg, params = _model(0)
+  count = sum(x.size for x in jax.tree.leaves(params))
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+  got = {l: train_programs.decode_weight_bytes(cfg, l, mesh)
+         for l in ("train", "replicated", "tp")}
+  assert got == {"train": 4 * count, "replicated": 2 * count,
+                 "tp": 2 * count / 4}
