@@ -93,12 +93,14 @@ POLICIES = choices.ROLLOUT_POLICIES
 
 TWO_MODEL_POLICIES = ("coin_mixture", "spectrum")
 
-# 'auto' decodes a model from a whole copy on each chip when its weights in
-# the compute dtype take at most this share of a chip's memory (the rest
-# holds the train state, the other model and the KV caches), else tensor-
-# parallel (resolve_layout). Chosen, not measured: Qwen2.5-1.5B in bf16 is
-# 19 % of a v5e chip (replicated), 7B 93 % (tp).
-REPLICATE_SHARE = 0.25
+# 'auto' decodes a model from a whole copy on each chip only when its
+# weights in the compute dtype take at most this share of a chip's memory,
+# else tensor-parallel (resolve_layout). Every chip reads a replicated copy
+# whole on every step, so it pays only for models so small that the tp
+# layout's per-layer collectives would cost more than the reads (not
+# modelled: chosen). Compiled for v5e-8 (docs/tpu.md): Qwen2.5-1.5B's
+# student rollout binds at 2.11 s replicated, 0.48 s tp.
+REPLICATE_SHARE = 0.02
 
 
 def policy_lam(rollout_config) -> float | None:

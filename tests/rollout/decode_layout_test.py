@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxdistill import collectives
+from jaxdistill import compile_only
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
@@ -128,6 +129,16 @@ def test_resolve_layout():
   assert generation.resolve_layout(cfg, "auto", mesh) == "train"
   with pytest.raises(ValueError, match="decode_layout: expected one of"):
     generation.resolve_layout(cfg, "fsdp", mesh)
+
+
+def test_auto_replicates_only_a_model_far_smaller_than_a_chip(monkeypatch):
+  cfg, params = _model(0)
+  bf16 = 2 * sum(x.size for x in jax.tree.leaves(params))
+  mesh = sharding.make_mesh({"fsdp": -1})
+  share = generation.REPLICATE_SHARE
+  for hbm, want in ((bf16 / share, "replicated"), (bf16 / share - 8, "tp")):
+    monkeypatch.setattr(compile_only, "device_hbm_bytes", lambda d, h=hbm: h)
+    assert generation.resolve_layout(cfg, "auto", mesh) == want
 
 
 def test_decode_rules():
