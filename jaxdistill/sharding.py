@@ -53,7 +53,7 @@ DEFAULT_RULES = (
 # generation.py): 'train' as the run's rules place them (FSDP: every decode
 # step gathers every layer's weights), 'replicated' a whole copy on each chip,
 # 'tp' tensor parallelism over heads, kv heads, mlp and vocab on every mesh
-# axis but 'data'. 'auto' picks per model (generation.decode_layout).
+# axis but 'data'. 'auto' picks per model (generation.resolve_layout).
 DECODE_LAYOUTS = ("auto", "train", "replicated", "tp")
 # Logical names a 'tp' decode layout splits over the model axes.
 _TP_NAMES = ("heads", "kv_heads", "mlp", "vocab")
