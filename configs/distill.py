@@ -148,6 +148,10 @@ def get_config(arg=None):
                    top_k=config_dict.placeholder(int),
                    top_p=config_dict.placeholder(float),
                    eos_token_ids=None,
+                   # How the weights are laid out for decoding: 'auto'
+                   # (per model, rollout/generation.py), 'train', 'replicated'
+                   # or 'tp' (docs/tpu.md); the tokens are the same.
+                   decode_layout="auto",
                    # policy='spectrum' only: both models' temperature inside
                    # pi_lambda (None: each its own); the paper's spectrum
                    # runs used 1.0 (configs/grid_spectrum.py).

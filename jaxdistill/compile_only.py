@@ -205,6 +205,20 @@ _KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e",
           "TPU v6e": "v6e"}
 
 
+def device_hbm_bytes(device) -> int | None:
+  """Memory of one device, bytes: as the runtime reports it, else the chip
+  table's for a TPU device of a compile-only topology; None when unknown
+  (CPU)."""
+  try:
+    return int(device.memory_stats()["bytes_limit"])
+  except Exception:  # pylint: disable=broad-except
+    pass
+  if device.platform != "tpu" or device.device_kind not in _KINDS:
+    return None
+  chip = CHIPS[_KINDS[device.device_kind]]
+  return chip.hbm_bytes // (2 if chip.names_count_cores else 1)
+
+
 def local_target(devices=None) -> Target | None:
   """The TPU this process runs on, as a Target (its HBM as the runtime
   reports it), or None off TPU or on a TPU generation the table lacks."""

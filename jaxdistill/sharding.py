@@ -49,6 +49,61 @@ DEFAULT_RULES = (
 )
 
 
+# How a rollout lays its weights out for the decode loop (rollout/
+# generation.py): 'train' as the run's rules place them (FSDP: every decode
+# step gathers every layer's weights), 'replicated' a whole copy on each chip,
+# 'tp' tensor parallelism over heads, kv heads, mlp and vocab on every mesh
+# axis but 'data'. 'auto' picks per model (generation.resolve_layout).
+DECODE_LAYOUTS = ("auto", "train", "replicated", "tp")
+# Logical names a 'tp' decode layout splits over the model axes.
+_TP_NAMES = ("heads", "kv_heads", "mlp", "vocab")
+_MODEL_AXES = tuple(a for a in MESH_AXES if a != "data")
+
+
+def decode_rules(rules, layout: str) -> tuple:
+  """The rules that place a model's weights in a decode `layout` ('train',
+  'replicated' or 'tp'), from the run's `rules`. Only weights follow them:
+  the KV cache and the loop state keep the run's rules (rows split over the
+  data axes), so under 'tp' attention stays data-parallel over the rows,
+  which suits models with fewer kv heads than chips (Qwen2.5's 2 and 4); a
+  dimension the model axes do not divide (those kv heads) is replicated by
+  logical_to_spec's fallback."""
+  if layout == "train":
+    return tuple(rules)
+  if layout not in ("replicated", "tp"):
+    raise ValueError(f"decode layout: expected one of {DECODE_LAYOUTS[1:]}, "
+                     f"got {layout!r}")
+  return tuple((name, _MODEL_AXES if layout == "tp" and name in _TP_NAMES
+                else None) for name, _ in rules)
+
+
+def embed_split_rules(rules) -> tuple:
+  """Rules that split only 'embed' over the model axes ('tp''s fallback,
+  decode_shardings)."""
+  return tuple((name, _MODEL_AXES if name == "embed" else None)
+               for name, _ in rules)
+
+
+def decode_shardings(logical_tree, mesh: Mesh, rules, layout: str, shapes):
+  """NamedShardings of a model's weights in a decode layout. Under 'tp' a
+  matrix whose heads / kv heads the model axes do not divide (Qwen2.5-7B's
+  28 heads and 4 kv heads on 8 chips) splits its embedding dim instead, so
+  that no matrix is read whole by every chip: its products then sum
+  activation-sized partial results across chips. Vectors (norms, biases)
+  stay whole."""
+  primary = decode_rules(rules, layout)
+  fallback = embed_split_rules(rules)
+
+  def one(ax, s):
+    shape = getattr(s, "shape", s)
+    spec = logical_to_spec(ax, shape, mesh, primary)
+    matrix = sum(n not in (None, "layers") for n in ax) > 1
+    if layout == "tp" and matrix and all(a is None for a in spec):
+      spec = logical_to_spec(ax, shape, mesh, fallback)
+    return NamedSharding(mesh, spec)
+  return jax.tree.map(one, logical_tree, shapes, is_leaf=is_axes_leaf)
+
+
 _TARGET = contextvars.ContextVar("jaxdistill_target_platform", default=None)
 
 

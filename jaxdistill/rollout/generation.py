@@ -78,8 +78,10 @@ from jax.sharding import NamedSharding
 import numpy as np
 
 from jaxdistill import choices
+from jaxdistill import compile_only
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.models import flops
 from jaxdistill.models import lora
 from jaxdistill.rollout import loop
 from jaxdistill.rollout import prompts as prompts_lib
@@ -90,6 +92,15 @@ POLICIES = choices.ROLLOUT_POLICIES
 
 
 TWO_MODEL_POLICIES = ("coin_mixture", "spectrum")
+
+# 'auto' decodes a model from a whole copy on each chip only when its
+# weights in the compute dtype take at most this share of a chip's memory,
+# else tensor-parallel (resolve_layout). Every chip reads a replicated copy
+# whole on every step, so it pays only for models so small that the tp
+# layout's per-layer collectives would cost more than the reads (not
+# modelled: chosen). Compiled for v5e-8 (docs/tpu.md): Qwen2.5-1.5B's
+# student rollout binds at 2.11 s replicated, 0.48 s tp.
+REPLICATE_SHARE = 0.02
 
 
 def policy_lam(rollout_config) -> float | None:
@@ -154,8 +165,65 @@ def _constrainer(mesh, rules, cfgs):
   return constrain
 
 
-def _head(cfg, params, vocab, platform):
-  """The output projection and its einsum, restricted to the sampling vocab.
+def resolve_layout(cfg, layout: str, mesh: Mesh | None) -> str:
+  """The decode layout ('train', 'replicated' or 'tp'; sharding.decode_rules)
+  a model of `cfg` takes for `layout` (sharding.DECODE_LAYOUTS) on `mesh`.
+  'auto': 'train' without a mesh, on one device, or where a device's memory
+  is not known (CPU), so CPU runs keep their programs; else 'replicated' when
+  the weights in the compute dtype take at most REPLICATE_SHARE of it, else
+  'tp'."""
+  if layout not in sharding.DECODE_LAYOUTS:
+    raise ValueError(f"decode_layout: expected one of "
+                     f"{sharding.DECODE_LAYOUTS}, got {layout!r}")
+  if mesh is None or mesh.devices.size == 1:
+    return "train"
+  if layout != "auto":
+    return layout
+  hbm = compile_only.device_hbm_bytes(mesh.devices.flat[0])
+  if hbm is None:
+    return "train"
+  weights = flops.weight_bytes(dataclasses.replace(cfg, param_dtype=cfg.dtype))
+  return "replicated" if weights <= REPLICATE_SHARE * hbm else "tp"
+
+
+def _decode_params(cfg, params, layout, mesh, rules):
+  """(params of the output head, params of the steps) a model decodes from,
+  made once per rollout (not per token): outside 'train', a copy in the
+  compute dtype (what every use of a weight in models/ casts it to first,
+  so the logits do not change) placed by the decode layout
+  (sharding.decode_shardings), so that the decode steps read weights in
+  place and move only activations between chips."""
+  if layout == "train":
+    return params, params
+  dtype = jnp.dtype(cfg.dtype)
+  params = jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+      else x, params)
+  wsc = jax.lax.with_sharding_constraint
+  placed = wsc(params, sharding.decode_shardings(
+      lora.params_logical_axes(cfg, params), mesh, rules, layout, params))
+  if layout != "tp":
+    return placed, placed
+  # The steps look token ids up in the embedding: from a table split over
+  # its vocab rows the TPU compiler gathers the whole table every step (the
+  # compile of Qwen2.5-1.5B, tied: 0.4 GB a step per chip); split over the
+  # embedding dim, each chip takes its columns of the rows, and the [B, D]
+  # activations are gathered. The head keeps the vocab split.
+  emb = params["embed_tokens"]["embedding"]
+  split = wsc(emb, NamedSharding(mesh, sharding.logical_to_spec(
+      ("vocab", "embed"), emb.shape, mesh, sharding.embed_split_rules(rules))))
+  return placed, {**placed, "embed_tokens": {**placed["embed_tokens"],
+                                             "embedding": split}}
+
+
+def _head(cfg, params, vocab, platform, whole=False):
+  """(output projection, its einsum, None | the vocab to cut the logits
+  to), restricted to the sampling vocab.
+
+  `whole` (a decode layout splits the head over its vocab rows): the head
+  is kept whole and its logits are cut instead, so that no cut of the split
+  rows (151,665 of 151,936: not divisible by 8) moves the head between
+  chips inside the decode loop.
 
   XLA:CPU's skinny matmuls read a [V, D] matrix (contracting dim minor) 2-3x
   faster than the [D, V] lm_head kernel, and the head is most of the bytes a
@@ -163,19 +231,24 @@ def _head(cfg, params, vocab, platform):
   rollout (outside the loop). Tied heads are the [V, D] embedding already.
   On accelerators the kernel is used as stored (a copy would only cost memory).
   """
+  keep = vocab if whole else None
   if cfg.tie_word_embeddings:
-    return params["embed_tokens"]["embedding"][:vocab], "BD,VD->BV"
-  head = models.output_head(cfg, params)[:, :vocab]  # [D, V]
+    table = params["embed_tokens"]["embedding"]  # [V, D]
+    return (table if whole else table[:vocab]), "BD,VD->BV", keep
+  head = models.output_head(cfg, params)  # [D, V]
+  if not whole:
+    head = head[:, :vocab]
   if platform == "cpu":
-    return head.T, "BD,VD->BV"
-  return head, "BD,DV->BV"
+    return head.T, "BD,VD->BV", keep
+  return head, "BD,DV->BV", keep
 
 
 def _logits(hidden, head):
   # hidden [B, D] in the compute dtype -> float32 logits [B, V], as apply().
-  w, eq = head
-  return jnp.einsum(eq, hidden, w.astype(hidden.dtype),
-                    preferred_element_type=jnp.float32)
+  w, eq, keep = head
+  out = jnp.einsum(eq, hidden, w.astype(hidden.dtype),
+                   preferred_element_type=jnp.float32)
+  return out if keep is None else out[:, :keep]
 
 
 def _hoisted_layers(cfg, params, platform):
@@ -253,10 +326,11 @@ def _step_fn(cfg, params, head, platform):
     jax.jit,
     static_argnames=("cfgs", "student_index", "max_new_tokens", "sampler",
                      "eos_ids", "pad_id", "vocab", "cache_len", "mesh",
-                     "rules", "combine"))
+                     "rules", "combine", "layouts"))
 def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
              top_p, teacher_prompts=None, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
-             pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture"):
+             pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture",
+             layouts=None):
   # temperature: [n_models] float32, one per model in cfgs' order.
   # teacher_prompts: None, or the teacher's own ([B, Pt] tokens, mask).
   b = prompts.shape[0]
@@ -268,7 +342,11 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
 
   logits, caches, steps = [], [], []
   for i, (cfg, p) in enumerate(zip(cfgs, params)):
-    head = _head(cfg, p, vocab, platform)  # [V, D]
+    p_head = p
+    if layouts is not None:  # one per model (resolve_layout)
+      p_head, p = _decode_params(cfg, p, layouts[i], mesh, rules)
+    head = _head(cfg, p_head, vocab, platform,
+                 whole=layouts is not None and layouts[i] != "train")
     toks, mask, length = prompts, prompt_mask, cache_len
     if teacher_prompts is not None and i == teacher:
       toks, mask = teacher_prompts
@@ -441,7 +519,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
              row_ids=None, mesh: Mesh | None = None,
              rules=None,
              vocab_size: int | None = None, teacher_prompts=None,
-             teacher_prompt_mask=None) -> Rollout:
+             teacher_prompt_mask=None,
+             decode_layout: str = "auto") -> Rollout:
   """Samples responses to a left-padded prompt batch.
 
   Args:
@@ -484,6 +563,9 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
     teacher_prompts, teacher_prompt_mask: optional [B, Pt], left-padded like
       `prompts`: the teacher's own prompt (its cache is prefilled from it);
       only for policies that run the teacher. `tokens` keeps the student's.
+    decode_layout: how the weights are laid out for the decode loop, per
+      model: 'train' (as `rules` place them), 'replicated', 'tp' or 'auto'
+      (see `resolve_layout`); the tokens are the same in each.
 
   Returns:
     A Rollout (layout in the module docstring).
@@ -495,7 +577,8 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
       bucket=bucket, cache_len=cache_len, row_ids=row_ids, mesh=mesh,
       rules=rules, vocab_size=vocab_size, teacher_prompts=teacher_prompts,
-      teacher_prompt_mask=teacher_prompt_mask, abstract=False)
+      teacher_prompt_mask=teacher_prompt_mask, abstract=False,
+      decode_layout=decode_layout)
   out = fn(*args, **kwargs)
   if not return_logprobs:
     out = out.replace(logprobs=None, behaviour_logprobs=None)
@@ -510,7 +593,8 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
             eos_token_ids: Sequence[int] | None = None,
             pad_token_id: int = 0, cache_len: int | None = None,
             mesh: Mesh | None = None, rules=None,
-            vocab_size: int | None = None, teacher_prompts=None):
+            vocab_size: int | None = None, teacher_prompts=None,
+            decode_layout: str = "auto"):
   """The program `generate` runs, for compiling ahead of time: (jitted
   function, arguments, static keyword arguments), with `prompts`,
   `prompt_mask` and the params abstract (jax.ShapeDtypeStruct leaves placed
@@ -532,14 +616,16 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
       bucket=None, cache_len=cache_len,
       row_ids=sds((b,), jnp.int32, sharding=row_sharding), mesh=mesh,
       rules=rules, vocab_size=vocab_size, teacher_prompts=teacher_prompts,
-      teacher_prompt_mask=teacher_prompts, abstract=True)
+      teacher_prompt_mask=teacher_prompts, abstract=True,
+      decode_layout=decode_layout)
 
 
 def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
           max_new_tokens, temperature, teacher_temperature, top_k, top_p,
           eos_token_ids,
           pad_token_id, bucket, cache_len, row_ids, mesh, rules, vocab_size,
-          abstract, teacher_prompts=None, teacher_prompt_mask=None):
+          abstract, teacher_prompts=None, teacher_prompt_mask=None,
+          decode_layout="auto"):
   """Checks and resolves generate's arguments -> (_rollout, args, kwargs).
   `abstract`: prompts, params and row_ids are jax.ShapeDtypeStructs already
   placed (nothing is moved or read)."""
@@ -647,5 +733,7 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
       max_new_tokens=max_new_tokens, sampler=sampler, eos_ids=tuple(eos),
       pad_id=int(pad_token_id), vocab=vocab, cache_len=int(cache_len),
       mesh=mesh, rules=tuple(tuple(r) for r in rules),
-      combine="spectrum" if policy == "spectrum" else "coin_mixture")
+      combine="spectrum" if policy == "spectrum" else "coin_mixture",
+      layouts=tuple(resolve_layout(cfg, decode_layout, mesh)
+                    for cfg in cfgs))
   return _rollout, args, kwargs

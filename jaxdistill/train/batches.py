@@ -149,6 +149,7 @@ class SequenceMaker:
         top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
         return_logprobs=self.behaviour, vocab_size=self.vocab,
+        decode_layout=ro.get("decode_layout") or "auto",
         **(own if ro.policy != "student" else {}))
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}

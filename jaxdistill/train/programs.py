@@ -12,6 +12,7 @@ data.max_prompt_len tokens plus rollout.max_new_tokens, the update on
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -74,7 +75,8 @@ def batch_struct(shape, dtype, mesh, rules):
 def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
                     *, rows, policy, prompt_len, max_new_tokens, temperature,
                     teacher_temperature=None, top_k=None, top_p=None, lam=None,
-                    resident=0, teacher_prompt_len=None):
+                    resident=0, teacher_prompt_len=None,
+                    decode_layout="auto"):
   """compile_only.Program of rollout.generate: `rows` prompts of
   `prompt_len` tokens, `max_new_tokens` more; `student`/`teacher` abstract
   params (None when the policy does not sample from it);
@@ -93,21 +95,38 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
       policy=policy, lam=lam, max_new_tokens=n, temperature=float(temperature),
       teacher_temperature=teacher_temperature,
       top_k=top_k, top_p=top_p, mesh=mesh, rules=rules, vocab_size=vocab,
-      eos_token_ids=(0,), teacher_prompts=t_prompts)
-  # Per decode step (and the prefill): every weight of each sampling model,
-  # gathered whole on each chip, and the chip's rows of its KV cache.
+      eos_token_ids=(0,), teacher_prompts=t_prompts,
+      decode_layout=decode_layout)
+  # Per decode step (and the prefill): each sampling model's weights as its
+  # decode layout holds them on a chip, and the chip's rows of its KV cache.
   widths = [int(teacher_prompt_len) if own and i == len(used) - 1
             else p for i in range(len(used))]
   # The physical limit reads only the chip's share of each weight.
   n_dev = mesh.devices.size
   kv = sum(flops.kv_cache_bytes(c, rows / n_dev, w + n - 1)
            for c, w in zip(used, widths))
-  weights = sum(flops.weight_bytes(c) for c in used)
+  weights = sum(decode_weight_bytes(c, layout, mesh)
+                for c, layout in zip(used, kwargs["layouts"]))
   return compile_only.Program(
       name, fn, args, kwargs,
       model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
       bytes_accessed=n * (weights + kv), resident_bytes=resident,
-      while_trips=n - 1, limit_bytes=n * (weights / n_dev + kv))
+      while_trips=n - 1, limit_bytes=n * (
+          sum(flops.weight_bytes(c) for c in used) / n_dev + kv))
+
+
+def decode_weight_bytes(cfg, layout, mesh) -> float:
+  """Weight bytes a chip reads per decode step in a decode layout
+  (rollout.resolve_layout): 'train' every weight gathered whole, as stored;
+  'replicated' its whole compute-dtype copy; 'tp' that copy's share over
+  the model axes (sharding.decode_rules; the few replicated pieces, norms
+  and kv heads the axes do not divide, are left out)."""
+  if layout == "train":
+    return flops.weight_bytes(cfg)
+  copy = flops.weight_bytes(dataclasses.replace(cfg, param_dtype=cfg.dtype))
+  if layout == "replicated":
+    return copy
+  return copy / (mesh.devices.size // mesh.shape["data"])
 
 
 def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int,
@@ -173,7 +192,8 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
         top_k=ro.get("top_k"), top_p=ro.get("top_p"),
         lam=rollout_lib.policy_lam(ro),
         resident=run_b - size(s_in) - size(t_in),
-        teacher_prompt_len=config_lib.teacher_prompt_len(config)))
+        teacher_prompt_len=config_lib.teacher_prompt_len(config),
+        decode_layout=ro.get("decode_layout") or "auto"))
 
   batch = {k: batch_struct((b, seq), jnp.int32, mesh, rules)
            for k in ("tokens", "attention_mask", "loss_mask")}
