@@ -120,10 +120,15 @@ def _writable_parent(path: str, flag: str) -> None:
     raise ValueError(f"{flag}: {parent} is not writable")
 
 
-def check_out_file(path: str, flag: str = "--out") -> None:
+def check_out_file(path: str, flag: str = "--out", *,
+                   gs_ok: bool = False) -> None:
   """Refuses, before any compute, an output file path that names a
-  directory or lies where nothing can be written."""
-  path = storage.check(path, flag)
+  directory or lies where nothing can be written (with `gs_ok`, a gs://
+  object whose bucket cannot be written)."""
+  path = storage.check(path, flag, gs_ok=gs_ok)
+  if storage.is_gs(path):
+    storage.check_writable_dir(path.rsplit("/", 1)[0])
+    return
   if os.path.isdir(path):
     raise ValueError(f"{flag}: {path} is a directory; give a file path (e.g. "
                      f"{os.path.join(path, 'eval.json')})")

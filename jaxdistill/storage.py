@@ -246,3 +246,25 @@ def check_writable_dir(path) -> None:
                      f"({os.strerror(e.errno) if e.errno else e})") from None
   if not os.access(path, os.W_OK | os.X_OK):
     raise ValueError(f"{path}: not writable")
+
+
+def local_checkpoint(path, what: str, *, marker: str = "config.json",
+                     export: str = "hf_student") -> str:
+  """`path` itself when it is not gs://; else a local copy of the Hugging
+  Face directory it names (or, for a training workdir on gs://, of its
+  `export`/ directory), downloaded into a fresh local temporary directory
+  that is left for the OS to clean. A directory without `marker` is
+  refused: uploads write it last (train/loop.py), so without it the upload
+  is unfinished. Each call downloads again (no cache shared across runs)."""
+  if not looks_remote(path):
+    return path
+  path = check(path, what, gs_ok=True)
+  fs = _fs()
+  for d in (path, f"{path}/{export}"):
+    if fs.isfile(f"{_key(d)}/{marker}"):
+      local = local_staging("jaxdistill-ckpt-")
+      download_dir(d, local)
+      return local
+  raise FileNotFoundError(f"{what}: {path} holds no {marker} (nor does "
+                          f"{path}/{export}/): not a finished Hugging Face "
+                          "directory or training export")

@@ -75,6 +75,24 @@ def running(log_path):
     proc.wait()
 
 
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+  """The emulator's URL, with this process's clients pointed at it (tests
+  import this fixture by name)."""
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+  with running(log) as url:
+    saved = dict(os.environ)
+    os.environ.update(env(url))
+    import gcsfs  # pylint: disable=g-import-not-at-top
+    gcsfs.GCSFileSystem.clear_instance_cache()  # made for another endpoint
+    try:
+      yield url
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+      gcsfs.GCSFileSystem.clear_instance_cache()
+
+
 def _serve(port: int):
   from gcp_storage_emulator.handlers import objects  # pylint: disable=g-import-not-at-top
   download = objects.download

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from configs import distill as distill_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import config_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import gcs_emulator  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.gcs_emulator import gcs  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import  # a fixture
 
 GS = f"gs://{gcs_emulator.BUCKET}"
 
@@ -50,7 +51,7 @@ def test_paths_are_normalised():
 
 
 @pytest.mark.parametrize("check", [
-    lambda p: cli.check_out_file(p, "--out"),        # evaluate
+    lambda p: cli.check_out_file(p, "--out"),        # without gs_ok=True
     lambda p: cli.check_out_dir(p, "--out"),         # teacher cache, analysis
     cli.check_writable_dir,                          # prepared data, sweep
 ])
@@ -110,8 +111,6 @@ REFUSING = {
                       _cfg("distill.py") + ":runlocal,policy=dataset",
                       "--config.loss.teacher_topk=8", "--out",
                       "gs://bkt1/cache"],
-    "evaluate": ["jaxdistill.evaluate", "--config", _cfg("eval.py"),
-                 "--checkpoint", "gs://bkt1/run/hf_student"],
     "analysis": ["jaxdistill.analysis", "--config",
                  _cfg("distill.py") + ":runlocal", "--out", "gs://bkt1/kl"],
     "bench": ["jaxdistill.bench.suite", "--preset", "tiny", "--out",
@@ -134,23 +133,6 @@ def test_commands_refuse_gs_in_one_line_and_write_nothing(name, tmp_path):
 
 
 # --- against the emulator ---------------------------------------------------
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-  """The emulator's URL, with this process's clients pointed at it."""
-  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
-  with gcs_emulator.running(log) as url:
-    saved = dict(os.environ)
-    os.environ.update(gcs_emulator.env(url))
-    import gcsfs  # pylint: disable=g-import-not-at-top
-    gcsfs.GCSFileSystem.clear_instance_cache()  # made for another endpoint
-    try:
-      yield url
-    finally:
-      os.environ.clear()
-      os.environ.update(saved)
-      gcsfs.GCSFileSystem.clear_instance_cache()
-
 
 def test_files_and_lock_on_gs(gcs):
   del gcs

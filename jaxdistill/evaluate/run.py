@@ -60,6 +60,7 @@ from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
 from jaxdistill import sparsity
+from jaxdistill import storage
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.evaluate import core
 from jaxdistill.evaluate import programs
@@ -248,10 +249,13 @@ def run(config, checkpoint: str, baseline: str | None = None,
   names = check_config(config)
   revisions = {"checkpoint": revision_of(checkpoint),
                "baseline": revision_of(baseline)}
-  checkpoint = resolve_checkpoint(checkpoint, "--checkpoint")
-  baseline = resolve_checkpoint(baseline, "--baseline") if baseline else None
-  if out:
-    cli.check_out_file(out, "--out")
+  if out:  # before any download
+    cli.check_out_file(out, "--out", gs_ok=True)
+  checkpoint = resolve_checkpoint(
+      storage.local_checkpoint(checkpoint, "--checkpoint"), "--checkpoint")
+  baseline = resolve_checkpoint(
+      storage.local_checkpoint(baseline, "--baseline"),
+      "--baseline") if baseline else None
   for flag, path in (("--checkpoint", checkpoint), ("--baseline", baseline)):
     if path:
       check_positions(config, models.checkpoint.read_config(path), flag)
@@ -302,10 +306,14 @@ def run(config, checkpoint: str, baseline: str | None = None,
   result["config"] = json.loads(json.dumps(config.to_dict(), default=str))
   result["elapsed_s"] = time.time() - t0
   if out and jax.process_index() == 0:  # every process has the same result
-    tmp = out + ".tmp"
-    with open(tmp, "w") as fh:
-      json.dump(result, fh, indent=2, sort_keys=True)
-    os.replace(tmp, out)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if storage.is_gs(out):
+      storage.write_text(out, text)  # one upload: whole or absent
+    else:
+      tmp = out + ".tmp"
+      with open(tmp, "w") as fh:
+        fh.write(text)
+      os.replace(tmp, out)
   return result
 
 
