@@ -10,6 +10,7 @@ lam in [0, 1], a different method.
 
 See generation.py for the Rollout layout and loop.py for the RNG guarantees.
 """
+from jaxdistill.rollout.generation import decode_weight_bytes
 from jaxdistill.rollout.generation import eos_ids
 from jaxdistill.rollout.generation import generate
 from jaxdistill.rollout.generation import policy_lam

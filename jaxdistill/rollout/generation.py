@@ -182,8 +182,22 @@ def resolve_layout(cfg, layout: str, mesh: Mesh | None) -> str:
   hbm = compile_only.device_hbm_bytes(mesh.devices.flat[0])
   if hbm is None:
     return "train"
-  weights = flops.weight_bytes(dataclasses.replace(cfg, param_dtype=cfg.dtype))
+  weights = decode_weight_bytes(cfg, "replicated", mesh)
   return "replicated" if weights <= REPLICATE_SHARE * hbm else "tp"
+
+
+def decode_weight_bytes(cfg, layout, mesh) -> float:
+  """Weight bytes a chip reads per decode step in a decode layout
+  (resolve_layout): 'train' every weight gathered whole, as stored;
+  'replicated' its whole compute-dtype copy; 'tp' that copy's share over
+  the model axes (sharding.decode_rules; the few replicated pieces, norms
+  and kv heads the axes do not divide, are left out)."""
+  if layout == "train":
+    return flops.weight_bytes(cfg)
+  copy = flops.weight_bytes(dataclasses.replace(cfg, param_dtype=cfg.dtype))
+  if layout == "replicated":
+    return copy
+  return copy / (mesh.devices.size // mesh.shape["data"])
 
 
 def _decode_params(cfg, params, layout, mesh, rules):

@@ -12,7 +12,6 @@ data.max_prompt_len tokens plus rollout.max_new_tokens, the update on
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -105,7 +104,7 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
   n_dev = mesh.devices.size
   kv = sum(flops.kv_cache_bytes(c, rows / n_dev, w + n - 1)
            for c, w in zip(used, widths))
-  weights = sum(decode_weight_bytes(c, layout, mesh)
+  weights = sum(rollout_lib.decode_weight_bytes(c, layout, mesh)
                 for c, layout in zip(used, kwargs["layouts"]))
   return compile_only.Program(
       name, fn, args, kwargs,
@@ -113,20 +112,6 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
       bytes_accessed=n * (weights + kv), resident_bytes=resident,
       while_trips=n - 1, limit_bytes=n * (
           sum(flops.weight_bytes(c) for c in used) / n_dev + kv))
-
-
-def decode_weight_bytes(cfg, layout, mesh) -> float:
-  """Weight bytes a chip reads per decode step in a decode layout
-  (rollout.resolve_layout): 'train' every weight gathered whole, as stored;
-  'replicated' its whole compute-dtype copy; 'tp' that copy's share over
-  the model axes (sharding.decode_rules; the few replicated pieces, norms
-  and kv heads the axes do not divide, are left out)."""
-  if layout == "train":
-    return flops.weight_bytes(cfg)
-  copy = flops.weight_bytes(dataclasses.replace(cfg, param_dtype=cfg.dtype))
-  if layout == "replicated":
-    return copy
-  return copy / (mesh.devices.size // mesh.shape["data"])
 
 
 def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int,

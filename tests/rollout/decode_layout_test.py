@@ -172,7 +172,7 @@ def test_compile_only_reads_each_layouts_weights_per_step():
   cfg, params = _model(0)
   count = sum(x.size for x in jax.tree.leaves(params))
   mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
-  got = {l: train_programs.decode_weight_bytes(cfg, l, mesh)
+  got = {l: generation.decode_weight_bytes(cfg, l, mesh)
          for l in ("train", "replicated", "tp")}
   assert got == {"train": 4 * count, "replicated": 2 * count,
                  "tp": 2 * count / 4}
