@@ -41,6 +41,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -185,6 +186,11 @@ def math500_split(paths: Sequence[str]) -> tuple[list[dict], dict]:
     out.append({"problem": problem, "solution": _text(row, "solution"),
                 "answer": answer, "origin": "math500"})
   return out, dict(left)
+
+
+def files_dir(data_dir: str, name: str) -> str:
+  """Where prepared numina_math / math500 records lie (SPLIT.jsonl)."""
+  return os.path.join(os.path.expanduser(data_dir), "math_files", name)
 
 
 FIELDS = ("problem", "solution", "answer", "origin")

@@ -274,11 +274,6 @@ def _prepare_paper_countdown(data_dir, name, log) -> dict:
   return record
 
 
-def math_files_dir(data_dir: str, name: str) -> str:
-  """Where prepared numina_math / math500 records lie (SPLIT.jsonl)."""
-  return os.path.join(os.path.expanduser(data_dir), "math_files", name)
-
-
 def _snapshot_files(src: numina_math.Source, log):
   snapshot, info = hub.resolve(src.repo, repo_type="dataset",
                                allow_patterns=src.files)
@@ -300,7 +295,7 @@ def _prepare_math(name, data_dir, overwrite, tokenizer, log) -> dict:
             "tokenizer": {"name": tokenizer,
                           "commit": (tok_path[1] or {}).get("commit")}}
   old = _old_record(data_dir, name, overwrite)
-  out = math_files_dir(data_dir, name)
+  out = numina_math.files_dir(data_dir, name)
   if old and all(old.get(k) == v for k, v in used.items()) and all(
       os.path.isfile(os.path.join(out, f"{s}.jsonl")) for s in old["records"]):
     log(f"{name}: already prepared in {out} from {used}; nothing to do")

@@ -154,7 +154,7 @@ def _lines(path):
 def test_train_split_is_math_then_the_seeded_draw(prepared):
   out, records, _, tok_dir, _ = prepared
   math, drawn, pool = _expected_train(tok_dir)
-  got = _lines(os.path.join(prepare.math_files_dir(out, "numina_math"),
+  got = _lines(os.path.join(numina_math.files_dir(out, "numina_math"),
                             "train.jsonl"))
   assert len(got) == 20_000
   assert [(r["problem"], r["solution"]) for r in got] == [
@@ -195,7 +195,7 @@ def test_record_names_repos_commits_and_tokenizer(prepared):
 def test_math500_keeps_its_answers(prepared):
   out, records, commits, _, _ = prepared
   got = numina_math.read_jsonl(os.path.join(
-      prepare.math_files_dir(out, "math500"), "test.jsonl"))
+      numina_math.files_dir(out, "math500"), "test.jsonl"))
   assert [(r["problem"], r["answer"]) for r in got] == [
       (r["problem"], r["answer"]) for r in _math500_rows()]
   assert records["math500"]["records"] == {"test": 12}
@@ -213,3 +213,24 @@ def test_second_prepare_does_nothing(prepared):
 def test_revision_is_refused(tmp_path):
   with pytest.raises(ValueError, match="--revision"):
     prepare.prepare("numina_math", str(tmp_path), revision="abc")
+
+
+def test_runs_and_suites_read_the_prepared_sets(prepared):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
+  from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxdistill.evaluate import suites  # pylint: disable=g-import-not-at-top
+  out = prepared[0]
+  train = pipeline.records_from_config(ml_collections.ConfigDict(dict(
+      task="math", source="numina_math", split="train", data_dir=out)))
+  assert len(train) == 20_000 and tasks.task_of(train[0]) == tasks.MATH
+  spec = ml_collections.ConfigDict(dict(kind="math", source="math500",
+                                        split="test", data_dir=out,
+                                        num_problems=5))
+  got = suites.suite_records("math500", spec)
+  assert [r["answer"] for r in got] == [r["answer"] for r in _math500_rows()[:5]]
+  with pytest.raises(ValueError, match="split"):
+    suites.suite_records("math500", ml_collections.ConfigDict(dict(
+        kind="math", source="math500", split="train", data_dir=out)))
+  with pytest.raises(FileNotFoundError, match="prepare numina_math"):
+    pipeline.math_records("numina_math", "train", out + "/nowhere", "data")
