@@ -282,6 +282,13 @@ def _snapshot_files(src: numina_math.Source, log):
   return {f: os.path.join(snapshot, f) for f in files}, info["commit"]
 
 
+def _math_whole(data_dir, name, record) -> bool:
+  """A math set's record and every split file it counts are there."""
+  return bool(record) and all(os.path.isfile(os.path.join(
+      numina_math.files_dir(data_dir, name), f"{s}.jsonl"))
+                              for s in record["records"])
+
+
 def _prepare_math(name, data_dir, overwrite, tokenizer, log) -> dict:
   if name == "math500":
     files, commit = _snapshot_files(numina_math.MATH500, log)
@@ -296,8 +303,8 @@ def _prepare_math(name, data_dir, overwrite, tokenizer, log) -> dict:
                           "commit": (tok_path[1] or {}).get("commit")}}
   old = _old_record(data_dir, name, overwrite)
   out = numina_math.files_dir(data_dir, name)
-  if old and all(old.get(k) == v for k, v in used.items()) and all(
-      os.path.isfile(os.path.join(out, f"{s}.jsonl")) for s in old["records"]):
+  if _math_whole(data_dir, name, old) and all(
+      old.get(k) == v for k, v in used.items()):
     log(f"{name}: already prepared in {out} from {used}; nothing to do")
     return old
   if old and not overwrite:
@@ -381,6 +388,10 @@ def ensure(name: str, data_dir: str, log=print) -> dict:
   """The record of hub data set `name` under data_dir, preparing it first if
   missing (whatever commit a prepared one came from: a sweep reads what is
   there)."""
+  if name in MATH_SETS:
+    rec = builders.read_record(data_dir, name)
+    return rec if _math_whole(data_dir, name, rec) else prepare(
+        name, data_dir, log=log)
   if builders.is_prepared(data_dir, name):
     return builders.read_record(data_dir, name)
   return prepare(name, data_dir, log=log)
