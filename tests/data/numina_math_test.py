@@ -11,12 +11,20 @@ import hashlib
 import json
 import os
 
+import ml_collections
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
+from jaxdistill import config_lib
+from jaxdistill import tasks
 from jaxdistill.data import numina_math
+from jaxdistill.data import pipeline
 from jaxdistill.data import prepare
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.evaluate import suites
+from jaxdistill.sweep import grid as grid_lib
+from jaxdistill.sweep import inputs
 from tests import hub_cache
 
 SUBJECTS = ("algebra", "counting_and_probability", "geometry",
@@ -120,7 +128,6 @@ def _key(text):
 
 
 def _expected_train(tok_dir):
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
   tok = AutoTokenizer.from_pretrained(tok_dir)
   math = {}
   for r in _math_rows("train", N_MATH_TRAIN):
@@ -216,10 +223,6 @@ def test_revision_is_refused(tmp_path):
 
 
 def test_runs_and_suites_read_the_prepared_sets(prepared):
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from jaxdistill import tasks  # pylint: disable=g-import-not-at-top
-  from jaxdistill.data import pipeline  # pylint: disable=g-import-not-at-top
-  from jaxdistill.evaluate import suites  # pylint: disable=g-import-not-at-top
   out = prepared[0]
   train = pipeline.records_from_config(ml_collections.ConfigDict(dict(
       task="math", source="numina_math", split="train", data_dir=out)))
@@ -234,3 +237,17 @@ def test_runs_and_suites_read_the_prepared_sets(prepared):
         kind="math", source="math500", split="train", data_dir=out)))
   with pytest.raises(FileNotFoundError, match="prepare numina_math"):
     pipeline.math_records("numina_math", "train", out + "/nowhere", "data")
+
+
+def test_the_math_grid_reads_both_sets_from_its_data_dir(prepared):
+  out = prepared[0]
+  grid = config_lib.load_config("configs/grid_math.py")
+  grid.base.data.data_dir = out
+  run = grid_lib.expand(grid)[0]
+  # The math sets, and the paper's MCQ sets of the forgetting suites.
+  assert inputs._needs(grid, run) == [  # pylint: disable=protected-access
+      (n, out) for n in ("numina_math", "math500", "sciknoweval", "medreason")]
+  ev = inputs.eval_config(grid, run)
+  assert len(suites.suite_records("math500", ev.suites.math500)) == 12
+  assert prepare.ensure("numina_math", out, log=lambda m: None) == (
+      prepared[1]["numina_math"])
