@@ -166,7 +166,8 @@ def get_config(arg=None):
                                            max_new_tokens=4096),
                        # App. A.3: ten samples per problem at the training
                        # generation temperature (the paper gives the sample
-                       # count; T 0.7 and 1,024 tokens are our reading).
+                       # count; T 0.7 and 1,024 tokens are our reading; top-p
+                       # stays sampler.top_p, 1.0: there is no per-suite one).
                        "math500": dict(temperature=0.7,
                                        single_temperature=0.7,
                                        max_new_tokens=1024)})

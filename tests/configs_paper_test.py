@@ -220,6 +220,7 @@ def test_math_grid_is_appendix_a3():
                         "rollout.top_p": 0.8, "ckpt_every": 100,
                         "eval_every": 100})
     assert (r.config.data.task, r.config.data.source) == ("math", "numina_math")
+    config_lib.validate_run(r.config)  # a task the trainer accepts
     assert r.config.loss.kind == r.factors["kl"]
     assert r.config.loss.teacher_topk is None       # full vocabulary
     assert r.config.student.lora.rank in (None, 0)  # full fine-tune
