@@ -303,11 +303,11 @@ def _prepare_math(name, data_dir, overwrite, tokenizer, log) -> dict:
                           "commit": (tok_path[1] or {}).get("commit")}}
   old = _old_record(data_dir, name, overwrite)
   out = numina_math.files_dir(data_dir, name)
-  if _math_whole(data_dir, name, old) and all(
-      old.get(k) == v for k, v in used.items()):
+  same = bool(old) and all(old.get(k) == v for k, v in used.items())
+  if same and _math_whole(data_dir, name, old):
     log(f"{name}: already prepared in {out} from {used}; nothing to do")
     return old
-  if old and not overwrite:
+  if old and not same and not overwrite:
     raise ValueError(f"--data_dir {data_dir} holds {name} from other sources "
                      f"({ {k: old.get(k) for k in used} }); now {used}: pass "
                      "--overwrite to replace it")

@@ -251,3 +251,11 @@ def test_the_math_grid_reads_both_sets_from_its_data_dir(prepared):
   assert len(suites.suite_records("math500", ev.suites.math500)) == 12
   assert prepare.ensure("numina_math", out, log=lambda m: None) == (
       prepared[1]["numina_math"])
+
+
+def test_a_damaged_set_is_prepared_again(prepared):
+  out, records = prepared[0], prepared[1]
+  os.remove(os.path.join(numina_math.files_dir(out, "math500"), "test.jsonl"))
+  assert prepare.prepare("math500", out, log=lambda m: None) == records["math500"]
+  assert os.path.isfile(os.path.join(numina_math.files_dir(out, "math500"),
+                                     "test.jsonl"))
