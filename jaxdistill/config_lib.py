@@ -413,7 +413,7 @@ def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 # Kept apart from validate() so that loss/rollout checks can grow there
 # independently.
 
-DATA_TASKS = ("synthetic", "countdown", "mcq", "records")
+DATA_TASKS = ("synthetic", "countdown", "mcq", "math", "records")
 
 
 def _number(config, field: str):

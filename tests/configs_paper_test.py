@@ -258,3 +258,39 @@ def test_spanish_style_evaluation_is_table5():
   assert ev.sampler.single_temperature == 0.5
   assert ev.sampler.max_new_tokens == 2048
   assert ev.sampler.num_samples == 0
+
+
+# App. A.3 (Figs. 10-11): Qwen2.5-Math-1.5B-Instruct -> Qwen2.5-1.5B-Instruct
+# on the 20K Numina-MATH set, OnPD / OffPD x forward / reverse full KL x lr
+# {1e-5, 5e-5}; both policies generate at T 0.7, top-p 0.8, up to 1,024
+# tokens; KL temperatures 1; 1,000 steps, effective batch 128, constant LR
+# after 10 warm-up steps, all parameters; checkpoints evaluated every 100
+# steps on MATH-500 with ten generations per problem.
+def test_math_grid_is_appendix_a3():
+  runs = _arms("configs/grid_math.py")
+  assert len(runs) == 8
+  assert _factor_values(runs, "kl") == ["forward", "reverse"]
+  assert _factor_values(runs, "policy") == ["student", "teacher"]
+  assert _factor_values(runs, "lr") == [1e-5, 5e-5]
+  for r in runs:
+    assert _models(r) == ("Qwen/Qwen2.5-1.5B-Instruct",
+                          "Qwen/Qwen2.5-Math-1.5B-Instruct")
+    _check_table3(r, **{"total_steps": 1000, "data.batch_size": 128,
+                        "teacher.temperature": 1.0,
+                        "rollout.max_new_tokens": 1024,
+                        "rollout.student_temperature": 0.7,
+                        "rollout.teacher_temperature": 0.7,
+                        "rollout.top_p": 0.8, "ckpt_every": 100,
+                        "eval_every": 100})
+    assert (r.config.data.task, r.config.data.source) == ("math", "numina_math")
+    config_lib.validate_run(r.config)  # a task the trainer accepts
+    assert r.config.loss.kind == r.factors["kl"]
+    assert r.config.loss.teacher_topk is None       # full vocabulary
+    assert r.config.student.lora.rank in (None, 0)  # full fine-tune
+  ev = config_lib.load_config(grid_lib.eval_spec(
+      config_lib.load_config("configs/grid_math.py"), runs[0]))
+  assert ev.in_distribution == ("math500",)
+  assert ev.sampler.num_samples == 10
+  assert ev.sampler.per_suite.math500.max_new_tokens == 1024
+  assert ev.suites.math500.source == "math500"
+  assert ev.suites.math500.num_problems is None   # all 500

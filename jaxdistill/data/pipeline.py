@@ -14,11 +14,12 @@ Prompt batch (`make_prompt_batches`), for rollouts::
   prompt       int32 [B, P]  chat-templated prompt, LEFT-padded: ends at P-1
   prompt_mask  int32 [B, P]  1 on prompt tokens
   task         int32 [B]     jaxdistill.tasks.COUNTDOWN / MCQ / ARITH /
-                             COUNTDOWN_STEPS
+                             COUNTDOWN_STEPS / MATH
   numbers      int32 [B, 6]  Countdown numbers, padded with -1 (else -1)
   target       int32 [B]     Countdown target, arithmetic value (-1 for MCQ)
   gold         int32 [B]     gold option index, A = 0 (-1 for the others)
   num_options  int32 [B]     number of options offered (-1 for the others)
+  reference    object [B]    math answer text ('' for the others; host only)
   index        int32 [B]     position of the record in `records`
   valid        int32 [B]     0 on rows that pad a finite pass's last batch
 
@@ -66,6 +67,7 @@ import numpy as np
 from jaxdistill import config_lib
 from jaxdistill import tasks
 from jaxdistill.data import builders
+from jaxdistill.data import numina_math
 from jaxdistill.data import sources
 from jaxdistill.data import tokenizer as tok_lib
 from jaxdistill.tasks import countdown as countdown_lib
@@ -163,7 +165,8 @@ def _metadata(records) -> dict[str, np.ndarray]:
           "numbers": np.full((n, MAX_NUMBERS), -1, np.int32),
           "target": np.full(n, -1, np.int32),
           "gold": np.full(n, -1, np.int32),
-          "num_options": np.full(n, -1, np.int32)}
+          "num_options": np.full(n, -1, np.int32),
+          "reference": np.full(n, "", object)}
   for i, r in enumerate(records):
     t = tasks.task_of(r)
     meta["task"][i] = t
@@ -175,6 +178,8 @@ def _metadata(records) -> dict[str, np.ndarray]:
       meta["target"][i] = int(r["target"])
     elif t == tasks.ARITH:
       meta["target"][i] = int(r["value"])  # the gold value
+    elif t == tasks.MATH:
+      meta["reference"][i] = str(r["answer"])
     else:
       meta["gold"][i] = mcq.letter_index(r["answer"])
       meta["num_options"][i] = len(r["options"])
@@ -426,6 +431,10 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     `python -m jaxdistill.data.prepare` wrote there.
     `prompt` None asks with the project's prompt; 'science' or 'medreason'
     with that Table 1 prompt (mcq.PROMPTS; the answer letter in <answer>).
+  data.task 'math': split `split` of `source` (numina_math: train;
+    math500: test) as `python -m jaxdistill.data.prepare SOURCE --data_dir
+    DIR` wrote it under the required `data_dir` (App. A.3; Qwen2.5-Math's
+    prompt, math-verify's equivalence, tasks.MATH).
   data.task 'records': records already in jaxdistill's form, read from
     `records_file` (.jsonl, one object per line, or .json, an array): each
     one Countdown (numbers, target, and solution or response) or multiple
@@ -458,13 +467,38 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
     if data.get("prompt") is not None:
       records = [dict(r, prompt=data.prompt) for r in records]
     return records
+  if task == "math":
+    return math_records(data.get("source"), split, data.get("data_dir"), "data")
   if task == "records":
     path = data.get("records_file")
     if not path:
       raise ValueError("data.records_file is required for task 'records'")
     return read_records(path, responses=responses)
-  raise ValueError(f"data.task: expected 'countdown', 'mcq' or 'records', "
-                   f"got {task!r}")
+  raise ValueError(f"data.task: expected 'countdown', 'mcq', 'math' or "
+                   f"'records', got {task!r}")
+
+
+MATH_SETS = {"numina_math": "train", "math500": "test"}
+
+
+def math_records(name, split: str, data_dir, field: str) -> list[dict]:
+  """Records of the prepared math set `name` (data.numina_math), split
+  `split`, from DIR/math_files; `field` names the config block in errors."""
+  if name not in MATH_SETS:
+    raise ValueError(f"{field}.source: for math, one of {sorted(MATH_SETS)}, "
+                     f"got {name!r}")
+  if split != MATH_SETS[name]:
+    raise ValueError(f"{field}.split: {name} has only {MATH_SETS[name]!r}, "
+                     f"got {split!r}")
+  if not data_dir:
+    raise ValueError(f"{field}.data_dir: required (where `python -m "
+                     f"jaxdistill.data.prepare {name}` wrote it)")
+  path = os.path.join(numina_math.files_dir(data_dir, name), f"{split}.jsonl")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{field}.data_dir: {path} is missing; run "
+                            f"`python -m jaxdistill.data.prepare {name} "
+                            f"--data_dir {data_dir}` first")
+  return numina_math.read_jsonl(path)
 
 
 def paper_countdown_records(name: str, split: str, data_dir: str | None,

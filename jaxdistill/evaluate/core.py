@@ -66,6 +66,7 @@ from jaxdistill.evaluate import metrics
 from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
 from jaxdistill.tasks import language as lang_lib
+from jaxdistill.tasks import math_answer
 from jaxdistill.tasks import mcq
 
 Generator = Callable[..., tuple[Sequence[str], np.ndarray, np.ndarray]]
@@ -344,7 +345,8 @@ def _answer_key(task: int, num_options: int | None = None):
     return lambda text: mcq.extract_answer(text, num_options)
   return {tasks.COUNTDOWN: countdown.normalize_answer,
           tasks.COUNTDOWN_STEPS: countdown.paper_normalize_answer,
-          tasks.ARITH: arith.extract_answer}[task]
+          tasks.ARITH: arith.extract_answer,
+          tasks.MATH: math_answer.last_boxed}[task]
 
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,

@@ -25,6 +25,13 @@ A suite spec is a small dict in `config.suites`:
       `prompt`: None, the project's prompt; 'science' / 'medreason', that
       Table 1 prompt (tasks.mcq.PROMPTS).
 
+  math500 = dict(kind='math', source='math500', data_dir='/data',
+                 num_problems=None)
+      the math set `source` (numina_math's train, math500's test) that
+      `python -m jaxdistill.data.prepare SOURCE` wrote under `data_dir`
+      (App. A.3: Qwen2.5-Math's prompt, math-verify's equivalence); its
+      first `num_problems` (None: all).
+
 `num_problems` caps a suite: Countdown generates exactly that many; an MCQ
 set keeps a seeded random subset (in file order) of that size with
 `data_seed` an int, its FIRST `num_problems` in stored order with
@@ -45,7 +52,7 @@ from jaxdistill.data import sources
 from jaxdistill.tasks import countdown
 from jaxdistill.tasks import mcq
 
-KINDS = ("countdown", "mcq")
+KINDS = ("countdown", "mcq", "math")
 
 
 def _field(name: str, key: str) -> str:
@@ -77,6 +84,12 @@ def suite_records(name: str, spec: Mapping) -> list[dict]:
     except ValueError as e:
       raise ValueError(f"config.suites.{name}: {e}") from None
     return [p.to_record() for p in problems]
+  if kind == "math":
+    source = spec.get("source")
+    records = pipeline.math_records(
+        source, spec.get("split") or pipeline.MATH_SETS.get(source, "test"),
+        spec.get("data_dir"), f"config.suites.{name}")
+    return records[:num] if num is not None else records
   if kind == "mcq":
     mcq.check_prompt(spec.get("prompt"), _field(name, "prompt"))
     records = _mcq_records(name, spec)

@@ -202,6 +202,14 @@ def qwen2_5_1_5b():
                num_attention_heads=12, tie_word_embeddings=True)
 
 
+def qwen2_5_math_1_5b():
+  # Qwen2.5-Math-1.5B-Instruct's config.json (App. A.3's teacher): the
+  # 1.5B shapes with RoPE base 1e4 and a 4,096-position window.
+  return _qwen(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+               num_attention_heads=12, tie_word_embeddings=True,
+               rope_theta=10000.0, max_position_embeddings=4096)
+
+
 def qwen2_5_3b():
   return _qwen(hidden_size=2048, intermediate_size=11008,
                num_hidden_layers=36, num_attention_heads=16,
@@ -220,6 +228,7 @@ PRESETS = {
     "llama-3.2-3b": llama_3_2_3b,
     "qwen2.5-0.5b": qwen2_5_0_5b,
     "qwen2.5-1.5b": qwen2_5_1_5b,
+    "qwen2.5-math-1.5b": qwen2_5_math_1_5b,
     "qwen2.5-3b": qwen2_5_3b,
     "qwen2.5-7b": qwen2_5_7b,
 }

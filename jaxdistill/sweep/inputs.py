@@ -9,7 +9,8 @@
 - Data: the hub data sets the arms and their evaluation suites read by name
   (data.task='mcq' or a suite of kind 'mcq' with `source` one of
   data.builders.HUB_DATASETS, e.g. sciknoweval / medreason, and no files of
-  their own) are prepared once into the grid's data_dir
+  their own), and the math sets (data.task='math', suites of kind 'math':
+  numina_math, math500), are prepared once into the grid's data_dir
   (default <workdir>/data) with jaxdistill.data.prepare.
 """
 from __future__ import annotations
@@ -38,8 +39,9 @@ def eval_config(grid, run: grid_lib.Run):
   grid_lib.merge(cfg, grid.eval.get("updates") or {}, "grid.eval.updates")
   for name in cfg.get("eval_suites") or ():
     s = cfg.suites.get(name)
-    if (s is not None and s.get("kind") == "mcq" and not s.get("path")
-        and not s.get("manual_dir") and not s.get("data_dir")):
+    if (s is not None and s.get("kind") in ("mcq", "math")
+        and not s.get("path") and not s.get("manual_dir")
+        and not s.get("data_dir")):
       s.data_dir = run.config.data.get("data_dir")
   return cfg
 
@@ -52,11 +54,16 @@ def _needs(grid, run: grid_lib.Run) -> list[tuple[str, str | None]]:
   if (d.get("task") == "mcq" and not d.get("manual_dir")
       and d.get("source") in builders.HUB_DATASETS):
     out.append((d.source, d.get("data_dir")))
+  if d.get("task") == "math" and d.get("source") in prepare_lib.MATH_SETS:
+    out.append((d.source, d.get("data_dir")))
   cfg = eval_config(grid, run)
   for name in (cfg.get("eval_suites") or ()) if cfg is not None else ():
     s = cfg.suites.get(name)
     if (s is not None and s.get("kind") == "mcq" and not s.get("path")
         and not s.get("manual_dir") and s.get("source") in builders.HUB_DATASETS):
+      out.append((s.source, s.get("data_dir")))
+    if (s is not None and s.get("kind") == "math"
+        and s.get("source") in prepare_lib.MATH_SETS):
       out.append((s.source, s.get("data_dir")))
   return out
 

@@ -6,10 +6,12 @@ of countdown.PRESETS: Table 1's prompt, step-equation answers, the paper's
 verifier; task id COUNTDOWN_STEPS); multiple-choice records carry
 `question`, `options`, `answer` (and optionally `prompt`, a key of
 mcq.PROMPTS: Table 1's science or MedReason prompt); arithmetic records carry
-`expression` and `value`.
+`expression` and `value`; math records (App. A.3's Numina-MATH and
+MATH-500, data.numina_math) carry `problem` and `answer` (a LaTeX answer,
+or a solution whose last \\boxed{} is one), optionally `solution`.
 `task_of(record)` tells them apart, and batches from
 jaxdistill.data.pipeline carry the same information as arrays ('task',
-'numbers', 'target', 'gold'), so `score_batch(texts, batch)` needs nothing
+'numbers', 'target', 'gold'; 'reference', the math answer text), so `score_batch(texts, batch)` needs nothing
 else to score completions.
 """
 from __future__ import annotations
@@ -20,11 +22,12 @@ import numpy as np
 
 from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
+from jaxdistill.tasks import math_answer
 from jaxdistill.tasks import mcq
 
-COUNTDOWN, MCQ, ARITH, COUNTDOWN_STEPS = 0, 1, 2, 3
+COUNTDOWN, MCQ, ARITH, COUNTDOWN_STEPS, MATH = 0, 1, 2, 3, 4
 TASK_NAMES = {COUNTDOWN: "countdown", MCQ: "mcq", ARITH: "arith",
-              COUNTDOWN_STEPS: "countdown_steps"}
+              COUNTDOWN_STEPS: "countdown_steps", MATH: "math"}
 
 
 def task_of(record: Mapping) -> int:
@@ -41,10 +44,12 @@ def task_of(record: Mapping) -> int:
     return MCQ
   if "expression" in record and "value" in record:
     return ARITH
+  if "problem" in record and "answer" in record:
+    return MATH
   raise ValueError(
       "record: expected Countdown fields (numbers, target), multiple-choice "
-      "fields (question, options, answer) or arithmetic fields (expression, "
-      f"value), got keys {sorted(record)}")
+      "fields (question, options, answer), arithmetic fields (expression, "
+      f"value) or math fields (problem, answer), got keys {sorted(record)}")
 
 
 def prompt_messages(record: Mapping) -> tuple[str | None, str]:
@@ -53,6 +58,8 @@ def prompt_messages(record: Mapping) -> tuple[str | None, str]:
   t = task_of(record)
   if t == COUNTDOWN_STEPS:
     return countdown.table1_prompt(record["numbers"], record["target"])
+  if t == MATH:  # Qwen2.5-Math's prompt, the paper's (App. A.3)
+    return math_answer.SYSTEM, str(record["problem"])
   if t == MCQ and record.get("prompt") is not None:
     mcq.check_prompt(record["prompt"], "record: field 'prompt'")
     return mcq.PROMPTS[record["prompt"]](record["question"], record["options"])
@@ -68,6 +75,8 @@ def prompt_text(record: Mapping) -> str:
     return countdown.build_prompt(record["numbers"], record["target"])
   if t == ARITH:
     return arith.build_prompt(record["expression"])
+  if t == MATH:
+    return str(record["problem"])
   if record.get("prompt") is not None:
     return prompt_messages(record)[1]
   return mcq.build_prompt(record["question"], record["options"])
@@ -91,6 +100,10 @@ def reference_response(record: Mapping) -> str:
         record["numbers"], record["target"], record["solution"])
   if t == ARITH:
     return arith.reference_completion(record["expression"])
+  if t == MATH:  # the data set's worked solution (it ends in the box)
+    if not str(record.get("solution") or "").strip():
+      raise ValueError("record: math record has no 'solution' or 'response'")
+    return str(record["solution"])
   if record.get("prompt") is not None:  # Table 1's: the letter in <answer>.
     mcq.letter_index(record["answer"])
     return f"<answer>{record['answer']}</answer>"
@@ -103,7 +116,8 @@ def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
   `texts` has B * G entries for a batch of B prompts, prompt-major: text i
   answers prompt i // G (G samples per prompt, as for GRPO or pass@k).
   Returns float32 'reward' [B*G], 'format' [B*G] (the task's format score)
-  and bool 'parsed' [B*G] (an answer could be extracted).
+  and bool 'parsed' [B*G] (an answer could be extracted). Math rows need
+  batch['reference'] (their answers, text).
   """
   task = np.asarray(batch["task"])
   b = task.shape[0]
@@ -133,6 +147,12 @@ def score_batch(texts: Sequence[str], batch: Mapping[str, np.ndarray]) -> dict:
       out["reward"][i] = arith.reward(text, int(target[row]))
       out["format"][i] = arith.format_score(text)
       out["parsed"][i] = out["format"][i] == 1.0
+    elif task[row] == MATH:
+      if "reference" not in batch:
+        raise ValueError("batch: math rows need 'reference' (their answers)")
+      out["reward"][i] = math_answer.score(text, str(batch["reference"][row]))
+      out["parsed"][i] = math_answer.last_boxed(text) is not None
+      out["format"][i] = float(out["parsed"][i])
     elif task[row] == MCQ:
       letter = mcq.LETTERS[int(gold[row])]
       k = None if n_opts is None else int(n_opts[row])

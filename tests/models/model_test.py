@@ -131,3 +131,15 @@ def test_cache_overflow_poisons_the_output_instead_of_clamping():
   np.testing.assert_allclose(fits, full[:, 4:], atol=1e-5)
   over, _ = models.apply(cfg, params, tokens[:, 3:], cache=cache)  # 4 + 3 > 6
   assert np.isnan(np.asarray(over)).all()
+
+
+def test_qwen_math_preset_is_its_published_config():
+  # Qwen/Qwen2.5-Math-1.5B-Instruct's config.json, written here by hand.
+  cfg = models.get_preset("Qwen2.5-Math-1.5B-Instruct")
+  want = dict(family="qwen2", vocab_size=151936, hidden_size=1536,
+              intermediate_size=8960, num_hidden_layers=28,
+              num_attention_heads=12, num_key_value_heads=2, head_dim=128,
+              rope_theta=10000.0, max_position_embeddings=4096,
+              rms_norm_eps=1e-6, tie_word_embeddings=True,
+              attention_bias=True)
+  assert {k: getattr(cfg, k) for k in want} == want
