@@ -75,6 +75,10 @@ def get_config(arg=None):
   c.keep_final_only = False
   c.progress = True
   c.export_hf = True
+  # N > 0: also export the student every N steps before the last, to
+  # <workdir>/exports/step_<N> (Hugging Face directories, kept; the sweep
+  # evaluates each with grid.eval.trajectory, configs/grid_math.py).
+  c.export_every = 0
   c.track_sparsity = True
   # Weights & Biases beside TensorBoard, off unless project is set (pip
   # install wandb); mode 'online' | 'offline' | 'disabled' (None: wandb's

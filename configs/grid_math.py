@@ -19,16 +19,20 @@ The paper's importance weight for vLLM's sampler is left out on purpose: our
 rollouts are sampled by the same JAX model and parameters the trainer
 differentiates, so the sampling and training distributions are one.
 
-What App. A.3 reports and this grid does: update sparsity logged every 100
-steps (eval_every) and a checkpoint every 100 (ckpt_every, for resuming),
-and the sweep's evaluation of the final checkpoint (MATH-500, forgetting,
-sparsity): the paper's final-checkpoint figures. Not built yet: MATH-500 at
-each 100-step checkpoint, and so the maximum along the trajectory (the
-paper's headline figure) with forgetting and sparsity at that checkpoint;
-the sweep evaluates Hugging Face exports, which only the final step gets.
-So the arms keep their final checkpoint only, as grid_main's do (ten full
-checkpoints with optimizer state per arm would be kept for nothing). The
-paper gives no seeds for this grid: 42 (seeds=3: 42, 43, 44).
+App. A.3 evaluates a checkpoint every 100 steps and reports the best MATH-500
+accuracy along the trajectory, with forgetting and sparsity at that
+checkpoint, and the learning curves. Here each arm exports its student every
+100 steps (export_every; exports/step_000100 ... step_000900, and hf_student
+at step 1,000) and the sweep evaluates all ten (grid.eval.trajectory,
+sweep/trajectory.py): the arm's row is the checkpoint with the highest
+MATH-500 pass@1 (S/pass@1 of ten samples: `select`), `final/...` holds the
+last checkpoint's figures, <arm>/trajectory.json every metric at every step
+(Fig. 11). The baseline is evaluated once per arm. Once an arm's ten are
+evaluated its nine unselected exports are deleted (keep='selected'; 'all'
+keeps them: 6 GB each in float32). Checkpoints with optimizer state are
+saved every 100 steps for resuming and only the final one is kept
+(keep_final_only). The paper gives no seeds for this grid: 42 (seeds=3: 42,
+43, 44).
 
   python -m jaxdistill.data.prepare numina_math --data_dir /runs/math/data
   python -m jaxdistill.data.prepare math500 --data_dir /runs/math/data
@@ -63,14 +67,19 @@ def get_config(arg=None):
                 batch_size=128)
   b.total_steps = 1000
   b.optim.update(schedule="constant", warmup_steps=10)
-  # Sparsity logged and a checkpoint saved every 100 steps; the final kept.
-  b.eval_every = b.ckpt_every = 100
+  # Sparsity logged, a checkpoint saved and the student exported every 100
+  # steps; the final checkpoint kept.
+  b.eval_every = b.ckpt_every = b.export_every = 100
   b.keep_final_only = True
   c.axes = (("kl", "loss.kind", ("forward", "reverse")),
             ("policy", "rollout.policy", ("student", "teacher")),
             ("lr", "optim.lr", (1e-5, 5e-5)))
   c.seeds = tuple(42 + i for i in range(int(arg.seeds)))
-  c.eval = dict(spec="configs/eval.py:task=math", baseline=True, updates={})
+  trajectory = dict(select="math500/pass@1", keep="selected")
+  c.eval = dict(spec="configs/eval.py:task=math", baseline=True, updates={},
+                trajectory=trajectory)
   if arg.runlocal:  # tiny random models on synthetic prompts
     grid_lib.make_runlocal(c, arg)
+    c.base.export_every = 1  # of 2 steps: two checkpoints to choose from
+    c.eval.trajectory = dict(trajectory, select=None)  # runlocal's Countdown
   return c

@@ -472,6 +472,9 @@ def validate_run(config, mesh=None, rules=None) -> None:
       v = config[field]
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         _err(field, f"must be an integer >= 1, got {v!r}")
+  v = config.get("export_every")
+  if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+    _err("export_every", f"must be an integer >= 0 (0: off), got {v!r}")
   opt = config.optim
   for field in ("b1", "b2"):
     if field in opt:

@@ -238,9 +238,14 @@ def baseline_plan(config, names) -> tuple[tuple[str, ...], int]:
 
 
 def run(config, checkpoint: str, baseline: str | None = None,
-        out: str | None = None, *, generator_factory=None) -> dict:
+        out: str | None = None, *, generator_factory=None,
+        before: dict | None = None) -> dict:
   """Evaluates `checkpoint` (and compares with `baseline`); returns the result.
 
+  `before`: the baseline's scores from an earlier run of the same config
+  and baseline (its metrics' 'baseline/...' entries, prefix removed), reused
+  instead of evaluating the baseline again (the sweep's trajectory: one
+  baseline for every checkpoint of a run); sparsity is still measured.
   `generator_factory(role, cfg, params, tokenizer, eos_ids) -> generator`
   (role 'checkpoint' or 'baseline') replaces the rollout sampler; tests use it
   to feed known completions through the whole command.
@@ -295,9 +300,10 @@ def run(config, checkpoint: str, baseline: str | None = None,
       logging.warning("config.ood is empty: no forgetting figures")
     if base_names:
       f = config.forgetting
-      before = _evaluate("baseline", baseline, config, mesh, rules, factory,
-                         {n: suites[n] for n in base_names},
-                         num_samples=base_samples)
+      if before is None:
+        before = _evaluate("baseline", baseline, config, mesh, rules, factory,
+                           {n: suites[n] for n in base_names},
+                           num_samples=base_samples)
       flat.update({f"baseline/{k}": v for k, v in before.items()})
       if groups["ood"]:
         flat.update(report.forgetting_metrics(flat, before, groups["ood"],

@@ -37,6 +37,7 @@ from jaxdistill.evaluate import programs as eval_programs
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr as rlvr_lib
+from jaxdistill.sweep import trajectory
 from jaxdistill.train import disk as disk_lib
 
 TRAIN = ("train rollout", "train update")
@@ -71,7 +72,11 @@ def arm_calls(grid, run) -> tuple[list, list]:
     if ec is None:
       return
     calls, missing = eval_programs.decode_calls(ec, tuple(ec.eval_suites))
-    out.extend((f"{where}eval", f"eval {p}", n) for p, n in calls.items())
+    # grid.eval.trajectory: every export is evaluated (the baseline once).
+    times = (len(trajectory.points(c, "<arm>"))
+             if where == "" and grid.eval.get("trajectory") is not None else 1)
+    out.extend((f"{where}eval", f"eval {p}", n * times)
+               for p, n in calls.items())
     uncounted.extend(missing)
     if grid.eval.get("baseline"):
       names, samples = evaluate_run.baseline_plan(ec, tuple(ec.eval_suites))

@@ -32,7 +32,7 @@ from jaxdistill.train import setup as train_setup
 # programs.
 VALUE_FIELDS = ("seed", "total_steps", "log_every", "eval_every", "ckpt_every",
                 "keep_ckpts", "keep_final_only", "progress", "export_hf",
-                "wandb", "optim.lr",
+                "export_every", "wandb", "optim.lr",
                 "optim.warmup_steps", "optim.final_lr_frac", "optim.schedule",
                 "optim.weight_decay", "optim.b1", "optim.b2", "optim.eps",
                 "rollout.lam", "student.temperature", "teacher.temperature", "loss.beta", "data.task",

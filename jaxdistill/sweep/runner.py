@@ -55,6 +55,7 @@ from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import runlocal
 from jaxdistill.sweep import table
+from jaxdistill.sweep import trajectory
 from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import distributed
 from jaxdistill.train import log as train_log
@@ -144,6 +145,12 @@ def default_evaluate(grid, run: grid_lib.Run, run_dir: str) -> dict | None:
   if cfg is None:
     return None
   baseline = run.config.student.get("path") if grid.eval.get("baseline") else None
+  if grid.eval.get("trajectory") is not None:  # every export, the best
+    return trajectory.evaluate(
+        run.config, run_dir, baseline or None, grid.eval.trajectory,
+        primary=_primary(),
+        evaluate_one=lambda ckpt, base, out, before: evaluate_run.run(
+            cfg, ckpt, base, out=out, before=before))
   res = evaluate_run.run(cfg, run_dir, baseline or None,
                      out=os.path.join(run_dir, "eval.json"))
   return res["metrics"]
@@ -236,6 +243,15 @@ def _check_configs(grid, runs):
     except ValueError as e:
       raise ValueError(f"run {run.name!r}: {e}") from None
     spec = grid_lib.eval_spec(grid, run)
+    if spec is not None and grid.eval.get("trajectory") is not None:
+      trajectory.check(grid.eval.trajectory)
+      if rlvr_lib.declared(grid):
+        raise ValueError("grid.eval.trajectory: not with an RLVR stage (grid."
+                         "rlvr): the stage is evaluated at its end only")
+      if not train_loop.step_exports(run.config):
+        raise ValueError(f"run {run.name!r}: grid.eval.trajectory needs "
+                         "export_every > 0 (and < total_steps): the "
+                         "checkpoints it evaluates are the run's exports")
     if spec is not None and spec not in evals:
       evals.add(spec)
       cfg = config_lib.load_config(spec)

@@ -21,6 +21,9 @@ last step):
   kept   S + E with keep_final_only (older checkpoints are deleted once the
          final one is saved and the export written), else min(k, n) S + E.
 
+With config.export_every, the run also writes E for each of its step
+exports (train.loop.step_exports), all kept: they add x E to both figures.
+
 `check_free` refuses a local run whose file system has less free space than
 the peak still to come, in one line, before any compute; a gs:// workdir is
 not checked (the line says so in the log).
@@ -64,6 +67,12 @@ def _nbytes(tree) -> int:
   return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
+def _step_exports(config) -> int:
+  """How many exports config.export_every adds (train.loop.step_exports)."""
+  every = int(config.get("export_every") or 0)
+  return len(range(every, int(config.total_steps), every)) if every > 0 else 0
+
+
 def num_saves(config) -> int:
   """Checkpoints a run from step 0 writes: every ckpt_every steps and at
   the last step."""
@@ -81,10 +90,13 @@ def need(config, scfg) -> dict:
           + CKPT_META_BYTES_PER_LEAF * len(jax.tree.leaves(state)))
   export = (_nbytes(state["params"]) if config.get("export_hf", True) else 0)
   k, n = int(config.keep_ckpts), num_saves(config)
-  peak = max(min(k + 1, n) * ckpt, min(k, n) * ckpt + export)
-  kept = (1 if config.get("keep_final_only", False) else min(k, n)) * ckpt
+  steps = _step_exports(config) if config.get("export_hf", True) else 0
+  peak = max(min(k + 1, n) * ckpt, min(k, n) * ckpt + export) + steps * export
+  kept = ((1 if config.get("keep_final_only", False) else min(k, n)) * ckpt
+          + steps * export)
   return {"state_bytes": arrays, "checkpoint_bytes": ckpt,
           "export_bytes": export, "keep_ckpts": k, "saves": n,
+          "step_exports": steps,
           "max_checkpoints": min(k + 1, n),
           "keep_final_only": bool(config.get("keep_final_only", False)),
           "peak_bytes": peak + SMALL_FILES_BYTES,
@@ -103,6 +115,8 @@ def describe(d: dict) -> str:
   """One line: a checkpoint, the export, the peak and what is kept."""
   kept = ("the final checkpoint and the export" if d["keep_final_only"] else
           f"{min(d['keep_ckpts'], d['saves'])} checkpoint(s) and the export")
+  if d.get("step_exports"):
+    kept += f", and {d['step_exports']} step export(s) (export_every)"
   return (f"disk: {gb(d['peak_bytes'])} at most while training "
           f"(up to {d['max_checkpoints']} checkpoint(s) of "
           f"{gb(d['checkpoint_bytes'])} at once with keep_ckpts="

@@ -71,7 +71,10 @@ from jaxdistill.train import teacher_cache
 # Fields that may change when a run is resumed (they do not change its result).
 RESUMABLE_FIELDS = ("total_steps", "log_every", "eval_every", "ckpt_every",
                     "keep_ckpts", "keep_final_only", "progress", "export_hf",
-                    "wandb")
+                    "export_every", "wandb")
+
+# config.export_every's exports: <workdir>/exports/step_000100, ...
+EXPORTS = "exports"
 
 
 REVISIONS = "revisions.json"
@@ -230,9 +233,24 @@ def init_or_restore(config, workdir, scfg, optimizer, params0, mesh, rules,
   return ckpt, state, state_shard, meta, start
 
 
-def export_hf(scfg, params, tokenizer, workdir: str, seen=None) -> str | None:
-  """Saves the trained student as a Hugging Face directory <workdir>/hf_student
-  (with its tokenizer, and `seen`, the host mask of the token ids training
+def step_export(step: int) -> str:
+  """The directory, relative to the workdir, of config.export_every's export
+  at `step`."""
+  return os.path.join(EXPORTS, f"step_{int(step):06d}")
+
+
+def step_exports(config) -> list[int]:
+  """The steps config.export_every exports before the last one (the last is
+  hf_student/): every export_every steps, ascending; [] when off."""
+  every = int(config.get("export_every") or 0)
+  total = int(config.total_steps)
+  return list(range(every, total, every)) if every > 0 else []
+
+
+def export_hf(scfg, params, tokenizer, workdir: str, seen=None,
+              name: str = "hf_student") -> str | None:
+  """Saves the trained student as a Hugging Face directory <workdir>/<name>
+  (default hf_student; with its tokenizer, and `seen`, the host mask of the token ids training
   processed, as train.seen.SEEN_FILE). Sharded params are gathered on every
   host; host 0 writes. Returns the directory on host 0, else None.
 
@@ -245,7 +263,7 @@ def export_hf(scfg, params, tokenizer, workdir: str, seen=None) -> str | None:
     params = jax.device_get(params)
   if jax.process_index() != 0:
     return None
-  out = os.path.join(workdir, "hf_student")
+  out = os.path.join(workdir, name)
   if not storage.is_gs(out):
     models.save_pretrained(scfg, params, out)
     tok_lib.save_tokenizer(tokenizer, out)
@@ -315,7 +333,11 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   position, seed and `meta`), the SIGTERM/SIGINT stop (raises Preempted after
   its checkpoint), closing the checkpointer and log, and the final
   <workdir>/hf_student export (config.export_hf), after which, with
-  config.keep_final_only, only the final checkpoint is kept. LoRA (`lcfg`):
+  config.keep_final_only, only the final checkpoint is kept. With
+  config.export_every = N > 0, the student is also exported every N steps
+  before the last, to <workdir>/exports/step_<step> (step_export), each
+  before that step's checkpoint: a run killed between the two redoes the
+  step and its export on resume. LoRA (`lcfg`):
   the checkpoints hold the adapters only (step.SAVED), hf_student/ the merged
   weights and hf_adapter/ the adapters in peft's format. `seen` (a
   train.seen.SeenTokens that step_fn updates, or None) splits the embedding
@@ -327,6 +349,10 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
                          config=config)
   init_norm = param_norm(state["params"]) if start == 0 else None
   last = {}
+  exports = set(step_exports(config))
+  if exports and tokenizer is None and config.get("tokenizer_build"):
+    tokenizer = tok_lib.runlocal_tokenizer(config, workdir)  # runlocal
+  scale = None if lcfg is None else lcfg.scale
   stop = StopOnSignal()
   try:
     for step in stop.steps(start, config.total_steps):
@@ -348,6 +374,10 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
       log.write(done, metrics)
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point
+      if done in exports:
+        export_hf(scfg, step_lib.export_params(state, scale), tokenizer,
+                  workdir, None if seen is None else seen.mask(),
+                  name=step_export(done))
       if (done % config.ckpt_every == 0 or done == config.total_steps
           or stopping):
         ckpt.save(done, step_lib.saved(state),
@@ -364,7 +394,6 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   if config.get("export_hf", True):
     if tokenizer is None and config.get("tokenizer_build"):  # runlocal
       tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
-    scale = None if lcfg is None else lcfg.scale
     export_hf(scfg, step_lib.export_params(state, scale), tokenizer, workdir,
               None if seen is None else seen.mask())
     if lcfg is not None:
