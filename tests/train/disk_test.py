@@ -190,3 +190,17 @@ def test_compile_only_reports_the_run_s_disk(capsys):
   assert report["disk"] == d
   compile_only.emit(report, as_json=False)
   assert capsys.readouterr().out.splitlines()[-1] == disk.describe(d)
+
+
+@pytest.mark.parametrize("total,every,exports", [(10, 3, 3), (10, 5, 1),
+                                                 (10, 10, 0), (10, 0, 0)])
+def test_step_exports_add_one_export_each(total, every, exports):
+  # exports: by hand, the multiples of `every` below `total`.
+  base = _config(keep_ckpts=2, total_steps=total, ckpt_every=5)
+  c = _config(keep_ckpts=2, total_steps=total, ckpt_every=5)
+  c.export_every = every
+  scfg = train_setup.model_config(c.student, "student")
+  a, b = disk.need(base, scfg), disk.need(c, scfg)
+  assert b["step_exports"] == exports
+  for k in ("peak_bytes", "kept_bytes"):
+    assert b[k] - a[k] == exports * a["export_bytes"]
