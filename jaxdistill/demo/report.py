@@ -515,12 +515,6 @@ def rlvr_findings(arms, n3: int, n4: int) -> list[tuple[str, bool | None, str]]:
   return out
 
 
-# A difference of update sparsity that counts as one: the share of weights is
-# a count over every parameter (no sampling noise within a run), so the bar
-# is a size, not a standard error; with seeds, their spread too.
-SPARSITY_CLEAR = 0.10
-
-
 def precision_finding(arms: Sequence[Mapping], n_test: Mapping | int
                       ) -> list[tuple[str, bool | None, str]]:
   """This project's finding (not the paper's): at the grid's lowest learning
@@ -539,20 +533,8 @@ def precision_finding(arms: Sequence[Mapping], n_test: Mapping | int
     return []
   sd = [r.get("sparsity_std") for r in arms
         if r["lr"] == lo and r.get("sparsity_std") is not None]
-  bar = max([SPARSITY_CLEAR] + [2 * x for x in sd])
-  depends = abs(s["bfloat16"] - s["float32"]) > bar
-  accs = ("" if None in (a["float32"][0], a["bfloat16"][0]) else
-          f" (in-distribution accuracy {100 * a['float32'][0]:.1f} % and "
-          f"{100 * a['bfloat16'][0]:.1f} %)")
-  text = (f"Weight precision (this project's question, not the paper's): at "
-          f"lr {lo:.0e}, S_1e-6 is {100 * s['float32']:.1f} % with float32 "
-          f"master weights and {100 * s['bfloat16']:.1f} % with weights "
-          f"stored and updated in bfloat16{accs}")
-  text += (": update sparsity at the low rate depends on weight precision "
-           f"(a difference above {100 * bar:.0f} pp), so the precision the "
-           "weights are stored in can make a run look sparse." if depends else
-           f": no difference above {100 * bar:.0f} pp, so precision does not "
-           "explain the sparsity here.")
+  depends, text = table_lib.precision_text(
+      lo, s, {p: a[p][0] for p in kinds}, sd)
   return [("sparsity depends on precision", depends, text)]
 
 

@@ -104,7 +104,9 @@ def study_factors(config) -> dict:
   return {"kl": config.loss.kind, "policy": ro.policy, "lam": lam,
           "lr": float(config.optim.lr), "task": task, "seed": int(config.seed),
           "clip": config.optim.clip_norm, "max_new_tokens":
-          int(ro.max_new_tokens)}
+          int(ro.max_new_tokens),
+          # the weights' storage: float32 masters or bfloat16 (issue 41)
+          "precision": str(config.student.get("param_dtype") or "float32")}
 
 
 def compute_record(config, records: list[dict]) -> dict:

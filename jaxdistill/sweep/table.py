@@ -56,7 +56,8 @@ import numpy as np
 # here, below rlvr.py, which builds on this module's rows.
 RLVR_DIR = "rlvr"
 
-STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens")
+STUDY = ("kl", "policy", "lam", "lr", "task", "clip", "max_new_tokens",
+         "precision")
 # Whole-model sparsity/<column> of the evaluation (else of training), as
 # sparsity_<column>; jaxdistill/sparsity.py names the columns.
 SPARSITY = tuple(f"sparsity_{c}" for c in (
@@ -237,6 +238,77 @@ def summarize_arms(rows: Sequence[Mapping]) -> list[dict]:
   return out
 
 
+# A difference of update sparsity that counts as one: the share of weights is
+# a count over every parameter (no sampling noise within a run), so the bar
+# is a size, not a standard error; with seeds, twice their spread if larger.
+SPARSITY_CLEAR = 0.10
+PRECISIONS = ("bfloat16", "float32")
+S6 = "sparsity_S_1e-6_f32"  # the paper's S_1e-6, a column of the table
+
+
+def precision_text(lr: float, sparsity: Mapping, accuracy: Mapping,
+                   stds: Sequence[float] = ()) -> tuple[bool, str]:
+  """(depends, sentence): this project's finding, not the paper's, on
+  whether update sparsity S_1e-6 at learning rate `lr` depends on weight
+  precision. `sparsity` / `accuracy`: {precision: the mean over the same
+  arms} (accuracy may be None); `stds`: the arms' spreads over seeds; the
+  bar is SPARSITY_CLEAR or twice the largest spread."""
+  bar = max([SPARSITY_CLEAR] + [2 * x for x in stds])
+  depends = abs(sparsity["bfloat16"] - sparsity["float32"]) > bar
+  accs = ("" if None in (accuracy.get("float32"), accuracy.get("bfloat16"))
+          else f" (in-distribution accuracy {100 * accuracy['float32']:.1f} % "
+          f"and {100 * accuracy['bfloat16']:.1f} %)")
+  text = (f"Weight precision (this project's question, not the paper's): at "
+          f"lr {lr:.0e}, S_1e-6 is {100 * sparsity['float32']:.1f} % with "
+          "float32 master weights and "
+          f"{100 * sparsity['bfloat16']:.1f} % with weights stored and updated "
+          f"in bfloat16{accs}")
+  text += (": update sparsity at the low rate depends on weight precision "
+           f"(a difference above {100 * bar:.0f} pp), so the precision the "
+           "weights are stored in can make a run look sparse." if depends else
+           f": no difference above {100 * bar:.0f} pp, so precision does not "
+           "explain the sparsity here.")
+  return depends, text
+
+
+def precision_finding(arms: Sequence[Mapping]) -> str:
+  """The weight-precision sentence of a sweep's summary from its arms
+  (summarize_arms): the arms at the lowest learning rate, S_1e-6 and
+  accuracy averaged per precision (student.param_dtype) over the arms that
+  ran in both; 'not measured' unless both precisions ran there."""
+  lrs = [a["lr"] for a in arms if is_number(a.get("lr"))]
+  if not lrs:
+    return "Weight precision: not measured (no arm has a learning rate)."
+  lo = min(lrs)
+  at = [a for a in arms if a.get("lr") == lo
+        and a.get("precision") in PRECISIONS
+        and a.get(f"{S6}_mean") is not None]
+
+  def key(a):  # the arm but for its precision
+    return tuple((k, json.dumps(v)) for k, v in sorted(a.items())
+                 if (k.startswith("f:") or k in STUDY)
+                 and k not in ("precision", "f:precision"))
+  by = {}
+  for a in at:
+    by.setdefault(key(a), {})[a["precision"]] = a
+  pairs = [d for d in by.values() if set(d) == set(PRECISIONS)]
+  if not pairs:
+    return ("Weight precision: not measured (no arm at the lowest learning "
+            f"rate, {lo:.0e}, ran in both float32 and bfloat16; the grids' "
+            "`precision` axis adds them, configs/grid_main.py).")
+
+  def mean(p, m):
+    vals = [d[p].get(f"{m}_mean") for d in pairs]
+    return (None if any(v is None for v in vals)
+            else float(np.mean(vals)))
+  sd = [d[p][f"{S6}_std"] for d in pairs for p in PRECISIONS
+        if d[p].get(f"{S6}_std") is not None]
+  _, text = precision_text(
+      lo, {p: mean(p, S6) for p in PRECISIONS},
+      {p: mean(p, "accuracy") for p in PRECISIONS}, sd)
+  return text + f" Arms compared: {len(pairs)} pair(s)."
+
+
 def _cell(mean, std, n, metric):
   if mean is None:
     return "-"
@@ -308,7 +380,8 @@ def write_table(rows: Sequence[Mapping], out_dir: str) -> tuple[str, str]:
             "(sparsity_equal_<dtype>: equal, IEEE ==, so -0.0 equals 0.0); "
             "sparsity_<kind>_S_<tau>_f32: the same per layer kind "
             "(embeddings_seen / _unseen: the embedding rows of token ids the "
-            "run's training did / never processed, _rows of them)."]
+            "run's training did / never processed, _rows of them).",
+            "", precision_finding(arms)]
   with open(md_path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return csv_path, md_path
