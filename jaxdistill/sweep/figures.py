@@ -13,6 +13,11 @@
                               GRPO iteration per arm (a moving average over
                               a tenth of the iterations, raw values faint),
                               and accuracy before and after RLVR per arm
+  rlvr_seeds_lr<lr>.png       the paper's Fig. 6 / 26 layout: one panel per
+                              rollout policy x KL direction at one
+                              distillation learning rate, one reward curve
+                              per distillation seed (moving average as
+                              above)
 
 A figure is drawn only if the rows have what it needs; otherwise a line on
 stderr says what is missing.
@@ -253,6 +258,40 @@ def rlvr(rows, out_dir, accuracy="accuracy", n_test=None) -> str | None:
   return _save(fig, out_dir, "rlvr.png")
 
 
+def rlvr_seeds(rows, out_dir) -> list[str]:
+  """Fig. 6 / 26: per distillation learning rate, a panel per (policy, KL)
+  with one RLVR reward curve per seed; [] without RLVR stages."""
+  staged = [r for r in rows if r.get("rlvr_rewards")]
+  if not staged:
+    return []
+  plt = _plt()
+  out = []
+  for lr in sorted({r.get("lr") for r in staged}, key=lambda v: (v is None, v)):
+    at = [r for r in staged if r.get("lr") == lr]
+    panels = sorted({(str(r.get("policy")), str(r.get("kl"))) for r in at})
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2),
+                             sharey=True, squeeze=False)
+    for ax, (policy, kl) in zip(axes[0], panels):
+      curves = sorted((r for r in at if (str(r.get("policy")), str(r.get("kl")))
+                       == (policy, kl)), key=lambda r: str(r.get("seed")))
+      for i, r in enumerate(curves):
+        y = np.asarray(r["rlvr_rewards"], np.float64)
+        x = np.asarray(r.get("rlvr_reward_steps") or range(1, len(y) + 1))
+        k = rlvr_lib.reward_window(len(y))
+        ax.plot(x, y, color=f"C{i}", alpha=0.2, linewidth=0.8)
+        ax.plot(x[k - 1:], moving_average(y, k), color=f"C{i}",
+                label=f"seed {r.get('seed')}")
+      ax.set_title(f"{policy} rollouts, {kl} KL", fontsize=9)
+      ax.set_xlabel("GRPO step")
+      ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("mean training reward")
+    lr_s = "none" if lr is None else f"{lr:.0e}"
+    fig.suptitle(f"RLVR rewards from the arms distilled at lr {lr_s}, one "
+                 "curve per distillation seed", fontsize=10)
+    out.append(_save(fig, out_dir, f"rlvr_seeds_lr{lr_s}.png"))
+  return out
+
+
 def _save(fig, out_dir, name):
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, name)
@@ -280,4 +319,4 @@ def make_figures(rows: Sequence[Mapping], out_dir: str, *, refs=None,
                rlvr(rows, out_dir, n_test=n_acc)):
     if path:
       out.append(path)
-  return out
+  return out + rlvr_seeds(rows, out_dir)

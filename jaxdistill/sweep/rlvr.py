@@ -183,6 +183,11 @@ def rewards_of(records: Sequence[Mapping]) -> list[float]:
   return [float(r["rl/reward_mean"]) for r in records if "rl/reward_mean" in r]
 
 
+def reward_steps(records: Sequence[Mapping]) -> list[int]:
+  """The GRPO step of each of rewards_of's values (log_every may skip)."""
+  return [int(r["step"]) for r in records if "rl/reward_mean" in r]
+
+
 def reward_window(n: int) -> int:
   """Iterations averaged for a reward's start, end and moving average: a
   tenth of the n iterations (at least one)."""

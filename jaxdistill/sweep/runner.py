@@ -214,7 +214,8 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   arm = table.read_results(os.path.join(run_dir, RESULTS))
   result = {k: arm[k] for k in ("name", "dirname", "factors", "study")}
   result.update({"stage": "rlvr", "train": last,
-                 "rewards": rlvr_lib.rewards_of(records), "eval": ev,
+                 "rewards": rlvr_lib.rewards_of(records),
+                 "reward_steps": rlvr_lib.reward_steps(records), "eval": ev,
                  "elapsed_s": time.time() - t0, "finished": time.time()})
   if _primary():
     write_json_atomic(os.path.join(out, RESULTS), result)

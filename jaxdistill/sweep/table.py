@@ -178,6 +178,9 @@ def with_rlvr(row: Mapping, stage: Mapping) -> dict:
     if is_number(row.get(m)):
       out[CHANGE + m] = after[m] - row[m]
   out["rlvr_rewards"] = list(stage.get("rewards") or [])
+  steps = list(stage.get("reward_steps") or [])  # older stages: 1, 2, ...
+  out["rlvr_reward_steps"] = (steps if len(steps) == len(out["rlvr_rewards"])
+                              else list(range(1, len(out["rlvr_rewards"]) + 1)))
   return out
 
 

@@ -50,3 +50,34 @@ def test_precision_finding_below_the_bar_and_not_measured(tmp_path):
                               _result("bfloat16", 5e-5, 0, .1, .3)])
   assert "Weight precision: not measured (no arm at the lowest learning " \
       "rate, 1e-05" in text
+
+
+def test_rlvr_seed_figure_is_one_panel_per_arm_and_a_curve_per_seed(
+    tmp_path, monkeypatch):
+  from jaxdistill.sweep import figures  # pylint: disable=g-import-not-at-top
+  rows = []
+  for lr in (1e-5, 5e-5):
+    for policy in ("student", "teacher"):
+      for seed in (42, 43):
+        rewards = [float(seed - 42 + i) for i in range(20)]
+        rows.append({"lr": lr, "policy": policy, "kl": "forward",
+                     "seed": seed, "rlvr_rewards": rewards,
+                     "rlvr_reward_steps": list(range(5, 105, 5))})
+  saved = {}
+  real = figures._save  # pylint: disable=protected-access
+
+  def keep(fig, out_dir, name):
+    saved[name] = [[(l.get_xdata().tolist(), l.get_ydata().tolist())
+                    for l in ax.get_lines()] for ax in fig.axes]
+    return real(fig, out_dir, name)
+  monkeypatch.setattr(figures, "_save", keep)
+  paths = figures.rlvr_seeds(rows, str(tmp_path))
+  assert sorted(saved) == ["rlvr_seeds_lr1e-05.png", "rlvr_seeds_lr5e-05.png"]
+  assert all((tmp_path / n).exists() for n in saved) and len(paths) == 2
+  panels = saved["rlvr_seeds_lr1e-05.png"]
+  assert len(panels) == 2                      # student, teacher
+  raw, avg = panels[0][2], panels[0][3]        # seed 43: raw, moving average
+  assert raw[0][:2] == [5, 10] and raw[1][:2] == [1.0, 2.0]
+  # A window of 20 // 10 = 2 values, by hand: (1 + 2) / 2 at step 10.
+  assert avg[0][0] == 10 and avg[1][0] == 1.5
+  assert figures.rlvr_seeds([{"lr": 1e-5}], str(tmp_path)) == []
