@@ -52,6 +52,7 @@ from jaxdistill.sweep import figures
 from jaxdistill.models import flops as flops_lib
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
+from jaxdistill.sweep import paper_figures
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import runlocal
 from jaxdistill.sweep import table
@@ -521,4 +522,5 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
     out = os.path.join(workdir, "summary")
     table.write_table(rows, out)
     figures.make_figures(rows, out)
+    paper_figures.make(rows, out)
   return results

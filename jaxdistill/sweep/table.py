@@ -151,6 +151,10 @@ def row_of(result: Mapping) -> dict:
     suite, _, metric = k.partition("/")
     if metric == acc and suite not in ("id", "ood", "harder", "baseline"):
       row[f"acc/{suite}"] = v
+    elif (metric.startswith("pass@") and "/" not in metric
+          and suite not in ("id", "ood", "harder", "baseline", "final")):
+      # per-suite coverage for the figures (Fig. 5), not a table column
+      row[f"{metric}/{suite}"] = v
     elif suite == "style" and metric.startswith(acc.split("_")[0] + "_lang_"):
       row[f"lang_{metric.rsplit('_', 1)[1]}"] = v
   c = result.get("compute") or {}

@@ -137,7 +137,7 @@ def test_runlocal_sweep_table_figures_skip_and_resume(tmp_path, capsys):
             and not k.startswith("acc/countdown3") and r[k]]
   assert pngs == ["accuracy_vs_lambda.png"] + (
       ["harder_countdown.png"] if any(harder) else []) + [
-          "lr_sparsity_forgetting.png"]
+          "lr_sparsity_forgetting.png", "paper_fig1.png"]
 
   # Second invocation: nothing trains or evaluates, no run file changes.
   before = _mtimes(work)
