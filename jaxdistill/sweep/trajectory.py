@@ -94,14 +94,11 @@ def selection_key(metrics: dict, select: str | None) -> str:
 
 
 def _read_done(path: str) -> dict | None:
+  """A finished checkpoint evaluation (evaluate.run's result), or None."""
   if not storage.exists(path):
     return None
-  try:
-    res = json.loads(storage.read_text(path))
-  except ValueError as e:
-    raise ValueError(f"{path}: not valid JSON ({e}); delete it to evaluate "
-                     "that checkpoint again") from None
-  if not isinstance(res, dict) or not isinstance(res.get("metrics"), dict):
+  res = table.read_json(path)
+  if not isinstance(res.get("metrics"), dict):
     raise ValueError(f"{path}: no 'metrics' object; delete it to evaluate that "
                      "checkpoint again")
   return res

@@ -22,7 +22,7 @@ last step):
          final one is saved and the export written), else min(k, n) S + E.
 
 With config.export_every, the run also writes E for each of its step
-exports (train.loop.step_exports), all kept: they add x E to both figures.
+exports (step_exports), all kept: they add x E to both figures.
 
 `check_free` refuses a local run whose file system has less free space than
 the peak still to come, in one line, before any compute; a gs:// workdir is
@@ -67,10 +67,12 @@ def _nbytes(tree) -> int:
   return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _step_exports(config) -> int:
-  """How many exports config.export_every adds (train.loop.step_exports)."""
+def step_exports(config) -> list[int]:
+  """The steps config.export_every exports before the last one (the last is
+  hf_student/): every export_every steps, ascending; [] when off."""
   every = int(config.get("export_every") or 0)
-  return len(range(every, int(config.total_steps), every)) if every > 0 else 0
+  total = int(config.total_steps)
+  return list(range(every, total, every)) if every > 0 else []
 
 
 def num_saves(config) -> int:
@@ -90,7 +92,7 @@ def need(config, scfg) -> dict:
           + CKPT_META_BYTES_PER_LEAF * len(jax.tree.leaves(state)))
   export = (_nbytes(state["params"]) if config.get("export_hf", True) else 0)
   k, n = int(config.keep_ckpts), num_saves(config)
-  steps = _step_exports(config) if config.get("export_hf", True) else 0
+  steps = len(step_exports(config)) if config.get("export_hf", True) else 0
   peak = max(min(k + 1, n) * ckpt, min(k, n) * ckpt + export) + steps * export
   kept = ((1 if config.get("keep_final_only", False) else min(k, n)) * ckpt
           + steps * export)

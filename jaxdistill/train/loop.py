@@ -239,12 +239,7 @@ def step_export(step: int) -> str:
   return os.path.join(EXPORTS, f"step_{int(step):06d}")
 
 
-def step_exports(config) -> list[int]:
-  """The steps config.export_every exports before the last one (the last is
-  hf_student/): every export_every steps, ascending; [] when off."""
-  every = int(config.get("export_every") or 0)
-  total = int(config.total_steps)
-  return list(range(every, total, every)) if every > 0 else []
+step_exports = disk.step_exports  # the steps config.export_every exports
 
 
 def export_hf(scfg, params, tokenizer, workdir: str, seen=None,
