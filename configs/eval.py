@@ -136,9 +136,11 @@ def get_config(arg=None):
   c.suites.science_train = _mcq("sciknoweval", "science", "train", first=True)
   # App. A.3's MATH-500, all 500 problems (`python -m jaxdistill.data.prepare
   # math500 --data_dir DIR`, then --config.suites.math500.data_dir=DIR).
+  # num_problems is the set's whole size written out, so the sweep's cost
+  # (--compile_only) counts its decodes.
   c.suites.math500 = dict(kind="math", source="math500", split="test",
                           data_dir=config_dict.placeholder(str),
-                          num_problems=config_dict.placeholder(int))
+                          num_problems=500)
   # Not the paper's data: the project's earlier sets, kept as extras (by
   # name in `suites=`); MedMCQA's test split is unlabelled.
   c.suites.sciq = _mcq("sciq", "science")

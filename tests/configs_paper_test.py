@@ -8,6 +8,7 @@ paper fails. The RLVR and teacher stages are checked in tests/configs_test.py
 import pytest
 
 from jaxdistill import config_lib
+from jaxdistill.evaluate import programs as eval_programs
 from jaxdistill.sweep import grid as grid_lib
 
 LLAMA = ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
@@ -293,4 +294,9 @@ def test_math_grid_is_appendix_a3():
   assert ev.sampler.num_samples == 10
   assert ev.sampler.per_suite.math500.max_new_tokens == 1024
   assert ev.suites.math500.source == "math500"
-  assert ev.suites.math500.num_problems is None   # all 500
+  assert ev.suites.math500.num_problems == 500    # all of MATH-500
+  # Counted in the sweep's cost: 500 problems, one T-0.5 sample per problem
+  # in calls of 80 prompts, ten samples in calls of 80 // 10 prompts.
+  calls, uncounted = eval_programs.decode_calls(ev, ["math500"])
+  assert uncounted == []
+  assert sorted(calls.values()) == [-(-500 // 80), -(-500 // (80 // 10))]
