@@ -214,6 +214,12 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   ev = (evaluate_fn or default_evaluate)(grid, run, out)
   arm = table.read_results(os.path.join(run_dir, RESULTS))
   result = {k: arm[k] for k in ("name", "dirname", "factors", "study")}
+  # What the stage took from the hub (kl.reference, the tokenizer), pinned
+  # by rlvr.stage_config: rl.train's revisions.json, written when any was.
+  rev = os.path.join(out, train_loop.REVISIONS)
+  result["revisions"] = (table.read_json(rev, fix=f"delete {out} to rerun "
+                                         "the stage")
+                         if os.path.isfile(rev) else {})
   result.update({"stage": "rlvr", "train": last,
                  "rewards": rlvr_lib.rewards_of(records),
                  "reward_steps": rlvr_lib.reward_steps(records), "eval": ev,

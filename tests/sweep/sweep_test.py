@@ -438,6 +438,41 @@ def test_rlvr_stage_commands_rebuild_the_stage_config(monkeypatch, tmp_path):
     assert config_lib.diff(got, want) == []
 
 
+def test_an_rlvr_stage_result_names_what_it_took_from_the_hub(monkeypatch,
+                                                             tmp_path):
+  """The arms' results.json carry their hub commits; the stage's had none
+  (its kl.reference commit was only in rl.train's revisions.json)."""
+  g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
+  (run,) = grid_lib.expand(g, "train_n=3,kl=forward,policy=student")
+  run_dir = tmp_path / run.dirname
+  run_dir.mkdir()
+  (run_dir / "results.json").write_text(json.dumps(_finished(run)))
+  pinned = {"kl.reference": {"id": "Qwen/Qwen2.5-0.5B-Instruct",
+                             "revision": "main", "commit": "a" * 40}}
+  from_hub = [pinned]
+
+  def fake_train(config, workdir, devices=None):  # what rl.train leaves
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 1, "rl/reward_mean": 0.25}) + "\n")
+    rev = os.path.join(workdir, "revisions.json")
+    if from_hub[0]:  # rl.train writes it only when a name came from the hub
+      with open(rev, "w") as f:
+        json.dump(from_hub[0], f)
+    elif os.path.exists(rev):
+      os.remove(rev)
+
+  monkeypatch.setattr(runner.rl_train, "train", fake_train)
+  got = runner.run_rlvr_one(g, run, str(run_dir),
+                            evaluate_fn=lambda *a: {"id/greedy_acc": 0.5})
+  saved = json.loads((run_dir / "rlvr" / "results.json").read_text())
+  assert got["revisions"] == saved["revisions"] == pinned
+  assert saved["rewards"] == [0.25] and saved["name"] == run.name
+  from_hub[0] = None  # local paths only
+  assert runner.run_rlvr_one(
+      g, run, str(run_dir), evaluate_fn=lambda *a: None)["revisions"] == {}
+
+
 def test_rlvr_config_errors_surface_before_any_arm_trains(tmp_path):
   g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
   g.rlvr.updates = dict(rollout=dict(group_size=1))
