@@ -365,7 +365,8 @@ def _handle_stale(grid, runs, workdir: str, rerun_stale: bool,
   if not rerun_stale:
     name, _, changes = stale[0]
     hint = ""
-    if any("@" in c and c.split(":")[0].endswith(("path", "tokenizer"))
+    if any("@" in c and c.split(":")[0].endswith(("path", "tokenizer",
+                                                  "reference"))
            for c in changes):
       hint = ("; a hub name that now resolves to another commit can be "
               "pinned to the old one as org/name@<commit>")
