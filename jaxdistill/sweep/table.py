@@ -88,10 +88,12 @@ _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number",
 _RESULT_FIELDS = {"name": str, "dirname": str, "factors": dict, "study": dict}
 # The study's factors the table, its figures and summarize_arms read, by the
 # types they take (runner.study_factors); a factor an older results.json
-# lacks is left out of its row, but `seed` groups the seeds of an arm.
+# lacks is left out of its row, but `seed` groups the seeds of an arm. lam
+# is None for one-model policies ('dataset'), clip without clipping.
 _NUMBER = (int, float)
 _STUDY_FIELDS = {"seed": int, "kl": str, "policy": str, "task": str,
-                 "precision": str, "lam": _NUMBER, "lr": _NUMBER,
+                 "precision": str, "lam": (*_NUMBER, type(None)),
+                 "lr": _NUMBER,
                  "clip": (*_NUMBER, type(None)), "max_new_tokens": int}
 _NUMBERS = "a list of numbers"
 

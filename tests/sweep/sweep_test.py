@@ -359,6 +359,11 @@ def test_the_table_names_an_rlvr_stage_with_bad_rewards(tmp_path):
   stage.write_text(json.dumps(_finished(run, rewards=[0.1, 0.3])))
   (row,) = table_lib.aggregate(str(tmp_path))
   assert row["rlvr_rewards"] == [0.1, 0.3]
+  # What runner.study_factors writes for policy='dataset' and no clipping.
+  study = dict(_finished(run)["study"], policy="dataset", lam=None, clip=None)
+  (arm / "results.json").write_text(json.dumps(_finished(run, study=study)))
+  (row,) = table_lib.aggregate(str(tmp_path))
+  assert row["lam"] is None and row["policy"] == "dataset"
 
 
 @pytest.mark.slow  # one arm trains a step
