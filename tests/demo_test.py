@@ -495,8 +495,8 @@ def test_a_failing_worker_is_named_after_the_others_finish(tmp_path):
     workers.run_arms(["--config", "configs/nope.py", "--workdir",
                       str(tmp_path)], [0, 1, 2], 2, log=lambda _: None)
   msg = str(e.value)
-  assert ("worker 1 (arms [1, 3]) exited with status 1; worker 2 (arms [2]) "
-          "exited with status 1") in msg
+  assert ("worker 1/2 (arms [1, 3]) exited with status 1; worker 2/2 (arms "
+          "[2]) exited with status 1") in msg
   assert "run the same command to resume" in msg
 
 
@@ -507,14 +507,42 @@ def test_a_worker_killed_by_a_signal_is_reported_as_such():
   with pytest.raises(RuntimeError) as e:
     workers.check_codes([0, -9], ["arms [1]", "arms [2]"])
   msg = str(e.value)
-  assert msg.startswith("worker 2 (arms [2]) was killed by SIGKILL (out of "
-                        "memory?); what finished is kept"), msg
-  assert "above" not in msg and "worker 1" not in msg
-  with pytest.raises(RuntimeError, match=r"worker 1 \(a\) was killed by "
-                     r"SIGTERM; worker 2 \(b\) exited with status 1 \(its "
-                     "error is above\)"):
+  assert msg.startswith(
+      "worker 2/2 (arms [2]) was killed by SIGKILL (out of memory?) and "
+      "printed no error: its log is the lines marked [demo worker 2/2] "
+      "above; what finished is kept"), msg
+  assert "error is above" not in msg and "worker 1" not in msg
+  with pytest.raises(RuntimeError, match=r"worker 1/2 \(a\) was killed by "
+                     r"SIGTERM and printed no error: .*; worker 2/2 \(b\) "
+                     r"exited with status 1 \(its error is above\)"):
     workers.check_codes([-15, 1], ["a", "b"])
   workers.check_codes([0, 0], ["a", "b"])
+
+
+def test_run_arms_names_a_worker_that_killed_itself(monkeypatch, tmp_path):
+  """Through run_arms: worker 2's process sends itself SIGKILL (as the OOM
+  killer would), worker 1's exits cleanly; the error names worker 2, its
+  arms, the signal and where its log is."""
+  from jaxdistill.demo import workers  # pylint: disable=g-import-not-at-top
+  real_popen = subprocess.Popen
+  started = []
+
+  def fake_popen(cmd, **kw):
+    started.append(cmd)
+    code = ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+            if cmd[cmd.index("--worker-name") + 1] == "2/2" else "pass")
+    return real_popen([sys.executable, "-c", code], **kw)
+
+  monkeypatch.setattr(workers.subprocess, "Popen", fake_popen)
+  monkeypatch.setattr(workers, "available_cores", lambda: [0, 1])
+  with pytest.raises(RuntimeError) as e:
+    workers.run_arms(["--workdir", str(tmp_path)], [0, 1, 2], 2,
+                     log=lambda _: None)
+  assert len(started) == 2
+  assert str(e.value) == (
+      "worker 2/2 (arms [2]) was killed by SIGKILL (out of memory?) and "
+      "printed no error: its log is the lines marked [demo worker 2/2] "
+      "above; what finished is kept: run the same command to resume")
 
 
 def _copy_models(workdir, dest):

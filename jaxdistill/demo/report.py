@@ -9,7 +9,6 @@ So small suites cannot "reproduce" a finding by noise.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-import json
 import math
 import os
 
@@ -55,18 +54,18 @@ def rows_with_extras(rows, grid_dir) -> list[dict]:
   out = []
   for r in rows:
     run_dir = os.path.join(grid_dir, grid_lib.safe_name(r["name"]))
-    with open(os.path.join(run_dir, "results.json")) as f:
-      ev = json.load(f)["eval"]
+    ev = table_lib.read_results(
+        os.path.join(run_dir, "results.json"))["eval"] or {}
     r = dict(r)
-    with open(os.path.join(run_dir, "config.json")) as f:
-      r["precision"] = json.load(f)["student"]["param_dtype"]
+    cfg = table_lib.read_json(os.path.join(run_dir, "config.json"),
+                              fix=f"delete {run_dir} to rerun the arm")
+    r["precision"] = (cfg.get("student") or {}).get("param_dtype") or "float32"
     r["pass_k"] = max((int(k.split("@")[1]) for k in ev
                        if k.startswith("id/pass@")), default=None)
     r[SAMPLED] = ev.get(f"{ID_S}/sampled_acc")
     stage = os.path.join(rlvr_lib.stage_dir(run_dir), "results.json")
     if os.path.isfile(stage):
-      with open(stage) as f:
-        res = json.load(f)
+      res = table_lib.read_results(stage)
       r[f"rlvr/{SAMPLED}"] = (res["eval"] or {}).get(f"{ID_S}/sampled_acc")
       rewards = res.get("rewards") or []
       if rewards:

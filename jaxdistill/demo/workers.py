@@ -143,23 +143,28 @@ class Workers:
         p.wait()
 
 
-def _failure(k: int, what: str, code: int) -> str:
-  # Popen's status is -N for a worker killed by signal N: it printed
-  # nothing (the OOM killer's SIGKILL), so there is no error above to read.
+def _failure(k: int, n: int, what: str, code: int) -> str:
+  # Popen's status is -N for a worker killed by signal N: it printed no
+  # error (the OOM killer's SIGKILL gives it no chance), so the message says
+  # where its log is instead of pointing at an error above.
+  name = f"worker {k + 1}/{n} ({what})"
   if code >= 0:
-    return f"worker {k + 1} ({what}) exited with status {code}"
+    return f"{name} exited with status {code}"
   try:
-    name = signal.Signals(-code).name
+    sig = signal.Signals(-code).name
   except ValueError:
-    name = f"signal {-code}"
+    sig = f"signal {-code}"
   hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-  return f"worker {k + 1} ({what}) was killed by {name}{hint}"
+  return (f"{name} was killed by {sig}{hint} and printed no error: its log "
+          f"is the lines marked [demo worker {k + 1}/{n}] above")
 
 
 def check_codes(codes: list[int], what: list[str]) -> None:
-  """RuntimeError naming every worker that failed and how (an exit status:
-  its error is in the log above; a signal), once all have ended."""
-  bad = [_failure(k, w, c) for k, (c, w) in enumerate(zip(codes, what)) if c]
+  """RuntimeError naming every worker that failed (its number, the arms or
+  model it held) and how: an exit status (its error is in the log above) or
+  a signal (by name, and where its log is), once all have ended."""
+  bad = [_failure(k, len(codes), w, c)
+         for k, (c, w) in enumerate(zip(codes, what)) if c]
   if bad:
     above = " (its error is above)" if any(c > 0 for c in codes) else ""
     raise RuntimeError("; ".join(bad) + above + "; what finished is kept: "

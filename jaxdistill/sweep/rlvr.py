@@ -33,6 +33,9 @@ is finished when <arm dir>/rlvr/results.json exists (written last):
                                   and sparsity/* of the stage (against the
                                   arm it started from)
   rewards                         rl/reward_mean of every logged iteration
+  revisions                       what the stage took from the hub
+                                  (kl.reference, tokenizer: {id, revision,
+                                  commit}, as rl.train's revisions.json)
   eval                            evaluation metrics, or None
   elapsed_s, finished
 """

@@ -165,7 +165,7 @@ def run_revisions(grid, run: grid_lib.Run, run_dir: str) -> dict:
   path = os.path.join(run_dir, train_loop.REVISIONS)
   out = {}
   if os.path.isfile(path):
-    out.update(table.read_json(path))
+    out.update(table.read_json(path, fix=f"delete {run_dir} to rerun it"))
   out.update(inputs.data_revisions(grid, run))
   return out
 
@@ -214,6 +214,12 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   ev = (evaluate_fn or default_evaluate)(grid, run, out)
   arm = table.read_results(os.path.join(run_dir, RESULTS))
   result = {k: arm[k] for k in ("name", "dirname", "factors", "study")}
+  # What the stage took from the hub (kl.reference, the tokenizer), pinned
+  # by rlvr.stage_config: rl.train's revisions.json, written when any was.
+  rev = os.path.join(out, train_loop.REVISIONS)
+  result["revisions"] = (table.read_json(rev, fix=f"delete {out} to rerun "
+                                         "the stage")
+                         if os.path.isfile(rev) else {})
   result.update({"stage": "rlvr", "train": last,
                  "rewards": rlvr_lib.rewards_of(records),
                  "reward_steps": rlvr_lib.reward_steps(records), "eval": ev,
@@ -315,16 +321,21 @@ def stale_changes(run: grid_lib.Run, run_dir: str, workdir: str) -> list[str]:
   return config_changes(run.config, run_dir, workdir)
 
 
-def config_changes(config, run_dir: str, workdir: str) -> list[str]:
-  """How the config `run_dir` was trained with differs from `config`."""
+def trained_config(run_dir: str) -> dict | None:
+  """The config.json `run_dir` was trained with (None before its training
+  starts); ValueError naming the file if it is not a JSON object."""
   path = os.path.join(run_dir, "config.json")
   if not os.path.isfile(path):
+    return None
+  return table.read_json(path, fix=f"delete {run_dir} to rerun it from the "
+                         "start (the config it was trained with is unknown)")
+
+
+def config_changes(config, run_dir: str, workdir: str) -> list[str]:
+  """How the config `run_dir` was trained with differs from `config`."""
+  old = trained_config(run_dir)
+  if old is None:
     return []
-  try:
-    with open(path) as f:
-      old = json.load(f)
-  except ValueError as e:
-    raise ValueError(f"{path}: not valid JSON ({e})") from None
   new = json.loads(config_lib.to_json(config))
   # An unfinished run resumes, and may then change what resuming allows.
   ignore = DISPLAY_FIELDS if is_finished(run_dir) else train_loop.RESUMABLE_FIELDS
@@ -354,7 +365,8 @@ def _handle_stale(grid, runs, workdir: str, rerun_stale: bool,
   if not rerun_stale:
     name, _, changes = stale[0]
     hint = ""
-    if any("@" in c and c.split(":")[0].endswith(("path", "tokenizer"))
+    if any("@" in c and c.split(":")[0].endswith(("path", "tokenizer",
+                                                  "reference"))
            for c in changes):
       hint = ("; a hub name that now resolves to another commit can be "
               "pinned to the old one as org/name@<commit>")
@@ -432,6 +444,8 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
     raise ValueError(f"--only {only!r}: no run of the grid matches")
   paths_root = paths_root or workdir
   read_finished(grid, runs, workdir)
+  if summarize:  # every results.json the summary reads, the other arms' too
+    table.aggregate(workdir)
   todo = _to_train(runs, workdir, rerun_stale, paths_root)
   _check_configs(grid, todo)
   if rlvr_lib.declared(grid):
@@ -459,20 +473,37 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
 
 
 def read_finished(grid, runs, workdir: str) -> dict:
-  """{run name: results} of the finished runs, every results.json (the
-  arms' and their RLVR stages') and sweep.json checked: ValueError naming
-  the file, before anything trains or is written."""
+  """{run name: results} of the finished runs, every results.json and
+  config.json (the arms' and their RLVR stages') and sweep.json checked:
+  ValueError naming the file, before anything trains or is written."""
   path = os.path.join(workdir, SWEEP)
   if os.path.isfile(path):
-    table.read_json(path)
-  done = {r.name: table.read_results(os.path.join(workdir, r.dirname, RESULTS))
-          for r in runs if is_finished(os.path.join(workdir, r.dirname))}
-  if rlvr_lib.declared(grid):
-    for run in runs:
-      stage = rlvr_lib.stage_dir(os.path.join(workdir, run.dirname))
-      if is_finished(stage):
-        table.read_results(os.path.join(stage, RESULTS))
+    table.read_json(path, fix="delete it (the sweep writes it again from the "
+                    "grid)")
+  done = {}
+  for run in runs:
+    run_dir = os.path.join(workdir, run.dirname)
+    stage = rlvr_lib.stage_dir(run_dir)
+    dirs = [run_dir] + ([stage] if rlvr_lib.declared(grid) else [])
+    for d in dirs:
+      trained_config(d)  # compared with the grid's before anything resumes
+      if is_finished(d):
+        result = _results_of(run, d)
+        if d == run_dir:
+          done[run.name] = result
   return done
+
+
+def _results_of(run: grid_lib.Run, run_dir: str) -> dict:
+  """`run_dir`'s results.json (the run's or its RLVR stage's), checked to be
+  `run`'s: one copied from another arm's directory is refused."""
+  path = os.path.join(run_dir, RESULTS)
+  result = table.read_results(path)
+  if result["name"] != run.name:
+    raise ValueError(f"{path}: field 'name' is {result['name']!r}, not this "
+                     f"directory's run {run.name!r}; delete {run_dir} to "
+                     "rerun it")
+  return result
 
 
 def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,

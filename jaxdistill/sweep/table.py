@@ -86,36 +86,73 @@ _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number",
                float: "number", bool: "boolean", type(None): "null"}
 # What every results.json holds (runner.run_one, run_rlvr_one), by type.
 _RESULT_FIELDS = {"name": str, "dirname": str, "factors": dict, "study": dict}
+# The study's factors the table, its figures and summarize_arms read, by the
+# types they take (runner.study_factors); a factor an older results.json
+# lacks is left out of its row, but `seed` groups the seeds of an arm. lam
+# is None for one-model policies ('dataset'), clip without clipping.
+_NUMBER = (int, float)
+_STUDY_FIELDS = {"seed": int, "kl": str, "policy": str, "task": str,
+                 "precision": str, "lam": (*_NUMBER, type(None)),
+                 "lr": _NUMBER,
+                 "clip": (*_NUMBER, type(None)), "max_new_tokens": int}
+_NUMBERS = "a list of numbers"
 
 
-def read_json(path: str, kind: type = dict):
+def _json_name(kind) -> str:
+  kinds = kind if isinstance(kind, tuple) else (kind,)
+  return " or ".join(dict.fromkeys(_JSON_NAMES[k] for k in kinds))
+
+
+def read_json(path: str, kind: type = dict,
+              fix: str = "delete it to redo what wrote it"):
   """The JSON value of `path`, a `kind`; ValueError naming the file if it is
-  not valid JSON or not of that kind."""
+  not valid JSON or not of that kind, ending with `fix` (what to do)."""
   try:
     with open(path) as f:
       value = json.load(f)
   except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-    raise ValueError(f"{path}: not valid JSON ({e}); delete it to redo what "
-                     "wrote it") from None
+    raise ValueError(f"{path}: not valid JSON ({e}); {fix}") from None
   if not isinstance(value, kind):
-    raise ValueError(f"{path}: expected a JSON {_JSON_NAMES[kind]}, got "
-                     f"{_JSON_NAMES.get(type(value), type(value).__name__)}")
+    raise ValueError(f"{path}: expected a JSON {_json_name(kind)}, got "
+                     f"{_JSON_NAMES.get(type(value), type(value).__name__)}; "
+                     f"{fix}")
   return value
+
+
+def _is(value, kind) -> bool:
+  if kind == _NUMBERS:
+    return (isinstance(value, list)
+            and all(_is(v, _NUMBER) for v in value))
+  # JSON true / false are not numbers here, though Python's bool is an int.
+  return isinstance(value, kind) and not (
+      isinstance(value, bool) and bool not in (
+          kind if isinstance(kind, tuple) else (kind,)))
 
 
 def read_results(path: str) -> dict:
   """A run's (or RLVR stage's) results.json, checked for the fields the
-  sweep reads; ValueError naming the file and the field."""
-  result = read_json(path)
-  for field, kind in _RESULT_FIELDS.items():
-    if not isinstance(result.get(field), kind):
-      raise ValueError(f"{path}: field {field!r} must be a JSON "
-                       f"{_JSON_NAMES[kind]}, got "
-                       f"{result.get(field)!r:.60}; delete the file to rerun "
-                       "the run")
-  for field in ("eval", "train", "compute"):
-    if not isinstance(result.get(field) or {}, dict):
-      raise ValueError(f"{path}: field {field!r} must be a JSON object")
+  sweep reads; ValueError naming the file and the field, and what to do."""
+  fix = (f"delete it to finish the run again from its checkpoints, or delete "
+         f"{os.path.dirname(path) or '.'} to rerun it from the start")
+  result = read_json(path, fix=fix)
+  checks = [(field, result.get(field), kind)
+            for field, kind in _RESULT_FIELDS.items()]
+  checks += [(field, result[field], dict) for field in ("eval", "train",
+                                                         "compute")
+             if result.get(field) is not None]
+  checks += [(field, result[field], _NUMBERS) for field in ("rewards",
+                                                            "reward_steps")
+             if result.get(field) is not None]
+  study = result.get("study")
+  if isinstance(study, dict):
+    checks += [(f"study.{field}", study.get(field), kind)
+               for field, kind in _STUDY_FIELDS.items()
+               if field in study or field == "seed"]
+  for field, value, kind in checks:
+    if not _is(value, kind):
+      what = kind if kind == _NUMBERS else f"a JSON {_json_name(kind)}"
+      raise ValueError(f"{path}: field {field!r} must be {what}, got "
+                       f"{json.dumps(value)[:60]}; {fix}")
   return result
 
 

@@ -97,10 +97,10 @@ def _read_done(path: str) -> dict | None:
   """A finished checkpoint evaluation (evaluate.run's result), or None."""
   if not storage.exists(path):
     return None
-  res = table.read_json(path)
+  fix = "delete it to evaluate that checkpoint again"
+  res = table.read_json(path, fix=fix)
   if not isinstance(res.get("metrics"), dict):
-    raise ValueError(f"{path}: no 'metrics' object; delete it to evaluate that "
-                     "checkpoint again")
+    raise ValueError(f"{path}: no 'metrics' object; {fix}")
   return res
 
 

@@ -24,8 +24,9 @@ config and a fingerprint of its weight files (`weights_fingerprint`: what
 it detects), k, the loss temperature, the real vocabulary) and the number of
 steps. A run whose settings differ in any of these is refused, naming what
 differs. Every record holds made_from too, and meta.json the records file's
-sha256 (checked when the cache is opened): a meta.json edited after the
-build, a truncated or corrupted records file are refused, naming the file.
+sha256 (checked when the cache is opened, unless
+JAXDISTILL_TEACHER_CACHE_CHECK=0): a meta.json edited after the build, a
+truncated or corrupted records file are refused, naming the file.
 
 The build checks everything it can first, writes into the sibling
 DIR.building-<pid>, and swaps it in when complete: an existing cache (only
@@ -69,6 +70,10 @@ from jaxdistill.train import step as step_lib
 
 META = "meta.json"
 RECORDS_DIGEST = "records_sha256"  # in meta.json: the records file's sha256
+# "0" skips that sha256 at open (one pass over the file, several times the
+# time to read it: jaxdistill/bench/cache_check.py); a changed byte is then
+# found only at the step that reads its record.
+CHECK_ENV = "JAXDISTILL_TEACHER_CACHE_CHECK"
 RECORDS = "topk.array_record"
 ARRAYS = ("tokens", "attention_mask", "loss_mask") + step_lib.CACHE_KEYS
 # meta.json's layout: 'made_from' with the fingerprints below. Every record
@@ -275,11 +280,22 @@ class TeacherCache:
   def _check_digest(self, rebuild: str) -> None:
     """The records file against the digest meta.json took at the build: a
     byte changed on disk is found here, not at the step that reads it (one
-    streamed pass over the file, about a second a GB)."""
+    streamed pass over the file, about a second a GB), unless CHECK_ENV is
+    0."""
+    check = os.environ.get(CHECK_ENV, "1")
+    if check not in ("0", "1"):
+      _refuse(f"{CHECK_ENV}={check!r}: must be 1 (check the sha256 of "
+              f"{self.records_path} at open, the default) or 0 (do not)")
     want = self.meta.get(RECORDS_DIGEST)
     if want is None:  # a cache built before digests were recorded
-      logging.warning("%s records no %s: the records' bytes cannot be "
-                      "checked%s", self.meta_path, RECORDS_DIGEST, rebuild)
+      _warn_once(f"{self.meta_path} records no {RECORDS_DIGEST} (a cache "
+                 "built before they were): the records' bytes cannot be "
+                 f"checked at open{rebuild} to have them checked")
+      return
+    if check == "0":
+      _warn_once(f"{CHECK_ENV}=0: the sha256 of {self.records_path} is not "
+                 "checked; a changed byte is found only at the step that "
+                 "reads its record")
       return
     have = file_digest(self.records_path)
     if have != want:
@@ -318,6 +334,16 @@ class TeacherCache:
     if int(config.total_steps) > self.num_steps:
       _refuse(f"{self.directory} holds {self.num_steps} steps, the run needs "
               f"total_steps={config.total_steps}")
+
+
+_WARNED = set()
+
+
+def _warn_once(msg: str) -> None:
+  """A warning logged once per process (a cache opened again says it once)."""
+  if msg not in _WARNED:
+    _WARNED.add(msg)
+    logging.warning("%s", msg)
 
 
 def _first_line(e: BaseException) -> str:

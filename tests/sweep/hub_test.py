@@ -119,3 +119,41 @@ def test_an_rlvr_stages_kl_reference_is_pinned_like_the_arms(hf_cache,
   with pytest.raises(ValueError, match=r"^grid\.rlvr: config\.kl\.reference: "
                      "nobody/not-cached"):
     rlvr.stage_config(g, run, run_dir)
+
+
+def test_a_stage_trained_from_a_kl_reference_commit_that_moved_is_refused(
+    seeded_hub, tmp_path, monkeypatch):
+  """As for an arm: the stage's config.json names the commit its
+  kl.reference was pinned to; the hub's main moved on, so the sweep refuses
+  the stage as stale, naming both commits and how to keep the old one."""
+  from jaxdistill.sweep import rlvr  # pylint: disable=g-import-not-at-top
+  cache = str(tmp_path / "hf")
+  shutil.copytree(seeded_hub[0], cache, symlinks=True)
+  hub_cache.use(monkeypatch, cache)
+  monkeypatch.setattr(rlvr, "_PINNED", {})
+
+  def grid():
+    g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
+    g.rlvr.updates = dict(g.rlvr.get("updates") or {},
+                          kl={"reference": QWEN05})
+    return g
+
+  only = "train_n=3,kl=forward,policy=student"
+  work = tmp_path / "sweep"
+  (run,) = grid_lib.expand(grid(), only)
+  stage = rlvr.stage_dir(str(work / run.dirname))
+  old, new = seeded_hub[1]["models"][QWEN05], seeded_hub[1]["revised"]
+  # The stage as rl.train leaves it: its config.json names the old commit.
+  train_loop.prepare_workdir(rlvr.stage_config(grid(), run, str(
+      work / run.dirname)), stage, False)
+  assert f"{QWEN05}@{old}" in open(os.path.join(stage, "config.json")).read()
+  with open(os.path.join(cache, "models--Qwen--Qwen2.5-0.5B-Instruct", "refs",
+                         "main"), "w") as f:
+    f.write(new)  # the hub's main moved on
+  monkeypatch.setattr(rlvr, "_PINNED", {})  # a new sweep process
+  with pytest.raises(ValueError) as e:
+    runner.run_sweep(grid(), str(work), only=only, summarize=False)
+  msg = str(e.value)
+  assert f"kl.reference: '{QWEN05}@{old}' -> '{QWEN05}@{new}'" in msg, msg
+  assert "(RLVR stage)" in msg and "--rerun_stale" in msg
+  assert "pinned to the old one" in msg

@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import signal
@@ -274,6 +275,97 @@ def test_a_bad_results_or_sweep_json_is_named_before_anything(
   assert sorted(p.name for p in work.rglob("*")) == before  # nothing written
 
 
+def _finished(run, **changes):
+  """A results.json of `run` as run_one writes it, by hand, with `changes`."""
+  return dict({"name": run.name, "dirname": run.dirname,
+               "factors": dict(run.factors),
+               "study": {"kl": "forward", "policy": "student", "lam": 1.0,
+                         "lr": 1e-5, "task": "science", "seed": 42,
+                         "clip": 1.0, "max_new_tokens": 8,
+                         "precision": "float32"},
+               "train": {}, "eval": {"id/greedy_acc": 0.5}, "compute": {}},
+              **changes)
+
+
+@pytest.mark.parametrize("where,changes,words", [
+    # the table groups seeds by study.seed: it was a KeyError at the summary
+    ("arm", {"study": {"kl": "forward"}},
+     "field 'study.seed' must be a JSON number, got null"),
+    ("arm", {"study": {"seed": 42, "lr": "1e-5"}},
+     "field 'study.lr' must be a JSON number, got \"1e-5\""),
+    ("arm", {"eval": [0.5]}, "field 'eval' must be a JSON object, got \\[0.5\\]"),
+    # copied from another arm's directory: it was a second row of that arm
+    ("arm", {"name": "policy=teacher,seed=0"},
+     "field 'name' is 'policy=teacher,seed=0', not this directory's run"),
+    # another arm (outside --only) that only the summary used to read
+    ("other", {"study": {"seed": True}},
+     "field 'study.seed' must be a JSON number, got true"),
+])
+def test_results_json_of_the_wrong_shape_is_named_before_anything(
+    tmp_path, where, changes, words):
+  g = _small_grid()
+  work = tmp_path / "w"
+  run, other = grid_lib.expand(g)
+  assert run.name == "policy=student,seed=0"  # the arm of --only
+  target = run if where == "arm" else other
+  path = work / target.dirname / "results.json"
+  path.parent.mkdir(parents=True)
+  path.write_text(json.dumps(_finished(target, **changes)))
+  before = sorted(p.name for p in work.rglob("*"))
+  with pytest.raises(ValueError) as e:
+    runner.run_sweep(g, str(work), devices=ONE_DEVICE, only="policy=student",
+                     evaluate_fn=lambda *a: None)
+  msg = str(e.value)
+  assert re.match(f"^{re.escape(str(path))}: {words}", msg), msg
+  assert msg.endswith(f"delete {path.parent} to rerun it from the start") or (
+      msg.endswith(f"delete {path.parent} to rerun it")), msg
+  assert "\n" not in msg
+  assert sorted(p.name for p in work.rglob("*")) == before  # nothing written
+
+
+def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
+  """An unfinished arm's config.json (compared with the grid's before it
+  resumes) that is a list: it was an AttributeError."""
+  g = _small_grid()
+  (run, _) = grid_lib.expand(g)
+  path = tmp_path / run.dirname / "config.json"
+  path.parent.mkdir(parents=True)
+  path.write_text("[]")
+  with pytest.raises(ValueError) as e:
+    runner.run_sweep(g, str(tmp_path), devices=ONE_DEVICE,
+                     only="policy=student", evaluate_fn=lambda *a: None)
+  assert str(e.value) == (
+      f"{path}: expected a JSON object, got array; delete {path.parent} to "
+      "rerun it from the start (the config it was trained with is unknown)")
+  assert os.listdir(tmp_path) == [run.dirname]
+
+
+def test_the_table_names_an_rlvr_stage_with_bad_rewards(tmp_path):
+  """rewards a number (list() of it was a TypeError) or a list of texts
+  (NumPy's 'could not convert string to float' at the figures)."""
+  (run, _) = grid_lib.expand(_small_grid())
+  arm = tmp_path / run.dirname
+  (arm / "rlvr").mkdir(parents=True)
+  (arm / "results.json").write_text(json.dumps(_finished(run)))
+  stage = arm / "rlvr" / "results.json"
+  for rewards, shown in ((5, "5"), (["0.1"], '["0.1"]')):
+    stage.write_text(json.dumps(_finished(run, stage="rlvr", rewards=rewards)))
+    with pytest.raises(ValueError) as e:
+      table_lib.aggregate(str(tmp_path))
+    assert str(e.value) == (
+        f"{stage}: field 'rewards' must be a list of numbers, got {shown}; "
+        f"delete it to finish the run again from its checkpoints, or delete "
+        f"{stage.parent} to rerun it from the start")
+  stage.write_text(json.dumps(_finished(run, rewards=[0.1, 0.3])))
+  (row,) = table_lib.aggregate(str(tmp_path))
+  assert row["rlvr_rewards"] == [0.1, 0.3]
+  # What runner.study_factors writes for policy='dataset' and no clipping.
+  study = dict(_finished(run)["study"], policy="dataset", lam=None, clip=None)
+  (arm / "results.json").write_text(json.dumps(_finished(run, study=study)))
+  (row,) = table_lib.aggregate(str(tmp_path))
+  assert row["lam"] is None and row["policy"] == "dataset"
+
+
 @pytest.mark.slow  # one arm trains a step
 def test_sigterm_between_arms_stops_at_once_saying_what_is_kept(
     tmp_path):
@@ -349,6 +441,41 @@ def test_rlvr_stage_commands_rebuild_the_stage_config(monkeypatch, tmp_path):
     want = json.loads(config_lib.to_json(
         rlvr.stage_config(g, run, str(tmp_path / run.dirname))))
     assert config_lib.diff(got, want) == []
+
+
+def test_an_rlvr_stage_result_names_what_it_took_from_the_hub(monkeypatch,
+                                                             tmp_path):
+  """The arms' results.json carry their hub commits; the stage's had none
+  (its kl.reference commit was only in rl.train's revisions.json)."""
+  g = config_lib.load_config("configs/grid_countdown_harder.py:runlocal")
+  (run,) = grid_lib.expand(g, "train_n=3,kl=forward,policy=student")
+  run_dir = tmp_path / run.dirname
+  run_dir.mkdir()
+  (run_dir / "results.json").write_text(json.dumps(_finished(run)))
+  pinned = {"kl.reference": {"id": "Qwen/Qwen2.5-0.5B-Instruct",
+                             "revision": "main", "commit": "a" * 40}}
+  from_hub = [pinned]
+
+  def fake_train(config, workdir, devices=None):  # what rl.train leaves
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 1, "rl/reward_mean": 0.25}) + "\n")
+    rev = os.path.join(workdir, "revisions.json")
+    if from_hub[0]:  # rl.train writes it only when a name came from the hub
+      with open(rev, "w") as f:
+        json.dump(from_hub[0], f)
+    elif os.path.exists(rev):
+      os.remove(rev)
+
+  monkeypatch.setattr(runner.rl_train, "train", fake_train)
+  got = runner.run_rlvr_one(g, run, str(run_dir),
+                            evaluate_fn=lambda *a: {"id/greedy_acc": 0.5})
+  saved = json.loads((run_dir / "rlvr" / "results.json").read_text())
+  assert got["revisions"] == saved["revisions"] == pinned
+  assert saved["rewards"] == [0.25] and saved["name"] == run.name
+  from_hub[0] = None  # local paths only
+  assert runner.run_rlvr_one(
+      g, run, str(run_dir), evaluate_fn=lambda *a: None)["revisions"] == {}
 
 
 def test_rlvr_config_errors_surface_before_any_arm_trains(tmp_path):

@@ -2,6 +2,7 @@
 k, loads no teacher weights, and a mismatching cache is refused by name; an
 edited, truncated or corrupted cache is refused naming the file; a rebuild
 never loses the old cache (an error or SIGTERM during it keeps it)."""
+import hashlib
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import pytest
 
 from jaxdistill import config_lib
 from jaxdistill import models
+from jaxdistill.bench import cache_check
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import preempt
 from jaxdistill.train import loop as train_loop
@@ -290,3 +292,71 @@ def test_existing_out_is_refused_before_any_work(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="is a file; give a directory"):
     teacher_cache.build(_config(), str(tmp_path / "file"))
   assert (tmp_path / "cache" / "notes.txt").read_text() == "mine"
+
+
+# A synthetic cache in the build's layout (bench.cache_check.write_cache):
+# the checks at open without building one (fast).
+@pytest.fixture
+def synthetic(tmp_path):
+  d = tmp_path / "cache"
+  cache_check.write_cache(str(d), 2)
+  meta = json.loads((d / "meta.json").read_text())
+  records = d / "topk.array_record"
+  # meta.json's digest is the sha256 of the records file (first 16 hex digits)
+  assert meta["records_sha256"] == hashlib.sha256(
+      records.read_bytes()).hexdigest()[:16]
+  assert meta["num_steps"] == 4  # 2 MiB of 512 KiB records
+  return d
+
+
+def _flip_a_byte(path):
+  data = bytearray(path.read_bytes())
+  # In the second of four records (open reads the first and the last), off
+  # the 64 KiB block boundaries of the records format.
+  at = (3 * len(data) // 8) // (1 << 16) * (1 << 16) + 30000
+  data[at] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_is_refused_at_open_unless_the_check_is_off(
+    synthetic, monkeypatch, caplog):
+  records = synthetic / "topk.array_record"
+  _flip_a_byte(records)
+  monkeypatch.delenv("JAXDISTILL_TEACHER_CACHE_CHECK", raising=False)
+  with pytest.raises(ValueError, match=(
+      f"^config.loss.teacher_cache: {records}: sha256 [0-9a-f]{{16}} is not "
+      f"the [0-9a-f]{{16}} that {synthetic / 'meta.json'} recorded at the "
+      r"build \(the file changed on disk\)")):
+    teacher_cache.TeacherCache(str(synthetic))
+  monkeypatch.setenv("JAXDISTILL_TEACHER_CACHE_CHECK", "0")
+  caplog.set_level(logging.WARNING)
+  for _ in range(2):  # opened again: said once
+    teacher_cache.TeacherCache(str(synthetic))
+  said = [r.getMessage() for r in caplog.records
+          if "JAXDISTILL_TEACHER_CACHE_CHECK=0" in r.getMessage()]
+  assert said == [f"JAXDISTILL_TEACHER_CACHE_CHECK=0: the sha256 of {records} "
+                  "is not checked; a changed byte is found only at the step "
+                  "that reads its record"]
+
+
+def test_a_check_setting_other_than_0_or_1_is_refused(synthetic, monkeypatch):
+  monkeypatch.setenv("JAXDISTILL_TEACHER_CACHE_CHECK", "no")
+  with pytest.raises(ValueError, match=(
+      r"^config.loss.teacher_cache: JAXDISTILL_TEACHER_CACHE_CHECK='no': "
+      r"must be 1 .* or 0 \(do not\)$")):
+    teacher_cache.TeacherCache(str(synthetic))
+  monkeypatch.setenv("JAXDISTILL_TEACHER_CACHE_CHECK", "1")
+  assert len(teacher_cache.TeacherCache(str(synthetic))) == 4
+
+
+def test_a_cache_without_a_digest_opens_saying_so_once(synthetic, caplog):
+  meta = json.loads((synthetic / "meta.json").read_text())
+  del meta["records_sha256"]  # as caches built before digests were recorded
+  (synthetic / "meta.json").write_text(json.dumps(meta))
+  _flip_a_byte(synthetic / "topk.array_record")  # cannot be found at open
+  caplog.set_level(logging.WARNING)
+  for _ in range(2):
+    teacher_cache.TeacherCache(str(synthetic))
+  said = [r.getMessage() for r in caplog.records
+          if "records no records_sha256" in r.getMessage()]
+  assert len(said) == 1 and str(synthetic / "meta.json") in said[0], said
