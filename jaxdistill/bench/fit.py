@@ -47,6 +47,9 @@ FAMILIES = {
     "llama": ("llama-3.2-1b", "llama-3.1-8b", 128000),
     # The style transfer's pair (App. D.7): a 3B teacher; grid_spanish only.
     "qwen15b_3b": ("qwen2.5-1.5b", "qwen2.5-3b", 151665),
+    # The Numina-MATH grid's pair (App. A.3): Qwen2.5-Math-1.5B-Instruct
+    # teaching Qwen2.5-1.5B-Instruct; grid_math only.
+    "qwen15b_math": ("qwen2.5-1.5b", "qwen2.5-math-1.5b", 151665),
 }
 # The families of the study's main pairs (configs/distill.py, grid_main).
 MAIN = ("qwen05b", "qwen15b", "llama")
@@ -58,7 +61,7 @@ SLICES = ("v5e-8", "v6e-8", "v5p-8")
 # update 14.7 -> 9.2 GiB (512) / 9.3 (1,024), teacher rollout at 1,024
 # 15.3 -> 8.0 GiB (compile_only; losses/fused.py, rollout/generation.py).
 STUDY = {"qwen05b": "v5e-8", "qwen15b": "v5e-8", "llama": "v6e-8",
-         "qwen15b_3b": "v5e-8"}
+         "qwen15b_3b": "v5e-8", "qwen15b_math": "v5e-8"}
 MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 
 
@@ -68,7 +71,8 @@ MAXTEXT_MFU = 0.455  # Llama-3.1-8B pretraining, v6e-256 (MaxText's README)
 # spectrum grid distils Llama-3.2-1B and Qwen2.5-1.5B (the paper's Sec. 5.2,
 # App. A.5), the paper's Countdown-3 / MedReason grids and its RLVR stage
 # (App. D.6) Llama-3.2-1B, the top-k grid Qwen2.5-0.5B, the harder Countdown
-# grid Qwen2.5-1.5B.
+# grid Qwen2.5-1.5B, the Numina-MATH grid Qwen2.5-1.5B <- Qwen2.5-Math-1.5B
+# (App. A.3), the Spanish style transfer Qwen2.5-1.5B <- 3B (App. D.7).
 CONFIGS = {
     "distill": ("train", "configs/distill.py", MAIN),
     "grid_main": ("sweep", "configs/grid_main.py:families={family}", MAIN),
@@ -84,6 +88,7 @@ CONFIGS = {
     "grpo_after_distill": ("rl", "configs/grpo_after_distill.py",
                            ("llama", "qwen05b")),
     "grid_spanish": ("sweep", "configs/grid_spanish.py", ("qwen15b_3b",)),
+    "grid_math": ("sweep", "configs/grid_math.py", ("qwen15b_math",)),
 }
 
 
