@@ -81,7 +81,10 @@ class SequenceMaker:
                tokenizer=None, vocab_size=None):
     """`vocab_size`: the shared real vocabulary rollouts sample over (train.py
     passes the one the loss compares over); default len(tokenizer), else the
-    models' smallest embedding width."""
+    models' smallest embedding width. `shared` (None, or a
+    train.shared_rollouts.Store the loop sets) gives calls with a `step`
+    their sequences from the store, decoding only the steps it lacks."""
+    self.shared = None
     self.ro = config.rollout
     # data.bucket: rollouts are cut after their longest response, rounded up
     # to a multiple of it (the loss then runs on [B, P + that] columns).
@@ -114,8 +117,12 @@ class SequenceMaker:
     return sharding.put_global(
         x, sharding.batch_sharding(self.mesh, np.ndim(x), self.rules))
 
-  def __call__(self, host_batch, params, teacher_params, rng):
-    batch, stats = self._sequences(host_batch, params, teacher_params, rng)
+  def __call__(self, host_batch, params, teacher_params, rng, step=None):
+    make = lambda: self._sequences(host_batch, params, teacher_params, rng)
+    if self.shared is not None and step is not None:
+      batch, stats = self.shared.sequences(step, make, self.put)
+    else:
+      batch, stats = make()
     if self.fresh:
       shard = (None if self.mesh is None
                else sharding.batch_sharding(self.mesh, 2, self.rules))
