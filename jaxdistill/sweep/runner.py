@@ -176,7 +176,10 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   t0 = time.time()
   if _primary():
     grid_lib.write_snapshot(run, run_dir)
-  train_loop.train(run.config, run_dir, devices=devices)
+  shared = (grid_lib.shared_rollouts_dir(grid, run, os.path.dirname(run_dir))
+            if jax.process_count() == 1 else None)  # single-host only yet
+  train_loop.train(run.config, run_dir, devices=devices,
+                   **({} if shared is None else {"shared_rollouts": shared}))
   # Process 0 writes the export and the metrics: every host reads them next.
   distributed.barrier(f"sweep: {run.name} trained")
   records = train_log.read_metrics(run_dir)
@@ -497,7 +500,9 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   done = read_finished(grid, runs, workdir)
   todo = [r for r in runs if r.name not in done]
   for line in sweep_disk.lines(sweep_disk.arms(runs) +
-                               sweep_disk.stages(grid, runs)):
+                               sweep_disk.stages(grid, runs),
+                               sweep_disk.shared(grid, runs)
+                               if jax.process_count() == 1 else 0):
     log(line)
   if train_runs is not None and todo:
     train_runs(todo)
