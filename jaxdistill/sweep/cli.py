@@ -34,6 +34,11 @@ programs' step-time bounds and physical limits, beside the disk each arm
 keeps (sweep/cost.py; a lower bound, chip-hours only); --json holds them
 under "cost".
 
+With grid.share_teacher_rollouts (on in the study grids) the teacher-policy
+arms that would sample the same rollouts decode each step once, into
+<workdir>/shared_rollouts, and the others read it (train/shared_rollouts.py;
+their printed commands carry --shared_rollouts; not with --distributed yet).
+
 Before the first arm, hub names are pinned to their commits and the data
 sets read by name are prepared into <workdir>/data (sweep/inputs.py); the
 printed commands carry the pinned names. Each run gets <workdir>/<run name>/

@@ -19,6 +19,10 @@ resumes from the run's newest good checkpoint by itself. results.json holds
                                 {repo, revision, commit}} (sweep/inputs.py
                                 pins every hub name to its commit first)
 
+With grid.share_teacher_rollouts, teacher-policy arms train with
+--shared_rollouts <workdir>/shared_rollouts (train/shared_rollouts.py): the
+first arm of a key decodes each step, the others read it (single host).
+
 With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
 <run>/rlvr/ with its own results.json (run_rlvr_one).
 
