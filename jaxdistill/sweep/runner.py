@@ -128,8 +128,8 @@ def compute_record(config, records: list[dict]) -> dict:
     out["tokens_generated"] += float(r.get("train/response_tokens", 0.0))
     out["tokens_processed"] += tok
     out["train_flops"] += flops_lib.train_step_flops(scfg, tcfg, tok, seq)
-    out["rollout_flops"] += flops_lib.rollout_flops(
-        scfg, tcfg, config.rollout.policy, tok, seq)
+    out["rollout_flops"] += flops_lib.rollout_flops(  # as the arm decodes
+        scfg, tcfg, rollout_lib.sampling_policy(config.rollout)[0], tok, seq)
   # With log_every > 1 not every step is logged: scale to all steps.
   total = int(config.total_steps)
   if records and len(records) < total:

@@ -147,17 +147,18 @@ class SequenceMaker:
       own = dict(teacher_prompts=self.put(host_batch["teacher_prompt"]),
                  teacher_prompt_mask=self.put(
                      host_batch["teacher_prompt_mask"]))
+    # The spectrum's endpoints decode with the pure policy's program.
+    policy, lam, top_k, top_p = rollout_lib.sampling_policy(ro)
     r = rollout_lib.generate(
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
-        rng=rng, policy=ro.policy,
-        lam=rollout_lib.policy_lam(ro),
+        rng=rng, policy=policy, lam=lam,
         max_new_tokens=int(ro.max_new_tokens), temperature=self.temps[0],
         teacher_temperature=self.temps[1],
-        top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
+        top_k=top_k, top_p=top_p, pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
         return_logprobs=self.behaviour, vocab_size=self.vocab,
         decode_layout=ro.get("decode_layout") or "auto",
-        **(own if ro.policy != "student" else {}))
+        **(own if policy != "student" else {}))
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}
     if own:  # [teacher prompt | the rollout's response columns]

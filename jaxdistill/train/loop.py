@@ -436,7 +436,8 @@ def check_shared(config, directory: str) -> None:
   if not shared_lib.shareable(config):
     raise ValueError(
         f"{shared_lib.FLAG}: only teacher-policy rollouts are shared "
-        f"(rollout.policy='teacher', no loss.teacher_cache); this run has "
+        f"(rollout.policy='teacher', or 'spectrum' at lam -1; no "
+        f"loss.teacher_cache); this run has "
         f"rollout.policy={config.rollout.policy!r}"
         + (" and a teacher cache" if config.loss.get("teacher_cache") else ""))
   if jax.process_count() > 1:

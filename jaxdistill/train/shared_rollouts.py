@@ -39,6 +39,7 @@ import numpy as np
 
 from jaxdistill import config_lib
 from jaxdistill import losses
+from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.models import hub
 from jaxdistill.train import teacher_cache
@@ -52,9 +53,11 @@ FLAG = "--shared_rollouts"
 
 
 def shareable(config) -> bool:
-  """Whether a run's rollouts can be shared: teacher-policy rollouts, live
-  (a teacher cache already replaces them)."""
-  return (config.rollout.get("policy") == "teacher"
+  """Whether a run's rollouts can be shared: teacher-policy rollouts (and the
+  spectrum's teacher endpoint, lam = -1, which decodes with the teacher's
+  program), live (a teacher cache already replaces them)."""
+  return (config.rollout.get("policy") in ("teacher", "spectrum")
+          and rollout_lib.sampling_policy(config.rollout)[0] == "teacher"
           and not config.loss.get("teacher_cache"))
 
 

@@ -16,6 +16,7 @@ from jaxdistill import rollout
 from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import runner
 from jaxdistill.train import log as train_log
+from jaxdistill.train import shared_rollouts as shared_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ONE_DEVICE = [jax.devices()[0]]
@@ -87,3 +88,21 @@ def test_printed_commands_pass_the_store_to_teacher_arms_only(tmp_path):
   g.share_teacher_rollouts = False
   assert not any("--shared_rollouts" in grid_lib.command(g, r, str(tmp_path))
                  for r in runs)
+
+
+def test_the_spectrum_grid_shares_only_its_teacher_endpoint_per_seed():
+  """grid_spectrum at seeds=3: the lambda = -1 arms of a seed (2 KLs x 2
+  rates, a hand count) form one sharing group; no other lambda shares."""
+  grid = config_lib.load_config("configs/grid_spectrum.py:seeds=3")
+  runs = grid_lib.expand(grid, None)
+  assert len(runs) == 2 * 9 * 2 * 3
+  groups = {}
+  for run in runs:
+    shares = grid_lib.shares_rollouts(grid, run)
+    assert shares == (run.config.rollout.lam == -1.0), run.name
+    if shares:
+      groups.setdefault(shared_lib.group(run.config), set()).add(
+          (run.config.seed, run.config.loss.kind, run.config.optim.lr))
+  assert sorted(len(g) for g in groups.values()) == [4, 4, 4]
+  assert sorted({s for g in groups.values() for s, _, _ in g}) == [42, 43, 44]
+  assert all(len({s for s, _, _ in g}) == 1 for g in groups.values())
