@@ -93,6 +93,9 @@ def get_config(arg=None):
                              tasks="+".join(TASKS), seeds=1, axes="",
                              runlocal=False)
   c = ml_collections.ConfigDict()
+  # Teacher-policy arms: one teacher generation per step, kept and read by
+  # the others (train/shared_rollouts.py).
+  c.share_teacher_rollouts = True
   c.base_spec = "configs/distill.py"
   c.base = config_lib.load_config(c.base_spec)
   c.base.keep_final_only = True  # a finished arm: its final checkpoint, export

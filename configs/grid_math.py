@@ -57,6 +57,9 @@ GENERATION = dict(student_temperature=0.7, teacher_temperature=0.7,
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, seeds=1, runlocal=False)
   c = ml_collections.ConfigDict()
+  # Teacher-policy arms: one teacher generation per step, kept and read by
+  # the others (train/shared_rollouts.py).
+  c.share_teacher_rollouts = True
   c.base_spec = "configs/distill.py"
   c.base = config_lib.load_config(c.base_spec)
   b = c.base

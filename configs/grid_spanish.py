@@ -74,6 +74,9 @@ SUITES = "science+science_train+medical+countdown3_paper"
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, runlocal=False)
   c = ml_collections.ConfigDict()
+  # Teacher-policy arms: one teacher generation per step, kept and read by
+  # the others (train/shared_rollouts.py).
+  c.share_teacher_rollouts = True
   c.base_spec = "configs/distill.py:task=science"
   c.base = config_lib.load_config(c.base_spec)
   b = c.base

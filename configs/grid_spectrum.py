@@ -51,6 +51,10 @@ def get_config(arg=None):
   c.base.teacher.path = family[arg.family].teacher.path
   c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.base.rollout.spectrum_temperature = 1.0
+  # lambda = -1 decodes with the teacher's own program (rollout.
+  # sampling_policy), so its arms of one seed (2 KLs x 2 rates) share one
+  # set of teacher rollouts (train/shared_rollouts.py).
+  c.share_teacher_rollouts = True
   c.axes = (("kl", "loss.kind", ("forward", "reverse")),
             ("lam", "rollout.lam", LAMS),
             ("lr", "optim.lr", (1e-5, 5e-5)))

@@ -23,6 +23,9 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, lr=1e-5, task="countdown", variant="renorm",
                              seeds=1, runlocal=False)
   c = ml_collections.ConfigDict()
+  # Teacher-policy arms: one teacher generation per step, kept and read by
+  # the others (train/shared_rollouts.py).
+  c.share_teacher_rollouts = True
   c.base_spec = f"configs/distill.py:lr={arg.lr!r},task={arg.task}"
   c.base = config_lib.load_config(c.base_spec)
   c.base.keep_final_only = True  # a finished arm: its final checkpoint, export

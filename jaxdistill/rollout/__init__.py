@@ -16,6 +16,7 @@ from jaxdistill.rollout.generation import generate
 from jaxdistill.rollout.generation import policy_lam
 from jaxdistill.rollout.generation import POLICIES
 from jaxdistill.rollout.generation import program
+from jaxdistill.rollout.generation import sampling_policy
 from jaxdistill.rollout.generation import Rollout
 from jaxdistill.rollout.prompts import bucket_length
 from jaxdistill.rollout.prompts import decode_responses

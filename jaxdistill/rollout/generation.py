@@ -111,6 +111,24 @@ def policy_lam(rollout_config) -> float | None:
   return None
 
 
+# The spectrum's endpoints: there pi_lambda is one model's own tempered
+# policy, drawn without top-k / top-p (loop.py), so that model's one-model
+# program decodes the same tokens without running the other model.
+ENDPOINTS = {-1.0: "teacher", 1.0: "student"}
+
+
+def sampling_policy(rollout_config) -> tuple:
+  """(policy, lam, top_k, top_p) that `generate` is called with for a
+  rollout config: its own, except at the spectrum's endpoints (lam -1 / +1),
+  which run the pure teacher / student program with no top-k or top-p:
+  the same tokens and log-probs (tests/rollout/spectrum_test.py), one model."""
+  ro = rollout_config
+  lam = policy_lam(ro)
+  if ro.policy == "spectrum" and lam in ENDPOINTS:
+    return ENDPOINTS[lam], None, None, None
+  return ro.policy, lam, ro.get("top_k"), ro.get("top_p")
+
+
 @flax.struct.dataclass
 class Rollout:
   """A batch of rollouts (a pytree); field layout in the module docstring."""

@@ -34,6 +34,11 @@ programs' step-time bounds and physical limits, beside the disk each arm
 keeps (sweep/cost.py; a lower bound, chip-hours only); --json holds them
 under "cost".
 
+With grid.share_teacher_rollouts (on in the study grids) the teacher-policy
+arms that would sample the same rollouts decode each step once, into
+<workdir>/shared_rollouts, and the others read it (train/shared_rollouts.py;
+their printed commands carry --shared_rollouts; not with --distributed yet).
+
 Before the first arm, hub names are pinned to their commits and the data
 sets read by name are prepared into <workdir>/data (sweep/inputs.py); the
 printed commands carry the pinned names. Each run gets <workdir>/<run name>/
@@ -121,9 +126,11 @@ def main(argv):
     report = sweep_programs.compile_for(grid, f.compile_only, f.only)
     runs = grid_lib.expand(grid, f.only)
     needs = sweep_disk.arms(runs) + sweep_disk.stages(grid, runs)
-    report["disk"] = {"per_run": dict(needs), **sweep_disk.totals(needs)}
-    report["disk_lines"] = sweep_disk.lines(needs)
-    report["cost"] = sweep_cost.estimate(grid, runs, report, needs)
+    store = sweep_disk.shared(grid, runs)
+    report["disk"] = {"per_run": dict(needs),
+                      **sweep_disk.totals(needs, store)}
+    report["disk_lines"] = sweep_disk.lines(needs, store)
+    report["cost"] = sweep_cost.estimate(grid, runs, report, needs, store)
     report["cost_lines"] = sweep_cost.lines(report["cost"])
     compile_only.emit(report, f.json)
     compile_only.check(report, advice=functools.partial(
@@ -139,8 +146,13 @@ def main(argv):
       print("# multi-host: run each command on every host of the slice "
             "(e.g. gcloud compute tpus tpu-vm ssh NAME --worker=all "
             "--command='...'), one after another")
+      if grid.get("share_teacher_rollouts"):
+        print("# teacher rollouts are not shared between multi-host runs "
+              "yet: each teacher-policy arm decodes its own")
+        grid.share_teacher_rollouts = False
     disk = sweep_disk.lines(sweep_disk.arms(runs) +
-                            sweep_disk.stages(grid, runs))
+                            sweep_disk.stages(grid, runs),
+                            sweep_disk.shared(grid, runs))
     for run, line in zip(runs, disk):
       # snapshots first: a command may read its run's
       grid_lib.write_snapshot(run, os.path.join(f.workdir, run.dirname))

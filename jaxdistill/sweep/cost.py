@@ -7,7 +7,12 @@ at their step-time bounds (compile_only.py: max(compute, HBM, ICI) per
 chip):
 
   training    total_steps x (rollout + update): one rollout (none for
-              dataset rollouts or a teacher cache) and one update per step;
+              dataset rollouts or a teacher cache, and none for an arm
+              that reads shared teacher rollouts: with
+              grid.share_teacher_rollouts, the first teacher-policy arm of
+              a group (train/shared_rollouts.py group) in the grid's order
+              decodes them, the others of its group read them) and one
+              update per step;
   evaluation  per suite and decoding mode, num_problems over the prompts one
               call decodes, rounded up, times that program's bound
               (evaluate/programs.py decode_calls); the baseline (the
@@ -35,10 +40,12 @@ from __future__ import annotations
 
 from jaxdistill.evaluate import programs as eval_programs
 from jaxdistill.evaluate import run as evaluate_run
+from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import trajectory
 from jaxdistill.train import disk as disk_lib
+from jaxdistill.train import shared_rollouts as shared_lib
 
 TRAIN = ("train rollout", "train update")
 RLVR = ("rlvr rollout", "rlvr reference", "rlvr rescore", "rlvr update")
@@ -59,12 +66,28 @@ def rows_by_arm(report) -> dict[str, dict[str, dict]]:
   return out
 
 
-def arm_calls(grid, run) -> tuple[list, list]:
+def readers(grid, runs) -> set[str]:
+  """The names of the arms that read shared teacher rollouts rather than
+  decode them: every sharing arm (grid.shares_rollouts) but the first of
+  its group, in the grid's order."""
+  seen, out = set(), set()
+  for run in runs:
+    if grid_lib.shares_rollouts(grid, run):
+      key = shared_lib.group(run.config)
+      if key in seen:
+        out.add(run.name)
+      seen.add(key)
+  return out
+
+
+def arm_calls(grid, run, reads: bool = False) -> tuple[list, list]:
   """([(phase, program, calls)], [suites not counted]) of one arm: its
-  training, evaluation, baseline and RLVR stage (module doc)."""
+  training, evaluation, baseline and RLVR stage (module doc); `reads`: it
+  reads shared teacher rollouts (no train rollout)."""
   c = run.config
   steps = int(c.total_steps)
-  out = [("train", p, steps) for p in TRAIN]
+  out = [("train", p, steps) for p in TRAIN
+         if not (reads and p == "train rollout")]
   uncounted = []
   ec = inputs.eval_config(grid, run)
 
@@ -93,18 +116,21 @@ def arm_calls(grid, run) -> tuple[list, list]:
   return out, sorted(set(uncounted))
 
 
-def estimate(grid, runs, report, needs=()) -> dict:
+def estimate(grid, runs, report, needs=(), shared_bytes: int = 0) -> dict:
   """{chips, note, per_arm: {arm: ...}, grid: ...}: per arm its calls of
   each program, bound and limit seconds per phase and in all, chip-hours
   at the bound and at the limit, and the bytes it keeps (`needs`: sweep/disk
-  (name, need) pairs of the arms and their RLVR stages)."""
+  (name, need) pairs of the arms and their RLVR stages); the grid's kept
+  bytes add `shared_bytes`, its store of shared teacher rollouts."""
   chips = int(report["chips"])
   by_arm = rows_by_arm(report)
   disk = dict(needs)
   per_arm = {}
+  reading = readers(grid, runs)
   for run in runs:
     rows = by_arm.get(run.name, {})
-    calls, uncounted = arm_calls(grid, run)
+    reads = run.name in reading
+    calls, uncounted = arm_calls(grid, run, reads)
     terms = [(phase, rows[p], n) for phase, p, n in calls if p in rows]
     phases = {}
     for phase, row, n in terms:
@@ -121,8 +147,10 @@ def estimate(grid, runs, report, needs=()) -> dict:
         "steps": int(run.config.total_steps),
         "calls": [{"phase": ph, "program": p, "calls": n}
                   for ph, p, n in calls if p in rows],
-        "train_step_bound_s": sum(rows[p]["step_time_bound_s"]
-                                  for p in TRAIN if p in rows),
+        "train_step_bound_s": sum(
+            rows[p]["step_time_bound_s"] for p in TRAIN
+            if p in rows and not (reads and p == "train rollout")),
+        "reads_shared_rollouts": reads,
         "phases": phases, "bound_s": bound, "limit_s": limit,
         "chip_hours": bound * chips / 3600,
         "limit_chip_hours": None if limit is None else limit * chips / 3600,
@@ -134,7 +162,8 @@ def estimate(grid, runs, report, needs=()) -> dict:
       "arms": len(arms), "chip_hours": sum(a["chip_hours"] for a in arms),
       "limit_chip_hours": (None if any(x is None for x in limits)
                            else sum(limits)),
-      "kept_bytes": sum(a["kept_bytes"] or 0 for a in arms) if disk else None}
+      "kept_bytes": (sum(a["kept_bytes"] or 0 for a in arms) + shared_bytes
+                     if disk else None)}
   for phase in dict.fromkeys(p for a in arms for p in a["phases"]):
     total[f"{phase}_chip_hours"] = sum(
         a["phases"].get(phase, {"bound_s": 0.0})["bound_s"]
@@ -153,7 +182,9 @@ def lines(cost) -> list[str]:
   out = []
   for name, a in cost["per_arm"].items():
     ph = a["phases"]
-    parts = [f"{a['steps']} steps x {a['train_step_bound_s']:.3g} s a step"]
+    parts = [f"{a['steps']} steps x {a['train_step_bound_s']:.3g} s a step"
+             + (" (shared teacher rollouts read)"
+                if a.get("reads_shared_rollouts") else "")]
     parts += [f"{p} {v['bound_s']:.3g} s" for p, v in ph.items() if p != "train"]
     keeps = ("" if a["kept_bytes"] is None else
              f"; keeps {disk_lib.gb(a['kept_bytes'])}")

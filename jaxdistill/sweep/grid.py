@@ -17,6 +17,11 @@ A grid config (configs/grid_*.py) is a ConfigDict with:
              student's checkpoint (forgetting, sparsity)
   local_assets  runlocal only: the runner writes a tiny tokenizer and student
              checkpoint so that evaluation runs end to end on CPU
+  share_teacher_rollouts  True: teacher-policy arms that would sample the
+             same rollouts (differing only in KL, learning rate, student...)
+             get them from one generation kept in <workdir>/shared_rollouts
+             (train/shared_rollouts.py: the runs pass --shared_rollouts);
+             default False
 
 Run names list the factors in axis order, then the seed:
 'kl=reverse,policy=student,lr=5e-05,seed=0'.
@@ -35,6 +40,9 @@ from typing import Any
 import ml_collections
 
 from jaxdistill import config_lib
+from jaxdistill.train import shared_rollouts as shared_lib
+
+SHARED_DIR = "shared_rollouts"
 
 
 @dataclasses.dataclass
@@ -238,25 +246,44 @@ def write_config_snapshot(config, run_dir: str) -> str:
   return path
 
 
+def shares_rollouts(grid, run: Run) -> bool:
+  """Whether the sweep gives `run` the shared teacher rollouts: with
+  grid.share_teacher_rollouts, to the teacher-policy arms."""
+  return (bool(grid.get("share_teacher_rollouts", False))
+          and shared_lib.shareable(run.config))
+
+
+def shared_rollouts_dir(grid, run: Run, workdir: str) -> str | None:
+  """<workdir>/shared_rollouts for an arm that shares (shares_rollouts),
+  else None."""
+  return os.path.join(workdir, SHARED_DIR) if shares_rollouts(grid, run) else None
+
+
 def command(grid, run: Run, workdir: str) -> str:
   """`python -m jaxdistill.train --config BASE --config.x=y ... --workdir W/run`.
 
   The flags are the run config's differences to grid.base_spec. Values flags
   cannot set (None into a typed field, lists, dicts) make the command read
   the run's snapshot instead (configs/run_snapshot.py, see write_snapshot).
+  An arm that shares teacher rollouts (shared_rollouts_dir) gets
+  --shared_rollouts.
   """
   if not grid.get("base_spec"):
     raise ValueError("grid.base_spec: launch commands start from a config "
                      "file spec, e.g. 'configs/distill.py:runlocal'")
+  shared = shared_rollouts_dir(grid, run, workdir)
+  extra = [] if shared is None else [shared_lib.FLAG, shlex.quote(shared)]
   return launch_command("jaxdistill.train", grid.base_spec, run.config,
-                        os.path.join(workdir, run.dirname))
+                        os.path.join(workdir, run.dirname), extra)
 
 
-def launch_command(module: str, base_spec: str, config, run_dir: str) -> str:
+def launch_command(module: str, base_spec: str, config, run_dir: str,
+                   extra=()) -> str:
   """`python -m MODULE --config BASE_SPEC --config.x=y ... --workdir RUN_DIR`:
   the flags are `config`'s differences to base_spec's config, or, when a
   value cannot be a flag, the command reads <run_dir>/run_config.json (which
-  the caller writes with write_snapshot)."""
+  the caller writes with write_snapshot). `extra`: more arguments, before
+  --workdir."""
   base_cfg = config_lib.load_config(base_spec)
   base = json.loads(config_lib.to_json(base_cfg))
   new = json.loads(config_lib.to_json(config))
@@ -272,9 +299,9 @@ def launch_command(module: str, base_spec: str, config, run_dir: str) -> str:
   if flags is None:
     spec = f"{SNAPSHOT_SPEC}:{os.path.join(run_dir, SNAPSHOT)}"
     return " ".join([f"python -m {module}", "--config", shlex.quote(spec),
-                     "--workdir", shlex.quote(run_dir)])
+                     *extra, "--workdir", shlex.quote(run_dir)])
   return " ".join([f"python -m {module}", "--config", base_spec, *flags,
-                   "--workdir", shlex.quote(run_dir)])
+                   *extra, "--workdir", shlex.quote(run_dir)])
 
 
 def _diff_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:

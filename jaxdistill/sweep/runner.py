@@ -19,6 +19,10 @@ resumes from the run's newest good checkpoint by itself. results.json holds
                                 {repo, revision, commit}} (sweep/inputs.py
                                 pins every hub name to its commit first)
 
+With grid.share_teacher_rollouts, teacher-policy arms train with
+--shared_rollouts <workdir>/shared_rollouts (train/shared_rollouts.py): the
+first arm of a key decodes each step, the others read it (single host).
+
 With an RLVR stage (grid.rlvr, study.rlvr) each chosen arm then gets
 <run>/rlvr/ with its own results.json (run_rlvr_one).
 
@@ -124,8 +128,8 @@ def compute_record(config, records: list[dict]) -> dict:
     out["tokens_generated"] += float(r.get("train/response_tokens", 0.0))
     out["tokens_processed"] += tok
     out["train_flops"] += flops_lib.train_step_flops(scfg, tcfg, tok, seq)
-    out["rollout_flops"] += flops_lib.rollout_flops(
-        scfg, tcfg, config.rollout.policy, tok, seq)
+    out["rollout_flops"] += flops_lib.rollout_flops(  # as the arm decodes
+        scfg, tcfg, rollout_lib.sampling_policy(config.rollout)[0], tok, seq)
   # With log_every > 1 not every step is logged: scale to all steps.
   total = int(config.total_steps)
   if records and len(records) < total:
@@ -176,7 +180,10 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   t0 = time.time()
   if _primary():
     grid_lib.write_snapshot(run, run_dir)
-  train_loop.train(run.config, run_dir, devices=devices)
+  shared = (grid_lib.shared_rollouts_dir(grid, run, os.path.dirname(run_dir))
+            if jax.process_count() == 1 else None)  # single-host only yet
+  train_loop.train(run.config, run_dir, devices=devices,
+                   **({} if shared is None else {"shared_rollouts": shared}))
   # Process 0 writes the export and the metrics: every host reads them next.
   distributed.barrier(f"sweep: {run.name} trained")
   records = train_log.read_metrics(run_dir)
@@ -528,7 +535,9 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   done = read_finished(grid, runs, workdir)
   todo = [r for r in runs if r.name not in done]
   for line in sweep_disk.lines(sweep_disk.arms(runs) +
-                               sweep_disk.stages(grid, runs)):
+                               sweep_disk.stages(grid, runs),
+                               sweep_disk.shared(grid, runs)
+                               if jax.process_count() == 1 else 0):
     log(line)
   if train_runs is not None and todo:
     train_runs(todo)

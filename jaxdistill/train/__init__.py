@@ -14,4 +14,6 @@
   checkpoint.py     Orbax checkpoints of the train state, the workdir lock
   teacher_cache.py  `python -m jaxdistill.train.teacher_cache`: teacher top-k
                     written once, read instead of a teacher forward
+  shared_rollouts.py  --shared_rollouts: teacher-policy rollouts decoded once,
+                    kept by step and read by the runs of the same key
 """

@@ -5,4 +5,4 @@ from jaxdistill.train import loop
 __doc__ = loop.__doc__  # what absl's --help prints
 
 if __name__ == "__main__":
-  cli.run_absl(loop.main, loop.define_flags)
+  cli.run_absl(loop.main, loop.define_train_flags)

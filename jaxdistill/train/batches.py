@@ -81,7 +81,10 @@ class SequenceMaker:
                tokenizer=None, vocab_size=None):
     """`vocab_size`: the shared real vocabulary rollouts sample over (train.py
     passes the one the loss compares over); default len(tokenizer), else the
-    models' smallest embedding width."""
+    models' smallest embedding width. `shared` (None, or a
+    train.shared_rollouts.Store the loop sets) gives calls with a `step`
+    their sequences from the store, decoding only the steps it lacks."""
+    self.shared = None
     self.ro = config.rollout
     # data.bucket: rollouts are cut after their longest response, rounded up
     # to a multiple of it (the loss then runs on [B, P + that] columns).
@@ -114,8 +117,12 @@ class SequenceMaker:
     return sharding.put_global(
         x, sharding.batch_sharding(self.mesh, np.ndim(x), self.rules))
 
-  def __call__(self, host_batch, params, teacher_params, rng):
-    batch, stats = self._sequences(host_batch, params, teacher_params, rng)
+  def __call__(self, host_batch, params, teacher_params, rng, step=None):
+    make = lambda: self._sequences(host_batch, params, teacher_params, rng)
+    if self.shared is not None and step is not None:
+      batch, stats = self.shared.sequences(step, make, self.put)
+    else:
+      batch, stats = make()
     if self.fresh:
       shard = (None if self.mesh is None
                else sharding.batch_sharding(self.mesh, 2, self.rules))
@@ -140,17 +147,18 @@ class SequenceMaker:
       own = dict(teacher_prompts=self.put(host_batch["teacher_prompt"]),
                  teacher_prompt_mask=self.put(
                      host_batch["teacher_prompt_mask"]))
+    # The spectrum's endpoints decode with the pure policy's program.
+    policy, lam, top_k, top_p = rollout_lib.sampling_policy(ro)
     r = rollout_lib.generate(
         (self.scfg, params), (self.tcfg, teacher_params), prompts, pmask,
-        rng=rng, policy=ro.policy,
-        lam=rollout_lib.policy_lam(ro),
+        rng=rng, policy=policy, lam=lam,
         max_new_tokens=int(ro.max_new_tokens), temperature=self.temps[0],
         teacher_temperature=self.temps[1],
-        top_k=ro.get("top_k"), top_p=ro.get("top_p"), pad_token_id=self.pad,
+        top_k=top_k, top_p=top_p, pad_token_id=self.pad,
         eos_token_ids=self.eos, mesh=self.mesh, rules=self.rules,
         return_logprobs=self.behaviour, vocab_size=self.vocab,
         decode_layout=ro.get("decode_layout") or "auto",
-        **(own if ro.policy != "student" else {}))
+        **(own if policy != "student" else {}))
     batch = {"tokens": r.tokens, "attention_mask": r.attention_mask,
              "loss_mask": r.loss_mask}
     if own:  # [teacher prompt | the rollout's response columns]

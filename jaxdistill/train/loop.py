@@ -15,6 +15,11 @@ slice on this host instead, without weights, data or a TPU, and reports
 their per-chip memory (jaxdistill/compile_only.py); on a TPU the run makes
 the same check before it loads any weight.
 
+--shared_rollouts=DIR (teacher-policy runs): each step's teacher rollout is
+read from DIR when another run with the same key wrote it, else decoded
+and written there; the run trains on the same arrays either way
+(train/shared_rollouts.py; a sweep passes it with grid.share_teacher_rollouts).
+
 SIGTERM (a TPU VM preemption) or SIGINT: the step in flight finishes, a
 checkpoint is written, and the run stops with `Preempted` (the CLI exits with
 status 128 + signal); the same command resumes it. One process per workdir
@@ -65,6 +70,7 @@ from jaxdistill.train import programs
 from jaxdistill.train import preempt
 from jaxdistill.train import seen as seen_lib
 from jaxdistill.train import setup as train_setup
+from jaxdistill.train import shared_rollouts as shared_lib
 from jaxdistill.train import step as step_lib
 from jaxdistill.train import teacher_cache
 
@@ -403,20 +409,39 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
 
 
 def train(config, workdir: str, *, overwrite: bool = False,
-          devices=None) -> dict:
+          devices=None, shared_rollouts: str | None = None) -> dict:
   """Runs (or resumes) one distillation run; returns the last metrics.
 
   `devices` restricts the mesh to these devices (default: all).
+  `shared_rollouts` (--shared_rollouts DIR): teacher-policy rollouts read
+  from DIR where another run with the same key wrote them, else decoded and
+  written there (train/shared_rollouts.py).
   """
   workdir = check_paths(config, workdir)
   config_lib.validate(config)
   config_lib.validate_run(config)
+  if shared_rollouts:
+    check_shared(config, shared_rollouts)
   train_log.check_wandb(config)
   mesh = config_mesh(config, devices)
   rules = sharding.rules_from_config(config)
   config_lib.validate_run(config, mesh, rules)
   with locked_workdir(workdir):
-    return _train(config, workdir, overwrite, mesh, rules)
+    return _train(config, workdir, overwrite, mesh, rules, shared_rollouts)
+
+
+def check_shared(config, directory: str) -> None:
+  """Refuses, in one line, a --shared_rollouts a run cannot use."""
+  storage.check(directory, shared_lib.FLAG)  # local only
+  if not shared_lib.shareable(config):
+    raise ValueError(
+        f"{shared_lib.FLAG}: only teacher-policy rollouts are shared "
+        f"(rollout.policy='teacher', or 'spectrum' at lam -1; no "
+        f"loss.teacher_cache); this run has "
+        f"rollout.policy={config.rollout.policy!r}"
+        + (" and a teacher cache" if config.loss.get("teacher_cache") else ""))
+  if jax.process_count() > 1:
+    raise ValueError(f"{shared_lib.FLAG}: single-host runs only")
 
 
 def check_paths(config, workdir: str) -> str:
@@ -485,7 +510,7 @@ def compile_for(config, slice_name: str) -> dict:
   return report
 
 
-def _train(config, workdir, overwrite, mesh, rules):
+def _train(config, workdir, overwrite, mesh, rules, shared_rollouts=None):
   # Everything that can be checked without weights is checked first.
   scfg, tcfg, cached = model_configs(config)
   sft = config.loss.kind == losses.CE
@@ -546,11 +571,18 @@ def _train(config, workdir, overwrite, mesh, rules):
                                                tokenizer, vocab_size=vocab)
   if cached:
     make_sequences = teacher_cache.CachedSequences(make_sequences.put)
+  elif shared_rollouts:
+    make_sequences.shared = shared_lib.Store(
+        shared_rollouts, shared_lib.describe(
+            config, tokenizer, vocab=vocab, eos=make_sequences.eos,
+            pad=make_sequences.pad, mesh_shape=dict(mesh.shape)))
 
   def step_fn(step, state):
     rng = jax.random.fold_in(seed_key, step)
+    kw = {} if cached else {"step": step}
     batch, ro_metrics = make_sequences(
-        batches[step], step_lib.policy_params(state, scale), tparams, rng)
+        batches[step], step_lib.policy_params(state, scale), tparams, rng,
+        **kw)
     if seen is not None:
       seen.add(batch)
     batch["weights"] = losses.reduction_weights(batch["loss_mask"],
@@ -560,10 +592,15 @@ def _train(config, workdir, overwrite, mesh, rules):
     metrics.update(ro_metrics)
     return state, metrics
 
-  return run_steps(config, workdir, step_fn=step_fn, state=state, start=start,
-                   ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer,
-                   meta=lora_meta(config, lcfg, revisions), lcfg=lcfg,
-                   seen=seen)
+  out = run_steps(config, workdir, step_fn=step_fn, state=state, start=start,
+                  ckpt=ckpt, scfg=scfg, params0=params0, tokenizer=tokenizer,
+                  meta=lora_meta(config, lcfg, revisions), lcfg=lcfg,
+                  seen=seen)
+  shared = getattr(make_sequences, "shared", None)
+  if shared is not None:
+    logging.info("shared rollouts %s: %d step(s) decoded, %d read",
+                 shared.directory, shared.generated, shared.read)
+  return out
 
 
 def _tokenizer(config, workdir):
@@ -667,8 +704,11 @@ def main(argv, train_fn=None, compile_fn=None, advice_fn=None):
         advice_fn or programs.advice, f.config))
     return
   initialize_distributed(f)
+  kw = {}
+  if "shared_rollouts" in f and f.shared_rollouts:
+    kw["shared_rollouts"] = f.shared_rollouts  # python -m jaxdistill.train
   try:
-    (train_fn or train)(f.config, f.workdir, overwrite=f.overwrite)
+    (train_fn or train)(f.config, f.workdir, overwrite=f.overwrite, **kw)
   except Preempted as e:
     print(e, file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
@@ -690,3 +730,12 @@ def define_flags():
   distributed.define_flags()
   compile_only.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])
+
+
+def define_train_flags():
+  """define_flags, and those of `python -m jaxdistill.train` alone."""
+  define_flags()
+  flags.DEFINE_string(
+      "shared_rollouts", None, "Directory of teacher-policy rollouts shared "
+      "with other runs of the same key (train/shared_rollouts.py): read "
+      "where there, else decoded and written there.")

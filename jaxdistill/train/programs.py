@@ -166,16 +166,17 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
 
   out = []
   if ro.policy != "dataset" and not cached:
-    s_in = student if ro.policy != "teacher" else None
-    t_in = teacher if ro.policy != "student" else None
+    # The spectrum's endpoints run the pure policy's program (batches.py).
+    policy, lam, top_k, top_p = rollout_lib.sampling_policy(ro)
+    s_in = student if policy != "teacher" else None
+    t_in = teacher if policy != "student" else None
     out.append(rollout_program(
         "rollout", scfg, tcfg, s_in, t_in, mesh, rules, vocab, rows=b,
-        policy=ro.policy, prompt_len=d.max_prompt_len,
+        policy=policy, prompt_len=d.max_prompt_len,
         max_new_tokens=ro.max_new_tokens,
         temperature=config_lib.rollout_temperatures(config)[0],
         teacher_temperature=config_lib.rollout_temperatures(config)[1],
-        top_k=ro.get("top_k"), top_p=ro.get("top_p"),
-        lam=rollout_lib.policy_lam(ro),
+        top_k=top_k, top_p=top_p, lam=lam,
         resident=run_b - size(s_in) - size(t_in),
         teacher_prompt_len=config_lib.teacher_prompt_len(config),
         decode_layout=ro.get("decode_layout") or "auto"))

@@ -68,22 +68,32 @@ def test_grid_main_runlocal_chip_hours_by_hand(fake_compile):
   per_arm = (steps * (3.0 + 5.0) + greedy * 0.5 + sampled * 0.25
              + baseline * 0.5)
   assert per_arm == 21.5
+  # The two teacher-policy arms differ only in KL: the second reads the
+  # first's teacher rollouts (grid.share_teacher_rollouts), no train rollout.
+  reader = "kl=reverse,policy=teacher,seed=0"
+  assert [r.name for r in runs].index(reader) == 3
+  read = steps * 3.0
   kept = dict(needs)
   for run in runs:
     a = c["per_arm"][run.name]
+    own = per_arm - (read if run.name == reader else 0.0)
+    assert a["reads_shared_rollouts"] == (run.name == reader)
     assert a["steps"] == steps
-    assert a["bound_s"] == pytest.approx(per_arm)
-    assert a["limit_s"] == pytest.approx(per_arm / 4)
-    assert a["chip_hours"] == pytest.approx(per_arm * CHIPS / 3600)
-    assert a["phases"]["train"]["bound_s"] == pytest.approx(16.0)
+    assert a["bound_s"] == pytest.approx(own)
+    assert a["limit_s"] == pytest.approx(own / 4)
+    assert a["chip_hours"] == pytest.approx(own * CHIPS / 3600)
+    assert a["phases"]["train"]["bound_s"] == pytest.approx(
+        16.0 - (read if run.name == reader else 0.0))
     assert a["phases"]["eval"]["bound_s"] == pytest.approx(4.5)
     assert a["phases"]["baseline"]["bound_s"] == pytest.approx(1.0)
     assert a["kept_bytes"] == kept[run.name]["kept_bytes"] > 0
     assert a["uncounted_suites"] == []
   total = c["grid"]
-  assert total["chip_hours"] == pytest.approx(4 * per_arm * CHIPS / 3600)
+  grid_s = 4 * per_arm - read
+  assert total["chip_hours"] == pytest.approx(grid_s * CHIPS / 3600)
   assert total["limit_chip_hours"] == pytest.approx(total["chip_hours"] / 4)
-  assert total["train_chip_hours"] == pytest.approx(4 * 16.0 * CHIPS / 3600)
+  assert total["train_chip_hours"] == pytest.approx(
+      (4 * 16.0 - read) * CHIPS / 3600)
   assert total["kept_bytes"] == sum(d["kept_bytes"] for _, d in needs)
   # The printed lines, one per arm and the grid's, with the table.
   report["cost_lines"] = cost.lines(c)
@@ -95,10 +105,37 @@ def test_grid_main_runlocal_chip_hours_by_hand(fake_compile):
   assert arm_lines[0].startswith(f"cost {runs[0].name}: 2 steps x 8 s a step + "
                                  "eval 4.5 s + baseline 1 s = ")
   assert f"x 4 chips = {per_arm * 4 / 3600:.3g} chip-hours" in arm_lines[0]
+  assert arm_lines[3].startswith(f"cost {reader}: 2 steps x 5 s a step "
+                                 "(shared teacher rollouts read) + ")
   assert arm_lines[-1].startswith(
-      f"cost grid: 4 arms on v5e-4: {4 * per_arm * 4 / 3600:.3g} chip-hours "
+      f"cost grid: 4 arms on v5e-4: {grid_s * 4 / 3600:.3g} chip-hours "
       "at the step-time bound")
   assert "lower bound" in arm_lines[-1]
+
+
+def test_unshared_teacher_arms_each_count_their_rollouts(fake_compile):
+  g = config_lib.load_config("configs/grid_main.py:runlocal")
+  g.share_teacher_rollouts = False
+  _, _, c, _ = _estimate(g)
+  for a in c["per_arm"].values():
+    assert not a["reads_shared_rollouts"]
+    assert a["phases"]["train"]["bound_s"] == pytest.approx(2 * (3.0 + 5.0))
+
+
+def test_the_shared_rollout_store_is_counted_once_per_group():
+  g = config_lib.load_config("configs/grid_main.py:runlocal")
+  runs = grid_lib.expand(g)
+  # One group (the two teacher arms): 2 steps of three int32 [4, 8 + 8]
+  # arrays (runlocal: batch 4, prompts 8, 8 new tokens) and 8 KiB of npz
+  # headers allowed per step.
+  want = 2 * (3 * 4 * 4 * (8 + 8) + 8 * 1024)
+  assert sweep_disk.shared(g, runs) == want
+  needs = sweep_disk.arms(runs)
+  t = sweep_disk.totals(needs, want)
+  assert t["kept_bytes"] == sum(d["kept_bytes"] for _, d in needs) + want
+  assert "of shared teacher rollouts" in sweep_disk.lines(needs, want)[-1]
+  g.share_teacher_rollouts = False
+  assert sweep_disk.shared(g, runs) == 0
 
 
 def test_rlvr_stage_and_its_evaluation_are_counted(fake_compile):
@@ -122,13 +159,17 @@ def test_rlvr_stage_and_its_evaluation_are_counted(fake_compile):
     rl_steps = int(stage.total_steps)
     top_p = stage.rollout.get("top_p")
     assert top_p is None or top_p == 1.0  # no rescore program
-    want = (int(run.config.total_steps) * 8.0 + 2 * (evaluation + baseline)
+    # Each reverse-KL teacher arm reads the teacher rollouts of the forward
+    # one before it (same train_n): no train rollout.
+    reads = run.factors["policy"] == "teacher" and run.factors["kl"] == "reverse"
+    train = int(run.config.total_steps) * (5.0 if reads else 8.0)
+    want = (train + 2 * (evaluation + baseline)
             + rl_steps * (7.0 + 11.0 + (1.5 if stage.kl.get("coef") or
                                         stage.kl.get("monitor") else 0.0)))
     a = c["per_arm"][run.name]
     assert a["bound_s"] == pytest.approx(want), run.name
     assert a["phases"]["rlvr"]["bound_s"] == pytest.approx(want - (
-        int(run.config.total_steps) * 8.0 + 2 * (evaluation + baseline)))
+        train + 2 * (evaluation + baseline)))
     assert a["phases"]["rlvr eval"]["bound_s"] == pytest.approx(evaluation)
 
 

@@ -30,7 +30,12 @@ def test_grid_totals_against_a_disk_timeline():
   timeline = [50, 20 + 10, 20 + 5 + 40, 20 + 5 + 30]
   t = sweep_disk.totals(needs)
   assert t == {"runs": 3, "kept_bytes": 55, "sweep_peak_bytes": max(timeline),
-               "all_at_once_bytes": 100}
+               "all_at_once_bytes": 100, "shared_rollouts_bytes": 0}
+  # A store of shared teacher rollouts of 7 bytes is on the disk throughout.
+  t = sweep_disk.totals(needs, 7)
+  assert t == {"runs": 3, "kept_bytes": 62,
+               "sweep_peak_bytes": 7 + max(timeline),
+               "all_at_once_bytes": 107, "shared_rollouts_bytes": 7}
 
 
 def test_each_arm_s_disk_is_its_run_s():
@@ -61,10 +66,15 @@ def test_print_commands_say_each_arm_s_disk_and_the_grid_s(tmp_path):
     assert "(the final checkpoint and the export)" in note
     assert cmd.startswith("python -m jaxdistill.train ") and run.dirname in cmd
     kept += _gb(re.search(r"([\d.]+ [MGT]B) kept after", note).group(1))
-  m = re.fullmatch(r"# grid: (\d+) runs keep ([\d.]+ [MGT]B) once finished; .*",
+  m = re.fullmatch(r"# grid: (\d+) runs keep ([\d.]+ [MGT]B) once finished "
+                   r"\(with ([\d.]+ [MGT]B) of shared teacher rollouts\); .*",
                    lines[-1])
   assert m and int(m.group(1)) == len(runs)
-  assert _gb(m.group(2)) == pytest.approx(kept, rel=0.01)
+  # The two teacher arms' store: 2 steps of three int32 [4, 16] arrays and
+  # the 8 KiB allowance each.
+  assert _gb(m.group(3)) == pytest.approx(2 * (3 * 4 * 4 * 16 + 8192) / 1e9,
+                                          rel=0.01)
+  assert _gb(m.group(2)) == pytest.approx(kept + _gb(m.group(3)), rel=0.01)
 
 
 @pytest.mark.slow

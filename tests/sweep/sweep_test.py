@@ -65,6 +65,7 @@ def _parsed_config(argv):
   config_flags.DEFINE_config_file("config", None, flag_values=fv,
                                   sys_argv=["train"] + argv[3:])
   flags.DEFINE_string("workdir", None, "", flag_values=fv)
+  flags.DEFINE_string("shared_rollouts", None, "", flag_values=fv)
   fv(["train"] + argv[3:])
   return json.loads(config_lib.to_json(fv.config))
 

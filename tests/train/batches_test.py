@@ -10,6 +10,7 @@ import pytest
 
 from jaxdistill import config_lib
 from jaxdistill import models
+from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import setup as train_setup
@@ -142,3 +143,38 @@ def test_teacher_prompt_batch_is_the_teachers_own_sequence():
   under_student = _logp(tcfg, tp, b["tokens"], b["attention_mask"],
                         tau)[:, p - 1:]
   assert np.abs(under_student[m] - want[m]).max() > 0.1
+
+
+@pytest.mark.parametrize("lam,pure", [(-1.0, "teacher"), (1.0, "student")])
+def test_the_spectrum_s_endpoints_decode_with_the_pure_policy_s_program(
+    lam, pure, monkeypatch):
+  """Its batch is the two-model spectrum rollout's, token for token and
+  log-prob for log-prob (the sampled loss keeps them), from one model."""
+  c, scfg, tcfg, sp, tp, mesh, host = _setup("sampled", "spectrum", lam)
+  c.loss.estimator = "k1"  # keeps the behaviour log-probs
+  c.rollout.top_k, c.rollout.top_p = 5, 0.5  # the spectrum draws without them
+  rules = sharding.DEFAULT_RULES
+  rng = jax.random.key(3)
+  ts, tt = config_lib.rollout_temperatures(c)
+  # The reference: the two-model program at the same lam, as before.
+  ref = rollout_lib.generate(
+      (scfg, sp), (tcfg, tp), host["prompt"], host["prompt_mask"], rng=rng,
+      policy="spectrum", lam=lam, max_new_tokens=int(c.rollout.max_new_tokens),
+      temperature=ts, teacher_temperature=tt, vocab_size=REAL, mesh=mesh,
+      rules=rules, eos_token_ids=rollout_lib.eos_ids(scfg, tcfg))
+  calls = []
+  orig = rollout_lib.generate
+  monkeypatch.setattr(rollout_lib, "generate", lambda *a, **k: (
+      calls.append((k["policy"], k["lam"], k["top_k"], k["top_p"])),
+      orig(*a, **k))[1])
+  maker = train_batches.SequenceMaker(c, scfg, tcfg, mesh, rules,
+                                      vocab_size=REAL)
+  b, m = maker(host, sp, tp, rng)
+  assert calls == [(pure, None, None, None)]
+  np.testing.assert_array_equal(np.asarray(b["tokens"]), np.asarray(ref.tokens))
+  p = host["prompt"].shape[1]
+  np.testing.assert_array_equal(np.asarray(b["loss_mask"])[:, p:],
+                                np.asarray(ref.response_mask))
+  np.testing.assert_array_equal(np.asarray(b["behaviour_logprobs"])[:, p:],
+                                np.asarray(ref.behaviour_logprobs))
+  assert m["rollout/student_fraction"] == float(ref.student_fraction)
