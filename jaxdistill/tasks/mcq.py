@@ -45,7 +45,7 @@ _LETTER = re.compile(f"(?P<open>{_OPEN})(?P<letter>[A-Za-z])(?P<close>{_CLOSE})"
 _ENDS = re.compile(r"(?i)[ \t]{0,4}(?:\Z|\n|[.,;!?](?:\s|\Z)|i\.?\s?e\.?(?![a-z]))")
 # A second letter after these makes a statement ambiguous.
 _ALTERNATIVE = re.compile(
-    r"(?i)[ \t]{0,4}(?:and\s{0,2}/\s{0,2}or|(?:or|and)(?![a-z])|/|&|\+|,)")
+    r"(?i)[ \t]{0,4}(?:and\s{0,2}/\s{0,2}or|(?:or|and)(?![a-z])|/|&|\+|,|;)")
 # Right after a letter: "B is the correct answer", "option B is correct."
 _REVERSE = re.compile(
     r"(?i)[ \t]{0,4}(?:is|would\s{1,4}be)\s{1,4}(?:"
@@ -61,10 +61,14 @@ _BOXED = re.compile(r"\\boxed\s{0,2}\{")
 _BOXED_MAX = 64
 _LINE_MAX = 40
 _BACK = 48
+_GAP = re.compile(r"[ \t]{1,4}")
 _CLAUSE = re.compile(r"[ \t]{1,4}(?!(?:and|or)(?![a-z]))[a-z]")
 _OPEN_TAG, _CLOSE_TAG = "<answer>", "</answer>"
 _NONE = "no letter"  # A statement that names letters but no answer.
 _NOT = re.compile(r"(?i)not(?![a-z])")
+_NOT_TAG = "not"  # ("not", X): "the answer is not X" withdraws X only.
+# Before the letter inside an <answer> block: "<answer>Option C</answer>".
+_BLOCK_NAME = re.compile(r"(?i)\s{0,4}(?:option|choice|letter)(?![a-z])[\s:]{0,4}")
 
 
 def build_prompt(question: str, options: Sequence[str]) -> str:
@@ -160,22 +164,29 @@ def _letter_at(text: str, pos: int, offered: str):
 def _second(text: str, end: int, offered: str) -> str | None:
   """A further letter listed after the one ending at `end` ("A, C", "A or C")."""
   alt = _ALTERNATIVE.match(text, end)
-  if alt is None:
-    return None
+  if alt is None:  # "A C" lists two letters when C ends the statement.
+    gap = _GAP.match(text, end)
+    other = _letter_at(text, gap.end(), offered) if gap else None
+    if (other is None or not text[gap.end()].isupper()
+        or not _ENDS.match(text, other[2])):
+      return None
+    return other[0]
   other = _letter_at(text, alt.end(), offered)
   if other is None:
     return None
-  # After a comma a letter followed by a word starts a clause ("C, I think").
-  if alt.group().strip() == "," and _CLAUSE.match(text, other[2]):
+  # After a comma or semicolon a letter followed by a word starts a clause
+  # ("C, I think"; "B; C is a distractor").
+  if alt.group().strip() in ",;" and _CLAUSE.match(text, other[2]):
     return None
   return other[0]
 
 
-def _stated(text: str, pos: int, offered: str) -> str | None:
-  """The letter a statement ending at `pos` names, _NONE, or None.
+def _stated(text: str, pos: int, offered: str):
+  """The letter a statement ending at `pos` names, _NONE, ("not", letter)
+  for a negated one, or None.
 
-  _NONE (two letters, or "not B") still counts as the last statement: a
-  revision to "the answer is not A" leaves no answer.
+  _NONE (two letters) still counts as the last statement; a negation
+  withdraws only the letter it names (extract_answer).
   """
   pos = _FILLER.match(text, pos).end()
   negated = _NOT.match(text, pos)
@@ -185,8 +196,10 @@ def _stated(text: str, pos: int, offered: str) -> str | None:
   if found is None:
     return None
   letter, _, end = found
+  if negated:
+    return (_NOT_TAG, letter)
   other = _second(text, end, offered)
-  return _NONE if negated or (other is not None and other != letter) else letter
+  return _NONE if other is not None and other != letter else letter
 
 
 def _stated_before(text: str, pos: int, offered: str) -> str | None:
@@ -254,13 +267,42 @@ def _statements(tail: str, offered: str) -> list[tuple[int, str]]:
   for m in _BOXED.finditer(tail):
     content = _boxed(tail, m.end())
     found.append((m.start(), None if content is None else _label(content, offered)))
-  # <answer>X</answer>, the paper's format (Table 1); rfind keeps it linear.
+  return [f for f in found if f[1]]
+
+
+def _answer_block(tail: str) -> str | None:
+  """The stripped content of the last complete, non-empty <answer>...
+  </answer> block, or None (rfind keeps it linear)."""
   end = tail.rfind(_CLOSE_TAG)
   start = tail.rfind(_OPEN_TAG, 0, end) if end >= 0 else -1
-  if start >= 0 and end - start <= _BOXED_MAX:
-    content = tail[start + len(_OPEN_TAG):end].strip()
-    found.append((start, _label(content, offered) if content else None))
-  return [f for f in found if f[1]]
+  content = tail[start + len(_OPEN_TAG):end].strip() if start >= 0 else ""
+  return content or None
+
+
+def _last(found) -> str | None:
+  """The answer of statements (position, letter / _NONE / ("not", X)):
+  the last one wins; a negation withdraws the letter it names and is
+  otherwise no statement ("The answer is B. The answer is not A because")."""
+  answer = None
+  for _, letter in sorted(found, key=lambda f: f[0]):
+    if isinstance(letter, tuple):
+      if letter[1] == answer:
+        answer = _NONE
+    else:
+      answer = letter
+  return None if answer == _NONE else answer
+
+
+def _block_answer(content: str, offered: str) -> str | None:
+  """The letter an <answer> block holds: one offered letter in markup,
+  optionally after "option" and before its text ("B. Thiamine"), or the
+  block's own statements ("The answer is C", \\boxed{C}); two letters, an
+  unoffered one or none is no answer."""
+  named = _BLOCK_NAME.match(content)
+  label = _label(content[named.end():] if named else content, offered)
+  if label is not None:
+    return label
+  return _last(_statements(content, offered))
 
 
 def extract_answer(text: str, num_options: int | None = None) -> str | None:
@@ -268,14 +310,20 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
 
   The grading rule:
 
+  0. Table 1's format first: when the completion has a complete, non-empty
+     <answer>...</answer> block, the last such block is the answer and
+     nothing outside it is read (a statement after it or in <think> does not
+     count). Its content must be one offered letter in markup, possibly after
+     "option" and before its text ("Option C", "B. Thiamine"), or hold one
+     statement of rules 1-5 ("The answer is C", \\boxed{C}); two letters, a
+     letter not offered or no letter is no answer. Without such a block:
   1. Only an explicit answer statement counts: "answer" (or "Ans", "Ans.")
      followed by "is", "would/should/must be", ":", "=" or a dash (The answer
      is X, Final Answer: X, Correct Answer - X, Ans. is 'x'), possibly with
      "here" or "to this question" between; "the correct option/choice is X";
      "X is the correct answer/option" or "option X is correct." where X
      starts the clause or follows "option" ("Vitamin B is the correct answer"
-     names no letter); \\boxed{X}; or the last <answer>X</answer> (the
-     paper's format, Table 1). A letter merely mentioned ("answer A is a
+     names no letter); or \\boxed{X}. A letter merely mentioned ("answer A is a
      common distractor", "Option D needs more data") is not an answer.
   2. Among the statements, the LAST one (by position) wins: models restate or
      revise their choice, and the final statement is the answer.
@@ -289,9 +337,12 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
      in markup ((b), **b**, 'b', \\boxed{b}), an option label ("b) Thiamine")
      or ending the statement ("the answer is b.", "Answer: c", "Ans. is b i.e.
      ..."); "the answer is a bit unclear" has no answer.
-  5. A statement naming two letters ("B or C", "B/C", "A, C", "A and/or D")
-     is no answer, and neither is a negated one ("the answer is not B"); as
-     the last statement either leaves the completion without an answer.
+  5. A statement naming two letters ("B or C", "B/C", "A, C", "A; C",
+     "A and/or D", "A C") is no answer, and as the last statement leaves the
+     completion without one. A negated statement ("the answer is not B")
+     names no answer: it withdraws B if B was the answer so far ("The answer
+     is B. Wait, the answer is not B." has none) and is otherwise not a
+     statement ("The answer is B. The answer is not A because ..." is B).
   6. Only when no statement names any letter, a last line that is nothing but
      the letter ("**B**") is the answer; a stray letter on the last line (a
      completion cut while re-listing the options) never overrides a statement.
@@ -304,10 +355,12 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
     raise ValueError(f"text must be a str, got {type(text).__name__}")
   offered = LETTERS[:_check_num_options(num_options)]
   tail = text[-MAX_SCAN_CHARS:]
+  block = _answer_block(tail)
+  if block is not None:
+    return _block_answer(block, offered)
   found = _statements(tail, offered)
   if found:
-    letter = max(found)[1]
-    return None if letter == _NONE else letter
+    return _last(found)
   body = tail.rstrip()
   line = body[body.rfind("\n") + 1:].strip()
   # (A line that starts before the scanned tail is not looked at.)

@@ -200,6 +200,46 @@ def test_extract_answer_realistic_completions(text, num_options, expected):
   assert mcq.reward(text, gold, num_options) == (1.0 if expected else 0.0)
 
 
+# Table 1's format: the last non-empty <answer> block is the answer, and
+# nothing outside it is read; inside it one offered letter (in markup, after
+# "option", before its text) or the block's own statement. Negations withdraw
+# only the letter they name; "A; C" and "A C" list two letters. Each case in
+# the first group was graded otherwise before (the old code took statements
+# outside the block, or the first of two letters).
+# (text, num_options, expected)
+ANSWER_BLOCK = [
+    ("<think>The answer is A</think><answer>A, C</answer>", 4, None),
+    ("<think>The answer is A</think><answer>A or C</answer>", 4, None),
+    ("<think>the answer is A</think><answer>E</answer>", 4, None),
+    ("<think>x</think><answer>B</answer>\nThe answer is C", 4, "B"),
+    ("<answer>Option C</answer>", 4, "C"),
+    ("<think>Option (b) fits.</think>\n<answer>choice: b</answer>", 4, "B"),
+    ("<think>So the answer is C.</think><answer>Thiamine</answer>", 4, None),
+    ("The answer is B.\n\nThe answer is not A because A is a base.", 4, "B"),
+    ("The answer is A; C", 4, None),
+    ("The answer is: A C", 4, None),
+    # Unchanged.
+    ("<think>x</think><answer> C </answer>", 4, "C"),
+    ("<think>x</think><answer>**D**</answer>", 4, "D"),
+    ("<think>x</think><answer>B. Thiamine</answer>", 4, "B"),
+    ("<answer>B</answer><answer>C</answer>", 4, "C"),
+    ("<answer>The answer is C</answer>", 4, "C"),
+    ("<answer>$\\boxed{C}$</answer>", 4, "C"),
+    ("<think>The answer is B.</think><answer></answer>", 4, "B"),
+    ("The answer is A. Wait, the answer is not A.", 4, None),
+    ("The answer is not A.", 4, None),
+    ("The answer is B; C is a distractor.", 4, "B"),
+    ("The answer is A C-reactive protein", 4, "A"),
+]
+
+
+@pytest.mark.parametrize("text,num_options,expected", ANSWER_BLOCK,
+                         ids=[f"block{i}" for i in range(len(ANSWER_BLOCK))])
+def test_extract_answer_answer_block_negation_and_lists(text, num_options,
+                                                        expected):
+  assert mcq.extract_answer(text, num_options) == expected
+
+
 def test_graded_table_covers_the_rule():
   assert len(GRADED) >= 30
   assert sum(e is None for _, _, e in GRADED) >= 8
