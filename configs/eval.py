@@ -167,6 +167,10 @@ def get_config(arg=None):
                    # gave 60 sampled rows, which an 8-chip mesh cannot split)
                    batch_size=80,
                    eos_token_ids=config_dict.placeholder(tuple),
+                   # The decode loop's weight layout, as training's
+                   # rollout.decode_layout ('auto', 'train', 'replicated',
+                   # 'tp'; docs/tpu.md); the tokens are the same.
+                   decode_layout="auto",
                    per_suite={} if arg.runlocal else {
                        "countdown4e": dict(temperature=0.5,
                                            single_temperature=0.5,

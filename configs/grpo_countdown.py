@@ -113,7 +113,8 @@ def get_config(arg=None):
                 bucket=config_dict.placeholder(int))
   # group_size G: rows per iteration = data.batch_size * G.
   c.rollout = dict(policy="student", group_size=arg.g, max_new_tokens=512,
-                   temperature=1.0, top_k=None, top_p=None, eos_token_ids=None)
+                   temperature=1.0, top_k=None, top_p=None, eos_token_ids=None,
+                   decode_layout="auto")  # as configs/distill.py's
   # reward_scale: the verifier's 1 for a right answer times this (the
   # paper's RLVR: 2, App. D.6). loss: 'grpo' (reduction and KL as set) or
   # 'dapo' (token_mean, no KL; rl/grpo.py). format_reward: None, or

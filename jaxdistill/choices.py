@@ -29,3 +29,7 @@ ROLLOUT_POLICIES = ("student", "teacher", "spectrum", "coin_mixture")
 # optim.moment_dtype: None stores each Adam moment in its parameter's dtype
 # (torch AdamW on a bf16 model); or one dtype for all (train/optim.py).
 MOMENT_DTYPES = (None, "float32", "bfloat16")
+# rollout.decode_layout (training, GRPO) and sampler.decode_layout
+# (evaluation): how a rollout lays the weights out for its decode loop
+# (sharding.py, rollout/generation.py).
+DECODE_LAYOUTS = ("auto", "train", "replicated", "tp")

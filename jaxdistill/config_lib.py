@@ -268,6 +268,14 @@ def _check_teacher_prompt(config) -> None:
     _err("data.max_teacher_prompt_len", f"must be an int >= 1 or None, got {n!r}")
 
 
+def check_decode_layout(value, field: str) -> None:
+  """`field` (rollout.decode_layout, sampler.decode_layout): None or one of
+  choices.DECODE_LAYOUTS."""
+  if value is not None and value not in choices.DECODE_LAYOUTS:
+    _err(field, f"expected one of {choices.DECODE_LAYOUTS} (None: 'auto'), "
+         f"got {value!r}")
+
+
 def _check_sampled_rollout(loss, ro) -> None:
   """The estimators on the rollout's own tokens assume y ~ softmax(z / tau_S)
   over the full vocabulary (reweighted from the teacher or the policy when it
@@ -365,6 +373,7 @@ def validate(config) -> None:
            "rollout.top_p to None")
   if ro.policy != "dataset" and int(ro.max_new_tokens) <= 0:
     _err("rollout.max_new_tokens", f"must be > 0, got {ro.max_new_tokens}")
+  check_decode_layout(ro.get("decode_layout"), "rollout.decode_layout")
   if loss.kind == choices.SAMPLED:
     _check_sampled_rollout(loss, ro)
     if (loss.estimator not in choices.FRESH_ESTIMATORS

@@ -28,6 +28,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from jaxdistill import choices
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical name -> mesh axis (or tuple of mesh axes, or None = replicated).
@@ -54,7 +56,7 @@ DEFAULT_RULES = (
 # step gathers every layer's weights), 'replicated' a whole copy on each chip,
 # 'tp' tensor parallelism over heads, kv heads, mlp and vocab on every mesh
 # axis but 'data'. 'auto' picks per model (generation.resolve_layout).
-DECODE_LAYOUTS = ("auto", "train", "replicated", "tp")
+DECODE_LAYOUTS = choices.DECODE_LAYOUTS
 # Logical names a 'tp' decode layout splits over the model axes.
 _TP_NAMES = ("heads", "kv_heads", "mlp", "vocab")
 _MODEL_AXES = tuple(a for a in MESH_AXES if a != "data")

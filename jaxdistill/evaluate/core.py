@@ -78,14 +78,16 @@ PER_SUITE = ("temperature", "single_temperature", "max_new_tokens")
 def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
                       top_k: int | None = None, top_p: float | None = None,
                       eos_token_ids: Sequence[int] | None = None,
-                      mesh=None, rules=None) -> Generator:
+                      mesh=None, rules=None,
+                      decode_layout: str = "auto") -> Generator:
   """A generator sampling from the model (cfg, params) with rollout.generate.
 
   Rows end at any of `eos_token_ids` (default: the config's EOS ids and the
   tokenizer's, since chat templates end the assistant turn with their own
   token). Texts are decoded without special tokens. Tokens are sampled over
   the tokenizer's real vocabulary only (len(tokenizer), not the config's
-  padded embedding width).
+  padded embedding width). `decode_layout`: rollout.generate's (the weights'
+  layout in the decode loop, sharding.DECODE_LAYOUTS).
   """
   vocab = len(tokenizer)
   if vocab > cfg.vocab_size:
@@ -118,7 +120,7 @@ def rollout_generator(cfg, params, tokenizer, *, max_new_tokens: int,
         temperature=float(temperature),
         top_k=top_k, top_p=top_p, eos_token_ids=eos_token_ids,
         pad_token_id=pad, return_logprobs=False, row_ids=row_ids, mesh=mesh,
-        rules=rules, vocab_size=vocab)
+        rules=rules, vocab_size=vocab, decode_layout=decode_layout)
     # On several processes the rows live on every host's devices: gathered
     # (a collective every process runs), so each scores the whole batch.
     r = r.replace(**{k: sharding.to_host(getattr(r, k)) for k in (

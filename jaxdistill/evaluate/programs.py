@@ -96,7 +96,7 @@ def eval_programs(config, cfg, vocab, mesh, rules):
       program_name(config, name, new), cfg, None,
       params, None, mesh, rules, vocab, rows=rows, policy="student",
       prompt_len=p, max_new_tokens=new, temperature=temp, top_k=s.get("top_k"),
-      top_p=s.get("top_p"))
+      top_p=s.get("top_p"), decode_layout=s.get("decode_layout") or "auto")
           for name, rows, temp, new in modes]
 
 

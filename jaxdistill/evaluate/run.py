@@ -103,6 +103,8 @@ def check_config(config) -> tuple[str, ...]:
   config_lib.check_finite(config)
   names = suites_lib.check_names(config)
   s = config.sampler
+  config_lib.check_decode_layout(s.get("decode_layout"),
+                                 "sampler.decode_layout")
   per_suite = _per_suite(config)
   unknown = sorted(set(per_suite) - set(config.suites))
   if unknown:
@@ -205,7 +207,7 @@ def _rollout_factory(config, mesh, rules):
     return core.rollout_generator(
         cfg, params, tokenizer, max_new_tokens=int(s.max_new_tokens),
         top_k=s.get("top_k"), top_p=s.get("top_p"), eos_token_ids=eos, mesh=mesh,
-        rules=rules)
+        rules=rules, decode_layout=s.get("decode_layout") or "auto")
   return make
 
 

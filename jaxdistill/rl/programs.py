@@ -55,7 +55,8 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
       "rollout", cfg, None, policy, None, mesh, rules, vocab, rows=rows,
       policy="student", prompt_len=p, max_new_tokens=n,
       temperature=ro.temperature, top_p=top_p,
-      resident=run_b - size(policy))]
+      resident=run_b - size(policy),
+      decode_layout=ro.get("decode_layout") or "auto")]
   bs = functools.partial(train_programs.batch_struct, mesh=mesh, rules=rules)
   tokens = bs((rows, seq), jnp.int32)
 

@@ -150,7 +150,8 @@ class Collector:
         temperature=temp, top_p=self.top_p, pad_token_id=self.pad,
         eos_token_ids=self.eos,
         row_ids=self._put(np.arange(rows, dtype=np.int32)), mesh=self.mesh,
-        rules=self.rules, return_logprobs=True, vocab_size=self.vocab)
+        rules=self.rules, return_logprobs=True, vocab_size=self.vocab,
+        decode_layout=self.ro.get("decode_layout") or "auto")
     host_ro = jax.tree.map(to_host, ro)
     scores = self.reward_fn(host_ro, host_batch)
     # The verifiers score 1 for right; grpo.reward_scale 2 is the paper's

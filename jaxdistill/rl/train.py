@@ -121,6 +121,8 @@ def validate(config) -> None:
     _err("rollout.top_p", f"must be in (0, 1] or None, got {top_p}")
   if int(ro.max_new_tokens) < 1:
     _err("rollout.max_new_tokens", f"must be >= 1, got {ro.max_new_tokens}")
+  config_lib.check_decode_layout(ro.get("decode_layout"),
+                                 "rollout.decode_layout")
   if config.data.task not in ("countdown", "mcq", "records"):
     _err("data.task", "GRPO needs a verifiable task ('countdown', 'mcq', or "
          "'records' of those and arithmetic: every record is checked), "

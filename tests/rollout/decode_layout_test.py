@@ -15,10 +15,14 @@ import pytest
 
 from jaxdistill import collectives
 from jaxdistill import compile_only
+from jaxdistill import config_lib
 from jaxdistill import models
 from jaxdistill import rollout
 from jaxdistill import sharding
+from jaxdistill.evaluate import programs as eval_programs
+from jaxdistill.evaluate import run as eval_run
 from jaxdistill.models import flops
+from jaxdistill.rl import train as rl_train
 from jaxdistill.rollout import generation
 from jaxdistill.train import programs as train_programs
 
@@ -176,3 +180,42 @@ def test_compile_only_reads_each_layouts_weights_per_step():
          for l in ("train", "replicated", "tp")}
   assert got == {"train": 4 * count, "replicated": 2 * count,
                  "tp": 2 * count / 4}
+
+
+def test_evaluation_and_grpo_take_the_layout_from_their_configs(monkeypatch):
+  """sampler.decode_layout (evaluation) and rollout.decode_layout (GRPO)
+  reach the compile-only rollout programs; a name not in the list is
+  refused naming the field before anything is built."""
+  seen = []
+  real = train_programs.rollout_program
+  monkeypatch.setattr(train_programs, "rollout_program", lambda *a, **k: (
+      seen.append(k["decode_layout"]), real(*a, **k))[1])
+  c = config_lib.load_config("configs/eval.py:runlocal")
+  assert c.sampler.decode_layout == "auto"
+  c.sampler.decode_layout = "replicated"
+  mesh = eval_programs.mesh_of(c, jax.devices()[:1])
+  eval_programs.eval_programs(c, models.get_preset("qwen2.5-0.5b"), 151665,
+                              mesh, sharding.rules_from_config(c))
+  assert seen and set(seen) == {"replicated"}
+  seen.clear()
+  g = config_lib.load_config("configs/grpo_after_distill.py:runlocal")
+  g.tokenizer_build = None
+  g.student.init.update(vocab_size=320)
+  assert g.rollout.decode_layout == "auto"
+  g.rollout.decode_layout = "tp"
+  rl_train.programs_for(g, jax.devices()[:1])
+  assert seen == ["tp"]
+  c.sampler.decode_layout = "sharded"
+  with pytest.raises(ValueError, match=r"config\.sampler\.decode_layout: "
+                     r"expected one of \('auto', 'train', 'replicated', "
+                     r"'tp'\) \(None: 'auto'\), got 'sharded'"):
+    eval_run.check_config(c)
+  g.rollout.decode_layout = "TP"
+  with pytest.raises(ValueError, match=r"config\.rollout\.decode_layout: "
+                     r"expected one of .* got 'TP'"):
+    rl_train.validate(g)
+  t = config_lib.load_config("configs/distill.py:runlocal")
+  t.rollout.decode_layout = "fsdp"
+  with pytest.raises(ValueError, match=r"config\.rollout\.decode_layout: "
+                     r"expected one of .* got 'fsdp'"):
+    config_lib.validate(t)
