@@ -18,6 +18,7 @@ import sys
 
 from jaxdistill import compile_only
 from jaxdistill import config_lib
+from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.evaluate import programs as eval_programs
 from jaxdistill.evaluate import run as evaluate_run
@@ -53,6 +54,11 @@ def signature(config, *model_cfgs) -> str:
       node = node.get(p, {})
     if isinstance(node, dict):
       node.pop(leaf, None)
+  ro = config.get("rollout")
+  if isinstance(d.get("rollout"), dict) and ro is not None and "policy" in ro:
+    # rollout.lam is a value, except at the spectrum's endpoints (lam -1 /
+    # +1), which run the pure policy's one-model program (sampling_policy).
+    d["rollout"]["sampled_as"] = rollout_lib.sampling_policy(ro)[0]
   for m in ("student", "teacher"):
     if isinstance(d.get(m), dict):
       for k in ("path", "preset", "init", "overrides"):

@@ -15,6 +15,7 @@ import pytest
 
 from jaxdistill import compile_only
 from jaxdistill import config_lib
+from jaxdistill import sharding
 from jaxdistill.sweep import cost
 from jaxdistill.sweep import disk as sweep_disk
 from jaxdistill.sweep import grid as grid_lib
@@ -197,3 +198,19 @@ def test_sweep_compile_only_json_has_the_arms_chip_hours(tmp_path):
   assert arm["bound_s"] == pytest.approx(want)
   assert report["cost"]["grid"]["chip_hours"] == pytest.approx(want * 4 / 3600)
   assert report["cost_lines"][-1].startswith("cost grid: 1 arm on v5e:2x2: ")
+
+
+def test_the_spectrum_s_endpoint_arms_get_their_own_one_model_rollout():
+  """rollout.lam is a value the programs do not depend on, except at the
+  spectrum's endpoints, which decode with the pure policy's program
+  (rollout.sampling_policy): runlocal grid_spectrum (lam -2, 0, +1) groups
+  lam -2 with 0 and gives +1 its own rollout (it used to share lam -2's
+  two-model program, so --compile_only and the cost measured the wrong one)."""
+  grid = config_lib.load_config("configs/grid_spectrum.py:runlocal")
+  with sharding.compiling_for("tpu"):
+    programs, arms = sweep_programs.grid_programs(
+        grid, compile_only.target("v5e-4"), log=lambda _: None)
+  rollouts = sorted(sorted(a.split(",")[1] for a in arms[p.name])
+                    for p in programs if p.name.startswith("train rollout"))
+  assert rollouts == [["lam=-2.0", "lam=0.0"], ["lam=-2.0", "lam=0.0"],
+                      ["lam=1.0"], ["lam=1.0"]]
