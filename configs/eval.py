@@ -3,7 +3,11 @@ r"""Evaluate a distilled student: accuracy, coverage, forgetting, sparsity.
 Sweepable args (after the colon): task (what the model was trained on:
 countdown | science | medical | math; it decides which suites are in-distribution,
 harder and OOD), suites / ood (suite names joined by '+', overriding the task's
-defaults; 'ood=' for none), samples (n for pass@k), seed, runlocal (tiny
+defaults; 'ood=' for none), forgetting ('suites', the default: accuracy on
+the other study tasks; 'lmeval': the paper's, the seven lm-eval benchmarks
+of suite `lmeval` instead, `pip install 'jaxdistill[lmeval]'`), unsafe_code
+(True: lets lm-eval execute HumanEval's generated code, which the `lmeval`
+suite refuses to run without), samples (n for pass@k), seed, runlocal (tiny
 suites; its defaults, Countdown-3 in distribution, Countdown-5 as OOD,
 greedy decoding, samples=4 and seed 0, apply to the args not given).
 
@@ -31,6 +35,13 @@ Greedy decoding is off (sampler.greedy=True adds `S/greedy_acc`).
     --config.suites.medical.data_dir=/data \
     --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
     --out /runs/qwen_rkl_on/eval.json
+
+  # The paper's forgetting measure: the mean of the seven lm-eval benchmarks
+  # (suite lmeval; their data sets download on first use; HumanEval runs the
+  # model's code, hence unsafe_code and HF_ALLOW_CODE_EVAL):
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.evaluate \
+    --config configs/eval.py:task=countdown,forgetting=lmeval,unsafe_code=True \
+    --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct
 
   # Not the paper's data: the extra suites sciq, medmcqa, gpqa (prepared by
   # name the same way, or --config.suites.sciq.path=/data/sciq/test.json):
@@ -76,6 +87,11 @@ TASKS = {
 }
 
 
+# jaxdistill.evaluate.harness.OOD_TASKS's names (this file imports no lm-eval).
+LMEVAL_TASKS = ("mmlu_pro", "truthfulqa_mc1", "ifeval", "humaneval_instruct",
+                "eq_bench", "bbq", "toxigen")
+
+
 def _names(s):
   return tuple(n for n in str(s or "").split("+") if n)
 
@@ -104,7 +120,12 @@ def _paper_countdown(source):
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, task="countdown", suites="", ood="<task>",
-                             samples=10, seed=42, runlocal=False)
+                             samples=10, seed=42, runlocal=False,
+                             forgetting="suites", unsafe_code=False)
+  if arg.forgetting not in ("suites", "lmeval"):
+    raise ValueError("config arg forgetting: expected 'suites' (accuracy on "
+                     "the other study tasks) or 'lmeval' (the paper's seven "
+                     f"lm-eval benchmarks), got {arg.forgetting!r}")
   if arg.task not in TASKS:
     raise ValueError(f"config arg task: expected one of {sorted(TASKS)}, "
                      f"got {arg.task!r}")
@@ -146,6 +167,22 @@ def get_config(arg=None):
   c.suites.sciq = _mcq("sciq", "science")
   c.suites.medmcqa = _mcq("medmcqa", "medreason", "validation")
   c.suites.gpqa = _mcq("gpqa", "science")
+  # The paper's forgetting suite (App. D.1.2): seven lm-evaluation-harness
+  # benchmarks, the first 200 examples of each (of each MMLU-Pro subject),
+  # on the checkpoint through jaxdistill.evaluate.harness (fields there, in
+  # evaluate_suite). HumanEval runs the code the model writes: lm-eval does
+  # that only with confirm_run_unsafe_code (config arg unsafe_code=True) and
+  # HF_ALLOW_CODE_EVAL=1. max_gen_toks: the completion cap of the study's
+  # evaluation (our reading; the paper gives none for these benchmarks).
+  c.suites.lmeval = dict(
+      kind="harness", tasks="+".join(LMEVAL_TASKS), limit=200, limits={},
+      batch_size=16, max_gen_toks=2048, max_length=config_dict.placeholder(int),
+      apply_chat_template=True, confirm_run_unsafe_code=bool(arg.unsafe_code),
+      include_path=config_dict.placeholder(str), metrics={})
+  if arg.forgetting == "lmeval":  # instead of the other study tasks
+    suites = "+".join([n for n in _names(suites) if n not in _names(ood)]
+                      + ["lmeval"])
+    ood = "lmeval"
   c.eval_suites = _names(arg.suites or suites)
   c.in_distribution = tuple(n for n in _names(in_dist) if n in c.eval_suites)
   c.harder = tuple(n for n in _names(harder) if n in c.eval_suites)
@@ -201,9 +238,13 @@ def get_config(arg=None):
       c.in_distribution = tuple(n for n in ("countdown3",) if n in c.eval_suites)
       c.harder = ()
       c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
+      if arg.forgetting == "lmeval":
+        c.eval_suites = _names(arg.suites or "countdown3+lmeval")
+        c.ood = _names("lmeval" if arg.ood == "<task>" else arg.ood)
     for n in list(range(3, 7)) + ["3_paper", "4e"]:
       c.suites[f"countdown{n}"].num_problems = 4
     c.suites.math500.num_problems = 4
+    c.suites.lmeval.update(limit=4, batch_size=2, max_gen_toks=8)
     for n in ("science", "science_train", "medical", "sciq", "medmcqa", "gpqa"):
       c.suites[n].num_problems = 4
     samples = arg.given_or("samples", 4)

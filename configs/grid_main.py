@@ -49,6 +49,16 @@ docs/method.md section 8), only when named), runlocal (tiny CPU models, no
 family or task axis; axes kl x policy unless `axes` names others, e.g.
 `runlocal,axes=policy+lr`).
 
+Forgetting as the paper measures it, the drop of the mean of seven
+lm-evaluation-harness benchmarks (configs/eval.py's suite `lmeval`; `pip
+install 'jaxdistill[lmeval]'`; HumanEval executes the code the model writes,
+hence unsafe_code=True and HF_ALLOW_CODE_EVAL=1), instead of the default,
+accuracy on the other two study tasks:
+
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config \
+    configs/grid_main.py:families=llama,seeds=3,forgetting=lmeval,unsafe_code=True \
+    --workdir /runs/main
+
 Weight precision as a sixth axis (twice the arms):
 
   python -m jaxdistill.sweep --config \
@@ -91,7 +101,8 @@ def _mcq(source, prompt):
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, families="+".join(PAPER_FAMILIES),
                              tasks="+".join(TASKS), seeds=1, axes="",
-                             runlocal=False)
+                             runlocal=False, forgetting="suites",
+                             unsafe_code=False)
   c = ml_collections.ConfigDict()
   # Teacher-policy arms: one teacher generation per step, kept and read by
   # the others (train/shared_rollouts.py).
@@ -117,7 +128,22 @@ def get_config(arg=None):
   # In-distribution accuracy and coverage on the trained task, forgetting on
   # the other two families of tasks, sparsity against the student checkpoint.
   # Suites without a path read the data prepared by name in the runs' data_dir.
-  c.eval = dict(spec="configs/eval.py:task={task}", baseline=True,
+  # forgetting=lmeval: the paper's measure, the seven lm-eval benchmarks
+  # (configs/eval.py's suite lmeval), instead of accuracy on the other tasks.
+  if arg.forgetting not in ("suites", "lmeval"):
+    raise ValueError("config arg forgetting: expected 'suites' or 'lmeval', "
+                     f"got {arg.forgetting!r}")
+  if arg.unsafe_code and arg.forgetting != "lmeval":
+    arg.refuse("unsafe_code", "it lets lm-eval run HumanEval's code, which "
+               "only forgetting=lmeval evaluates")
+  ev_spec = "configs/eval.py:task={task}"
+  if arg.forgetting == "lmeval":
+    if arg.runlocal:
+      arg.refuse("forgetting", "runlocal evaluates tiny local suites; the "
+                 "lm-eval benchmarks download their data sets")
+    ev_spec += ",forgetting=lmeval" + (",unsafe_code=True" if arg.unsafe_code
+                                       else "")
+  c.eval = dict(spec=ev_spec, baseline=True,
                 updates=dict(suites=dict(science=dict(path=config_dict.placeholder(str)),
                                          medical=dict(path=config_dict.placeholder(str)))))
   if arg.runlocal:

@@ -118,7 +118,8 @@ ARG_VALUES = {
     "avg": "token", "suites": "countdown4", "ood": "countdown6", "samples": 8,
     "families": "llama", "tasks": "science", "axes": "policy", "rlvr": False,
     "rl_lr": 3e-6, "variant": "tail", "spectrum": True, "arm_steps": 7,
-    "lrs": "2e-4+2e-3", "paper": True}
+    "lrs": "2e-4+2e-3", "paper": True, "forgetting": "lmeval",
+    "unsafe_code": True}
 CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
                      ("teacher_grpo.py", "family"): "llama",
                      ("teacher_grpo.py", "task"): "medical",

@@ -422,6 +422,74 @@ def ood_scores(results: dict) -> dict[str, float]:
   return out
 
 
+def score_key(task: str, metrics: dict | None = None) -> tuple[str, float]:
+  """(results key, factor to a fraction) of `task`'s score: `metrics[task]`
+  ('key' or 'key*factor') when given, else OOD_TASKS's entry."""
+  given = (metrics or {}).get(task)
+  if given:
+    key, _, factor = str(given).partition("*")
+    return key, float(factor or 1.0)
+  if task not in OOD_TASKS:
+    raise ValueError(f"no score key for lm-eval task {task!r}: name it in the "
+                     "suite's metrics, e.g. metrics={'" + task +
+                     "': 'acc,none'} (OOD_TASKS has the paper's seven)")
+  return OOD_TASKS[task]
+
+
+def evaluate_suite(pretrained: str, spec, *, dtype: str | None = None,
+                   seed: int = 0, system: str | None = None) -> tuple[dict, dict]:
+  """An evaluation suite of kind 'harness' (configs/eval.py's `lmeval`): its
+  lm-eval tasks on the checkpoint directory `pretrained` through JaxLM,
+  in-process (lm-eval's simple_evaluate; its datasets download on first use).
+
+  spec: tasks ('+'-joined lm-eval task names), limit (per task, and per
+  subtask of a group such as MMLU-Pro; None: all), limits ({task: limit},
+  overriding limit), batch_size, max_gen_toks, max_length, apply_chat_template,
+  confirm_run_unsafe_code (lm-eval's switch for tasks that execute generated
+  code), include_path (a directory of task YAMLs), metrics ({task: 'key' or
+  'key*factor'}, for tasks outside OOD_TASKS).
+  Returns ({'score': unweighted mean, task: score, ...} as fractions,
+  {task: lm-eval's metrics of the task}). Tasks with one limit run in one
+  simple_evaluate call; the model is loaded once.
+  """
+  from lm_eval import evaluator  # pylint: disable=g-import-not-at-top
+  from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
+  tasks = [t for t in str(spec.get("tasks") or "").split("+") if t]
+  metrics = dict(spec.get("metrics") or {})
+  keys = {t: score_key(t, metrics) for t in tasks}  # before any loading
+  limits = dict(spec.get("limits") or {})
+  args = dict(pretrained=pretrained, batch_size=int(spec.get("batch_size") or 1),
+              seed=int(seed))
+  for k in ("dtype", "max_gen_toks", "max_length"):
+    v = dtype if k == "dtype" else spec.get(k)
+    if v is not None:
+      args[k] = v
+  lm = JaxLM(**args)
+  manager = lm_tasks.TaskManager(include_path=spec.get("include_path") or None)
+  by_limit = {}
+  for t in tasks:
+    by_limit.setdefault(limits.get(t, spec.get("limit")), []).append(t)
+  raw = {}
+  for limit, group in by_limit.items():
+    out = evaluator.simple_evaluate(
+        model=lm, tasks=group, limit=limit, task_manager=manager,
+        apply_chat_template=bool(spec.get("apply_chat_template")),
+        system_instruction=system, log_samples=False, bootstrap_iters=0,
+        random_seed=int(seed), numpy_random_seed=int(seed),
+        fewshot_random_seed=int(seed),
+        confirm_run_unsafe_code=bool(spec.get("confirm_run_unsafe_code")))
+    raw.update((t, out["results"][t]) for t in group)
+  scores = {}
+  for t, (key, factor) in keys.items():
+    if raw.get(t, {}).get(key) is None:
+      raise ValueError(f"lm-eval task {t!r} reported no {key!r} (it has "
+                       f"{sorted(raw.get(t, {}))}); set the suite's "
+                       f"metrics.{t}")
+    scores[t] = float(raw[t][key]) * keys[t][1]
+  scores = {"score": sum(scores.values()) / len(scores), **scores}
+  return scores, raw
+
+
 def register() -> None:
   """Registers JaxLM as lm-eval's model `jaxdistill` (once per process)."""
   if NAME not in lm_registry.model_registry.keys():

@@ -75,19 +75,24 @@ def group_means(flat: Mapping[str, float], groups: Mapping[str, Sequence[str]]
 
 
 def forgetting_metrics(after: Mapping[str, float], before: Mapping[str, float],
-                       ood: Sequence[str], metric: str = "greedy_acc") -> dict:
+                       ood: Sequence[str],
+                       metric: str | Mapping[str, str] = "greedy_acc") -> dict:
   """forgetting/{suite}_pp and forgetting/mean_pp via metrics.forgetting.
 
   `after` / `before` are flat per-suite dicts ('{suite}/{metric}' keys) of the
-  evaluated checkpoint and of the baseline (the student before training).
+  evaluated checkpoint and of the baseline (the student before training);
+  `metric` one name, or {suite: name}.
   """
   if not ood:
     raise ValueError("ood: forgetting needs at least one out-of-distribution suite")
-  missing = [s for s in ood for d in (after, before) if f"{s}/{metric}" not in d]
+  of = (lambda s: metric[s]) if isinstance(metric, Mapping) else (
+      lambda s: metric)
+  missing = [s for s in ood for d in (after, before) if f"{s}/{of(s)}" not in d]
   if missing:
-    raise ValueError(f"forgetting: no '{metric}' for suite(s) {sorted(set(missing))}")
-  res = metrics.forgetting({s: before[f"{s}/{metric}"] for s in ood},
-                           {s: after[f"{s}/{metric}"] for s in ood})
+    raise ValueError(f"forgetting: no '{of(missing[0])}' for suite(s) "
+                     f"{sorted(set(missing))}")
+  res = metrics.forgetting({s: before[f"{s}/{of(s)}"] for s in ood},
+                           {s: after[f"{s}/{of(s)}"] for s in ood})
   out = {f"forgetting/{s}_pp": v for s, v in res["per_suite"].items()}
   out["forgetting/mean_pp"] = res["mean"]
   return out
@@ -115,6 +120,21 @@ def format_report(result: Mapping) -> str:
     lines.append(f"baseline:   {result['baseline']}")
   for suite, meta in info.items():
     base = any(k.startswith(f"baseline/{suite}/") for k in m)
+    if meta.get("kind") == "harness":  # lm-eval tasks: a score each, the mean
+      lines += ["", f"## {suite} ({meta.get('group', 'other')}, lm-eval; score "
+                "= the unweighted mean of the tasks')", ""]
+      rows = []
+      for k in sorted((k.split("/", 1)[1] for k in m
+                       if k.startswith(f"{suite}/")),
+                      key=lambda k: (k != "score", k)):
+        v, row = m[f"{suite}/{k}"], [k, _fmt(m[f"{suite}/{k}"], True)]
+        if base:
+          b = m.get(f"baseline/{suite}/{k}")
+          row += [_fmt(b, True), "-" if b is None else f"{100 * (v - b):+.1f} pp"]
+        rows.append(row)
+      lines += _table(["task", "checkpoint"] + (["baseline", "change"] if base
+                                                else []), rows)
+      continue
     lines += ["", f"## {suite} ({meta.get('group', 'other')}, "
               f"{int(m[f'{suite}/num_problems'])} problems"
               + (f", {int(m[f'{suite}/num_dropped'])} dropped as too long"

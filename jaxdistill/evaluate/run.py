@@ -211,8 +211,37 @@ def _rollout_factory(config, mesh, rules):
   return make
 
 
+def _harness():
+  """jaxdistill.evaluate.harness, imported on first use: importing it needs
+  the optional lmeval extra (lm-eval's classes are its base classes)."""
+  import jaxdistill.evaluate.harness as harness_lib  # pylint: disable=g-import-not-at-top
+  return harness_lib
+
+
 def _evaluate(role, path, config, mesh, rules, factory, suites, *,
-              num_samples):
+              num_samples, harness=(), raw=None):
+  """Flat metrics of `path` on `suites` ({name: records}) and on the
+  'harness' suites named in `harness` (lm-eval's own results go into
+  raw[name])."""
+  out = {}
+  if suites:
+    out.update(_evaluate_core(role, path, config, mesh, rules, factory, suites,
+                              num_samples=num_samples))
+  for name in harness:
+    harness_lib = _harness()
+    logging.info("%s: lm-eval suite %s (%s)", role, name,
+                 config.suites[name].tasks)
+    scores, res = harness_lib.evaluate_suite(
+        path, config.suites[name], dtype=config.get("dtype"),
+        seed=int(config.seed), system=config.get("system"))
+    out.update({f"{name}/{k}": v for k, v in scores.items()})
+    if raw is not None:
+      raw[name] = res
+  return out
+
+
+def _evaluate_core(role, path, config, mesh, rules, factory, suites, *,
+                   num_samples):
   s = config.sampler
   cfg, params, tokenizer, eos = load_model(path, config, mesh, rules)
   logging.info("%s: %s (%s, %d layers, dtype %s)", role, path, cfg.family,
@@ -266,6 +295,12 @@ def run(config, checkpoint: str, baseline: str | None = None,
   for flag, path in (("--checkpoint", checkpoint), ("--baseline", baseline)):
     if path:
       check_positions(config, models.checkpoint.read_config(path), flag)
+  harness = suites_lib.harness_names(config, names)
+  if harness:  # before any weights load
+    try:
+      _harness()
+    except ImportError as e:
+      raise ImportError(f"config.suites.{harness[0]}: {e}") from None
   suites = suites_lib.load_suites(config, names)
   mesh = sharding.make_mesh(dict(config.mesh)) if config.get("mesh") else None
   rules = sharding.rules_from_config(config)
@@ -279,6 +314,7 @@ def run(config, checkpoint: str, baseline: str | None = None,
                                          "other"),
                            "kind": config.suites[n].kind} for n in names},
             "forgetting_metric": config.forgetting.metric, "sparsity": None}
+  raw = {"checkpoint": {}, "baseline": {}}  # lm-eval's results, harness suites
 
   flat = {}
   if baseline:
@@ -294,7 +330,8 @@ def run(config, checkpoint: str, baseline: str | None = None,
 
   s = config.sampler
   flat.update(_evaluate("checkpoint", checkpoint, config, mesh, rules, factory,
-                        suites, num_samples=int(s.num_samples)))
+                        suites, num_samples=int(s.num_samples),
+                        harness=harness, raw=raw["checkpoint"]))
   flat.update(report.group_means(flat, groups))
   if baseline:
     base_names, base_samples = baseline_plan(config, names)
@@ -304,13 +341,21 @@ def run(config, checkpoint: str, baseline: str | None = None,
       f = config.forgetting
       if before is None:
         before = _evaluate("baseline", baseline, config, mesh, rules, factory,
-                           {n: suites[n] for n in base_names},
-                           num_samples=base_samples)
+                           {n: suites[n] for n in base_names if n in suites},
+                           num_samples=base_samples,
+                           harness=suites_lib.harness_names(config, base_names),
+                           raw=raw["baseline"])
       flat.update({f"baseline/{k}": v for k, v in before.items()})
       if groups["ood"]:
+        # A harness suite's score is its tasks' mean (the paper's forgetting
+        # is the drop of its seven benchmarks' mean).
+        metric = {n: "score" if n in harness else f.metric
+                  for n in groups["ood"]}
         flat.update(report.forgetting_metrics(flat, before, groups["ood"],
-                                              f.metric))
+                                              metric))
   result["metrics"] = flat
+  if harness:
+    result["lmeval"] = {k: v for k, v in raw.items() if v}
   result["config"] = json.loads(json.dumps(config.to_dict(), default=str))
   result["elapsed_s"] = time.time() - t0
   if out and jax.process_index() == 0:  # every process has the same result

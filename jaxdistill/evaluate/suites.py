@@ -25,6 +25,15 @@ A suite spec is a small dict in `config.suites`:
       `prompt`: None, the project's prompt; 'science' / 'medreason', that
       Table 1 prompt (tasks.mcq.PROMPTS).
 
+  lmeval = dict(kind='harness', tasks='mmlu_pro+truthfulqa_mc1+...',
+                limit=200, ...)
+      lm-evaluation-harness tasks run on the checkpoint by
+      jaxdistill.evaluate.harness.evaluate_suite (fields there); its
+      metrics are `lmeval/score` (the unweighted mean of the tasks' scores,
+      fractions) and `lmeval/{task}`. It holds no problems of ours: it is
+      not loaded here, and --compile_only and the sweep's cost do not count
+      it. Needs `pip install 'jaxdistill[lmeval]'`.
+
   math500 = dict(kind='math', source='math500', data_dir='/data',
                  num_problems=None)
       the math set `source` (numina_math's train, math500's test) that
@@ -52,7 +61,7 @@ from jaxdistill.data import sources
 from jaxdistill.tasks import countdown
 from jaxdistill.tasks import mcq
 
-KINDS = ("countdown", "mcq", "math")
+KINDS = ("countdown", "mcq", "math", "harness")
 
 
 def _field(name: str, key: str) -> str:
@@ -148,6 +157,9 @@ def check_names(config) -> tuple[str, ...]:
   if unknown:
     raise ValueError(f"config.eval_suites: unknown suite(s) {unknown}; known "
                      f"suites: {known}")
+  for n in names:
+    if config.suites[n].get("kind") == "harness":
+      check_harness(n, config.suites[n])
   for group in ("in_distribution", "harder", "ood"):
     stray = [n for n in config.get(group) or () if n not in names]
     if stray:
@@ -156,9 +168,45 @@ def check_names(config) -> tuple[str, ...]:
   return names
 
 
+def check_harness(name: str, spec: Mapping) -> None:
+  """A 'harness' suite's fields, without importing lm-eval."""
+  tasks = [t for t in str(spec.get("tasks") or "").split("+") if t]
+  if not tasks:
+    raise ValueError(f"{_field(name, 'tasks')}: lm-eval task names joined by "
+                     "'+', got none")
+  for key, value in [("limit", spec.get("limit")), ("batch_size",
+                     spec.get("batch_size"))] + [
+                         (f"limits.{t}", v) for t, v in
+                         dict(spec.get("limits") or {}).items()]:
+    if value is not None and (not isinstance(value, int) or isinstance(
+        value, bool) or value <= 0):
+      raise ValueError(f"{_field(name, key)}: a positive int or None, got "
+                       f"{value!r}")
+  stray = sorted(set(dict(spec.get("limits") or {})) - set(tasks))
+  if stray:
+    raise ValueError(f"{_field(name, 'limits')}: {stray[0]!r} is not one of "
+                     f"the suite's tasks ({'+'.join(tasks)})")
+  code = [t for t in tasks if "humaneval" in t or "mbpp" in t]
+  if code and not spec.get("confirm_run_unsafe_code"):
+    raise ValueError(
+        f"{_field(name, 'tasks')}: {code[0]} executes the code the model "
+        "writes, which lm-eval does only when you opt in: set "
+        f"{_field(name, 'confirm_run_unsafe_code')}=True and export "
+        "HF_ALLOW_CODE_EVAL=1 (ideally inside a sandbox), or leave it out "
+        f"of {_field(name, 'tasks')} (the mean is then over the others); "
+        "configs/eval.py's arg unsafe_code=True opts in")
+
+
+def harness_names(config, names: Sequence[str]) -> tuple[str, ...]:
+  """Of `names`, the suites of kind 'harness' (lm-eval tasks)."""
+  return tuple(n for n in names if config.suites[n].get("kind") == "harness")
+
+
 def load_suites(config, names: Sequence[str] | None = None) -> dict[str, list[dict]]:
-  """{name: records} for `names` (default: config.eval_suites), in order."""
+  """{name: records} for `names` (default: config.eval_suites), in order;
+  'harness' suites are left out (they hold no problems of ours)."""
   names = check_names(config) if names is None else tuple(names)
+  names = tuple(n for n in names if n not in harness_names(config, names))
   out = {}
   for n in names:
     if n not in config.suites:

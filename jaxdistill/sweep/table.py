@@ -8,7 +8,8 @@ the metrics below (None when a run has no such figure):
                   (evaluation 'id/single_acc', configs/eval.py's default)
                   where the evaluation has it, else greedy ('id/greedy_acc')
   coverage        in-distribution pass@k at the largest k evaluated
-  forgetting_pp   mean accuracy drop on the OOD suites, percentage points
+  forgetting_pp   mean accuracy drop on the OOD suites, percentage points (with
+                  forgetting=lmeval: the drop of the seven lm-eval benchmarks' mean)
   sparsity_S_1e-6_f32, sparsity_S_1e-8_f32   update sparsity as the paper
                   defines it (App. D.4), whole model: share of parameters
                   with |delta| < tau (strict), compared in float32

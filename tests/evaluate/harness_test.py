@@ -250,18 +250,24 @@ metadata:
 """
 
 
-def test_cli_end_to_end(ckpt, models_pair, tmp_path):
-  """`python -m jaxdistill.evaluate.harness` (lm-eval's CLI) offline, without
-  torch installed: every request in the logged samples gets HFLM's answer,
-  and the results JSON's metrics follow from them. The Qwen2 run goes
-  through --apply_chat_template."""
-  _, ref = models_pair
+def _local_tasks(tmp_path):
+  """A directory of two lm-eval tasks (tiny_mcq, tiny_gen) over MCQ_DOCS."""
   data = tmp_path / "docs.jsonl"
   data.write_text("".join(json.dumps(d) + "\n" for d in MCQ_DOCS))
   tasks = tmp_path / "tasks"
   tasks.mkdir()
   (tasks / "tiny_mcq.yaml").write_text(TASK_YAML.format(data=data))
   (tasks / "tiny_gen.yaml").write_text(GEN_YAML.format(data=data))
+  return tasks
+
+
+def test_cli_end_to_end(ckpt, models_pair, tmp_path):
+  """`python -m jaxdistill.evaluate.harness` (lm-eval's CLI) offline, without
+  torch installed: every request in the logged samples gets HFLM's answer,
+  and the results JSON's metrics follow from them. The Qwen2 run goes
+  through --apply_chat_template."""
+  _, ref = models_pair
+  tasks = _local_tasks(tmp_path)
   out = tmp_path / "out"
   # The child runs where torch is not installed: `python -S` (no site dir)
   # over a copy of site-packages made of links to all but torch's packages,
@@ -419,3 +425,94 @@ def test_cli_ood_flag_and_score(monkeypatch, tmp_path, capsys):
                      "task 'mmlu_pro'"):
     f.write_text(json.dumps({"results": {"mmlu_pro": {}}}))
     harness.main(["ood-score", str(f)])
+
+
+# -- the `lmeval` suite of python -m jaxdistill.evaluate -----------------------
+
+
+def test_evaluate_harness_suite_scores_and_forgetting(ckpt, tmp_path, tokenizer):
+  """jaxdistill.evaluate with a 'harness' suite as the OOD group: its task
+  scores, mean and forgetting equal those lm-eval computes with its own `hf`
+  model on the checkpoint and on a baseline of other random weights."""
+  if "qwen2" not in ckpt.name:
+    pytest.skip("one family is enough for the wiring (the parity above has both)")
+  from lm_eval import evaluator  # pylint: disable=g-import-not-at-top
+  from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
+  from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.evaluate import report  # pylint: disable=g-import-not-at-top
+  from jaxdistill.evaluate import run as evaluate_run  # pylint: disable=g-import-not-at-top
+  tasks = _local_tasks(tmp_path)
+  base = tiny_hf.make_tiny_checkpoint(
+      "qwen2", tmp_path / "base", seed=1,
+      vocab_size=len(tok_lib.load_tokenizer(str(ckpt))),
+      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+  tokenizer.save_pretrained(str(base))
+  c = config_lib.load_config("configs/eval.py:runlocal")
+  c.suites.lmeval.update(tasks="tiny_mcq+tiny_gen", include_path=str(tasks),
+                         limits={"tiny_gen": 2}, max_length=MAX_LEN,
+                         metrics={"tiny_mcq": "acc,none",
+                                  "tiny_gen": "exact_match,none"})
+  c.eval_suites, c.in_distribution, c.ood = (
+      ("countdown3", "lmeval"), ("countdown3",), ("lmeval",))
+  out = tmp_path / "eval.json"
+  res = evaluate_run.run(c, str(ckpt), str(base), str(out))
+  m = res["metrics"]
+
+  manager = lm_tasks.TaskManager(include_path=str(tasks))
+  want = {}
+  for role, path in (("after", ckpt), ("before", base)):
+    ref = HFLM(pretrained=str(path), device="cpu", dtype="float32",
+               batch_size=1, max_length=MAX_LEN)
+    scores = {}
+    for task, key, limit in (("tiny_mcq", "acc,none", None),
+                             ("tiny_gen", "exact_match,none", 2)):
+      r = evaluator.simple_evaluate(model=ref, tasks=[task], limit=limit,
+                                    task_manager=manager,
+                                    apply_chat_template=True,
+                                    log_samples=False, bootstrap_iters=0)
+      scores[task] = r["results"][task][key]
+    want[role] = scores
+  for task in ("tiny_mcq", "tiny_gen"):
+    assert m[f"lmeval/{task}"] == pytest.approx(want["after"][task], abs=1e-9)
+    assert m[f"baseline/lmeval/{task}"] == pytest.approx(want["before"][task],
+                                                         abs=1e-9)
+  mean = lambda d: (d["tiny_mcq"] + d["tiny_gen"]) / 2
+  assert m["lmeval/score"] == pytest.approx(mean(want["after"]))
+  drop = 100 * (mean(want["before"]) - mean(want["after"]))
+  assert m["forgetting/lmeval_pp"] == pytest.approx(drop)
+  assert m["forgetting/mean_pp"] == pytest.approx(drop)
+  assert "countdown3/greedy_acc" in m
+  assert "baseline/countdown3/greedy_acc" not in m  # OOD suites only
+  saved = json.loads(out.read_text())
+  assert set(saved["lmeval"]) == {"checkpoint", "baseline"}
+  assert saved["lmeval"]["checkpoint"]["lmeval"]["tiny_mcq"]["acc,none"] == (
+      pytest.approx(want["after"]["tiny_mcq"]))
+  text = report.format_report(res)
+  assert "## lmeval (ood, lm-eval" in text and "tiny_gen" in text
+
+
+def test_harness_suite_config_errors():
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.evaluate import run as evaluate_run  # pylint: disable=g-import-not-at-top
+  spec = "configs/eval.py:task=countdown,forgetting=lmeval"
+  c = config_lib.load_config(spec)
+  assert c.ood == ("lmeval",) and "science" not in c.eval_suites
+  assert tuple(c.suites.lmeval.tasks.split("+")) == tuple(harness.OOD_TASKS)
+  with pytest.raises(ValueError, match="humaneval_instruct executes the code"):
+    evaluate_run.check_config(c)
+  evaluate_run.check_config(config_lib.load_config(spec + ",unsafe_code=True"))
+  for field, value, match in (("tasks", "", "task names"),
+                              ("limit", 0, "positive int"),
+                              ("limits", {"bogus": 3}, "not one of")):
+    bad = config_lib.load_config(spec + ",unsafe_code=True")
+    bad.suites.lmeval[field] = value
+    with pytest.raises(ValueError, match=f"config.suites.lmeval.{field}.*{match}"):
+      evaluate_run.check_config(bad)
+  with pytest.raises(ValueError, match="no score key for lm-eval task 'x'"):
+    harness.score_key("x")
+  assert harness.score_key("x", {"x": "eqbench,none*0.01"}) == (
+      "eqbench,none", 0.01)
+  with pytest.raises(ValueError, match="forgetting: expected"):
+    config_lib.load_config("configs/eval.py:forgetting=bogus")
