@@ -410,16 +410,23 @@ def ood_args() -> list[str]:
 def ood_scores(results: dict) -> dict[str, float]:
   """Per-task scores (fractions) and their unweighted mean, `ood/mean`, from
   an lm-eval results JSON (its top level or its "results" entry)."""
-  results = results.get("results", results)
+  scores = _task_scores(results.get("results", results), OOD_TASKS,
+                        "run all seven tasks: ood_args()")
+  return {**{f"ood/{t}": v for t, v in scores.items() if t != "score"},
+          "ood/mean": scores["score"]}
+
+
+def _task_scores(results: dict, keys: dict, hint: str) -> dict[str, float]:
+  """{'score': the unweighted mean, task: score} from lm-eval's per-task
+  results; keys: {task: (results key, factor to a fraction)}."""
   out = {}
-  for task, (key, scale) in OOD_TASKS.items():
+  for task, (key, factor) in keys.items():
     value = results.get(task, {}).get(key)
     if value is None:
-      raise ValueError(f"ood_scores: no {key!r} for task {task!r} in the "
-                       "results (run all seven tasks: ood_args())")
-    out[f"ood/{task}"] = float(value) * scale
-  out["ood/mean"] = sum(out.values()) / len(OOD_TASKS)
-  return out
+      raise ValueError(f"no {key!r} for task {task!r} in lm-eval's results "
+                       f"(it has {sorted(results.get(task, {}))}; {hint})")
+    out[task] = float(value) * factor
+  return {"score": sum(out.values()) / len(out), **out}
 
 
 def score_key(task: str, metrics: dict | None = None) -> tuple[str, float]:
@@ -479,15 +486,7 @@ def evaluate_suite(pretrained: str, spec, *, dtype: str | None = None,
         fewshot_random_seed=int(seed),
         confirm_run_unsafe_code=bool(spec.get("confirm_run_unsafe_code")))
     raw.update((t, out["results"][t]) for t in group)
-  scores = {}
-  for t, (key, factor) in keys.items():
-    if raw.get(t, {}).get(key) is None:
-      raise ValueError(f"lm-eval task {t!r} reported no {key!r} (it has "
-                       f"{sorted(raw.get(t, {}))}); set the suite's "
-                       f"metrics.{t}")
-    scores[t] = float(raw[t][key]) * keys[t][1]
-  scores = {"score": sum(scores.values()) / len(scores), **scores}
-  return scores, raw
+  return _task_scores(raw, keys, "name the key in the suite's metrics"), raw
 
 
 def register() -> None:

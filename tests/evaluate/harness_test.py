@@ -430,12 +430,12 @@ def test_cli_ood_flag_and_score(monkeypatch, tmp_path, capsys):
 # -- the `lmeval` suite of python -m jaxdistill.evaluate -----------------------
 
 
+# One family is enough for the wiring (the parity tests above run both).
+@pytest.mark.parametrize("ckpt", ["qwen2"], indirect=True)
 def test_evaluate_harness_suite_scores_and_forgetting(ckpt, tmp_path, tokenizer):
   """jaxdistill.evaluate with a 'harness' suite as the OOD group: its task
   scores, mean and forgetting equal those lm-eval computes with its own `hf`
   model on the checkpoint and on a baseline of other random weights."""
-  if "qwen2" not in ckpt.name:
-    pytest.skip("one family is enough for the wiring (the parity above has both)")
   from lm_eval import evaluator  # pylint: disable=g-import-not-at-top
   from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
   from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
