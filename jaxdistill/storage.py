@@ -19,6 +19,7 @@ to gs:// itself, through tensorstore (its own commit marker, no rename).
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import re
 import shutil
@@ -246,6 +247,73 @@ def check_writable_dir(path) -> None:
                      f"({os.strerror(e.errno) if e.errno else e})") from None
   if not os.access(path, os.W_OK | os.X_OK):
     raise ValueError(f"{path}: not writable")
+
+
+MIRROR_ENV = "JAXDISTILL_GS_MIRROR"  # where gs:// inputs are mirrored
+_STAMP = ".jaxdistill-mirror.json"
+
+
+def mirror_root() -> str:
+  return os.path.expanduser(os.environ.get(MIRROR_ENV)
+                            or "~/.cache/jaxdistill/gs")
+
+
+def _stamp(fs, key: str) -> dict:
+  info = fs.info(key)
+  return {k: str(info.get(k)) for k in ("generation", "md5Hash", "size")}
+
+
+def mirror(url, what: str, *, marker: str) -> str:
+  """A local copy of the gs:// directory `url` (its files, not its
+  subdirectories), for inputs that are read as local files: checkpoints,
+  tokenizers, teacher caches. `marker` is the file uploads write last: a
+  directory without it is refused as unfinished (FileNotFoundError naming
+  `what`). The copy lives at <mirror_root()>/<bucket>/<path> (environment
+  variable JAXDISTILL_GS_MIRROR, default ~/.cache/jaxdistill/gs), and is
+  downloaded again only when the marker object's generation changed (a new
+  upload). A local disk too small for it is refused before the download."""
+  url = check(url, what, gs_ok=True)
+  fs, key = _fs(), _key(url)
+  marker_key = f"{key}/{marker}"
+  if not fs.isfile(marker_key):
+    raise FileNotFoundError(f"{what}: {url} holds no {marker}: not there, or "
+                            "its upload is unfinished (it is written last)")
+  stamp = {"url": url, **_stamp(fs, marker_key)}
+  local = os.path.join(mirror_root(), key)
+  stamp_path = os.path.join(local, _STAMP)
+  try:
+    with builtins.open(stamp_path) as f:
+      if json.load(f) == stamp:
+        return local
+  except (OSError, ValueError):
+    pass
+  files = [e for e in fs.ls(key, detail=True) if e.get("type") == "file"]
+  need = sum(int(e.get("size") or 0) for e in files)
+  os.makedirs(os.path.dirname(local), exist_ok=True)
+  free = shutil.disk_usage(os.path.dirname(local)).free
+  if need > free:
+    raise ValueError(f"{what}: {url} is {need / 1e9:.1f} GB, {os.path.dirname(local)} "
+                     f"has {free / 1e9:.1f} GB free (set {MIRROR_ENV} to a "
+                     "larger disk)")
+  part = f"{local}.part-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+  os.makedirs(part)
+  try:
+    for e in files:
+      name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+      fs.get_file(e["name"], os.path.join(part, name))
+    if _stamp(fs, marker_key) != {k: stamp[k] for k in stamp if k != "url"}:
+      raise FileNotFoundError(f"{what}: {url} changed during its download "
+                              "(an upload in progress); run again when done")
+    with builtins.open(os.path.join(part, _STAMP), "w") as f:
+      json.dump(stamp, f)
+    old = f"{local}.old-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    if os.path.isdir(local):
+      os.replace(local, old)  # local renames: the mirror is a local disk
+    os.replace(part, local)
+    shutil.rmtree(old, ignore_errors=True)
+  finally:
+    shutil.rmtree(part, ignore_errors=True)
+  return local
 
 
 def local_checkpoint(path, what: str, *, marker: str = "config.json",

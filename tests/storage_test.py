@@ -52,7 +52,7 @@ def test_paths_are_normalised():
 
 @pytest.mark.parametrize("check", [
     lambda p: cli.check_out_file(p, "--out"),        # without gs_ok=True
-    lambda p: cli.check_out_dir(p, "--out"),         # teacher cache, analysis
+    lambda p: cli.check_out_dir(p, "--out"),         # analysis
     cli.check_writable_dir,                          # prepared data, sweep
 ])
 def test_commands_without_gs_support_refuse_it(check, tmp_path, monkeypatch):
@@ -69,7 +69,6 @@ def _config(arg="runlocal", **updates):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("loss.teacher_cache", "gs://bkt1/cache"),
     ("data.data_dir", "gs://bkt1/data"),
     ("student.path", "s3://bkt1/student"),
 ])
@@ -107,10 +106,6 @@ REFUSING = {
     "demo": ["jaxdistill.demo", "--workdir", "gs://bkt1/demo"],
     "prepare": ["jaxdistill.data.prepare", "countdown", "--data_dir",
                 "gs://bkt1/data"],
-    "teacher_cache": ["jaxdistill.train.teacher_cache", "--config",
-                      _cfg("distill.py") + ":runlocal,policy=dataset",
-                      "--config.loss.teacher_topk=8", "--out",
-                      "gs://bkt1/cache"],
     "analysis": ["jaxdistill.analysis", "--config",
                  _cfg("distill.py") + ":runlocal", "--out", "gs://bkt1/kl"],
     "bench": ["jaxdistill.bench.suite", "--preset", "tiny", "--out",

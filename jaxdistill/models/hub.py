@@ -276,7 +276,9 @@ def checkpoint_dir(spec, field: str, *, workdir_ok: bool = False,
   if not spec:
     raise ValueError(f"{field}: not set (a Hugging Face checkpoint directory "
                      "or hub name org/name[@revision])")
-  storage.check(spec, field)  # a URL: refused, not looked up on the hub
+  if storage.looks_remote(spec):  # gs:// mirrored; other URLs refused
+    return _gs_checkpoint(spec, field, workdir_ok=workdir_ok,
+                          need_config=need_config)
   try:
     path, _ = resolve(spec, allow_patterns=files)
   except FileNotFoundError:
@@ -301,3 +303,31 @@ def checkpoint_dir(spec, field: str, *, workdir_ok: bool = False,
     raise NotFound(f"{field}: {path} is not a Hugging Face checkpoint "
                             f"directory (no config.json){also}")
   return path
+
+
+def _gs_checkpoint(spec, field: str, *, workdir_ok: bool,
+                   need_config: bool) -> str:
+  """checkpoint_dir of a gs:// URL: a local mirror (storage.mirror) of the
+  Hugging Face directory it names or, where `workdir_ok`, of a gs://
+  training workdir's hf_student/ export (uploaded with config.json last)."""
+  url = storage.check(spec, field, gs_ok=True)
+  has = lambda name: storage.isfile(f"{url}/{name}")
+  weights = has("model.safetensors") or has("model.safetensors.index.json")
+  if not weights and (has(f"{EXPORT_DIR}/config.json")
+                      or storage.isdir(f"{url}/checkpoints")
+                      or has("metrics.jsonl")):
+    export = f"{url}/{EXPORT_DIR}"
+    if not has(f"{EXPORT_DIR}/config.json"):
+      raise NotFound(
+          f"{field}: {url} is a training workdir with no finished "
+          f"{EXPORT_DIR}/ export yet: it holds no checkpoint to load")
+    if not workdir_ok:
+      raise ValueError(f"{field}: {url} is a training workdir, not a "
+                       f"checkpoint: use its exported student, {export}")
+    url = export
+  marker = ("config.json" if need_config or has("config.json")
+            else "tokenizer.json")
+  try:
+    return storage.mirror(url, field, marker=marker)
+  except FileNotFoundError as e:
+    raise NotFound(str(e)) from None

@@ -444,10 +444,17 @@ def check_shared(config, directory: str) -> None:
     raise ValueError(f"{shared_lib.FLAG}: single-host runs only")
 
 
+# Config fields that may name gs:// inputs: read through a local mirror
+# (storage.mirror, models.hub.checkpoint_dir), re-downloaded only when their
+# upload changed.
+GS_FIELDS = ("student.path", "teacher.path", "tokenizer", "kl.reference",
+             "loss.teacher_cache")
+
+
 def check_paths(config, workdir: str) -> str:
   """The workdir as the run uses it (local or gs://), after refusing, in one
   line, a workdir of another scheme and any URL among the config's fields
-  (teacher caches, prepared data, checkpoints to load: local only yet)."""
+  but GS_FIELDS (prepared data, shared rollouts: local only yet)."""
   workdir = storage.check(workdir, "--workdir", gs_ok=True)
 
   def walk(node, prefix):
@@ -455,7 +462,8 @@ def check_paths(config, workdir: str) -> str:
       if isinstance(v, dict):
         walk(v, f"{prefix}{k}.")
       elif isinstance(v, str) and storage.looks_remote(v):
-        storage.check(v, f"config.{prefix}{k}")
+        storage.check(v, f"config.{prefix}{k}",
+                      gs_ok=f"{prefix}{k}" in GS_FIELDS)
   walk(json.loads(config_lib.to_json(config)), "")
   return workdir
 

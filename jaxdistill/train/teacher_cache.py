@@ -34,6 +34,13 @@ replaced with --overwrite) stays intact through an error, SIGTERM or SIGINT
 (which stop after the step in flight, discard the partial cache and exit
 with 128 + the signal, saying so). A build killed with SIGKILL leaves its
 DIR.building-<pid>, which can be deleted.
+
+DIR may be gs://bucket/path: the cache is built in a local temporary
+directory and uploaded with meta.json last (an old meta.json is deleted
+before the upload starts), so an unfinished upload has no meta.json and is
+refused. A run given `loss.teacher_cache=gs://...` reads a local mirror
+(storage.mirror: downloaded once per upload, into JAXDISTILL_GS_MIRROR,
+default ~/.cache/jaxdistill/gs); the records' sha256 is checked on the copy.
 """
 from __future__ import annotations
 
@@ -192,7 +199,10 @@ def describe(config, tokenizer, vocab: int) -> dict:
   # in this machine's cache (never downloaded for this).
   spec = hub.weights_spec(config.teacher)
   try:
-    path = hub.resolve(spec, local_only=True)[0] if spec else None
+    if spec and storage.is_gs(spec):  # its mirror, as the run loads it
+      path = hub.checkpoint_dir(spec, "config.teacher.path")
+    else:
+      path = hub.resolve(spec, local_only=True)[0] if spec else None
   except (hub.HubError, FileNotFoundError):
     path = None
   out = {
@@ -238,6 +248,15 @@ class TeacherCache:
   truncated or unreadable records file are refused, naming the file)."""
 
   def __init__(self, directory: str):
+    self.source = directory  # as given: a gs:// cache is read from a mirror
+    if storage.looks_remote(directory):
+      try:
+        directory = storage.mirror(
+            storage.check(directory, "config.loss.teacher_cache", gs_ok=True),
+            "config.loss.teacher_cache", marker=META)
+      except FileNotFoundError as e:
+        raise ValueError(f"{e}; build it with python -m "
+                         "jaxdistill.train.teacher_cache") from None
     self.directory = os.path.expanduser(directory)
     self.meta_path = os.path.join(self.directory, META)
     self.records_path = os.path.join(self.directory, RECORDS)
@@ -471,11 +490,15 @@ def _check_buildable(config) -> None:
 
 def _check_out(out_dir: str, overwrite: bool) -> bool:
   """Whether out_dir holds a cache to replace; refuses what must not be."""
-  cli.check_out_dir(out_dir, "--out")
-  if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+  if storage.is_gs(out_dir):
+    storage.check_writable_dir(out_dir)
+  else:
+    cli.check_out_dir(out_dir, "--out")
+  entries = (storage.listdir(out_dir) if storage.isdir(out_dir) else [])
+  if not entries:
     return False
   own = {META, RECORDS}
-  other = sorted(set(os.listdir(out_dir)) - own)
+  other = sorted(set(entries) - own)
   if other:
     raise ValueError(f"--out: {out_dir} holds {other[0]!r}, which is not "
                      "part of a teacher cache; choose a new or empty directory")
@@ -507,12 +530,22 @@ def _swap_in(new: str, out_dir: str) -> None:
   shutil.rmtree(old)
 
 
+def _upload(local: str, out_dir: str) -> None:
+  """The complete cache `local` uploaded to gs:// `out_dir`: an old cache's
+  meta.json is deleted first and the new one uploaded last, so a kill part
+  way leaves a directory without meta.json, which is refused as incomplete
+  (rebuild it), never an old meta.json beside new records."""
+  storage.remove(f"{out_dir}/{META}")
+  storage.upload_dir(local, out_dir, last=META)
+
+
 def build(config, out_dir: str, *, overwrite: bool = False,
           devices=None) -> str:
   """One teacher pass over a run's steps; writes out_dir (module docstring).
 
   Every check comes first; the cache is built in <out_dir>.building-<pid>
-  and moved into place when complete, so an existing cache (replaced only
+  (on gs://, a local temporary directory, then uploaded: _upload) and moved
+  into place when complete, so an existing cache (replaced only
   with `overwrite`) is intact until then. An error, SIGTERM or SIGINT
   during the build removes the partial one (SIGTERM / SIGINT after the step
   in flight, then train.preempt.Preempted saying what is kept).
@@ -520,7 +553,10 @@ def build(config, out_dir: str, *, overwrite: bool = False,
   _check_buildable(config)
   config_lib.validate(config)
   config_lib.validate_run(config)
-  out_dir = os.path.realpath(storage.check(out_dir, "--out"))  # no gs: dir
+  out_dir = storage.check(out_dir, "--out", gs_ok=True)
+  gs = storage.is_gs(out_dir)
+  if not gs:
+    out_dir = os.path.realpath(out_dir)
   replacing = _check_out(out_dir, overwrite)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rules = sharding.rules_from_config(config)
@@ -531,7 +567,9 @@ def build(config, out_dir: str, *, overwrite: bool = False,
           f"nothing was written to {out_dir}")
   total = int(config.total_steps)
   stop = preempt.StopOnSignal()
-  tmp = f"{out_dir}.building-{os.getpid()}"
+  # Built locally; on gs:// then uploaded (_upload), no directory renamed.
+  tmp = (storage.local_staging("jaxdistill-teacher-cache-") if gs
+         else f"{out_dir}.building-{os.getpid()}")
   compile_only.check_on_devices(programs(config, scfg, tcfg, vocab, mesh, rules),
                                 list(mesh.devices.flat), _advice)
   try:
@@ -543,7 +581,7 @@ def build(config, out_dir: str, *, overwrite: bool = False,
     teacher_topk = topk_fn(config, tcfg, vocab, sharding.Activations(mesh, rules))
 
     seed_key = jax.random.key(config.seed)
-    os.makedirs(tmp)
+    os.makedirs(tmp, exist_ok=True)
     writer = array_record_module.ArrayRecordWriter(
         os.path.join(tmp, RECORDS), "group_size:1")
     try:
@@ -573,7 +611,11 @@ def build(config, out_dir: str, *, overwrite: bool = False,
       json.dump({"format": FORMAT, MADE_FROM: made_from, "num_steps": total,
                  RECORDS_DIGEST: file_digest(os.path.join(tmp, RECORDS))},
                 f, indent=2, sort_keys=True, default=str)
-    _swap_in(tmp, out_dir)
+    if gs:
+      _upload(tmp, out_dir)
+      shutil.rmtree(tmp, ignore_errors=True)
+    else:
+      _swap_in(tmp, out_dir)
     if stop.signum is not None:  # arrived while the last records were saved
       raise preempt.Preempted(
           f"stopped by {signal.Signals(stop.signum).name} once the teacher "
