@@ -14,19 +14,19 @@ Without a path (or with `runlocal`) it round-trips configs/distill.py:runlocal
 through JSON, which is what the config tests check.
 """
 import json
-import os
 
 import ml_collections
 
 from jaxdistill import config_lib
+from jaxdistill import storage
 
 
 def get_config(arg=None):
   if not arg or arg == "runlocal":
     return ml_collections.ConfigDict(json.loads(config_lib.to_json(
         config_lib.load_config("configs/distill.py:runlocal"))))
-  path = os.path.expanduser(arg)
-  if not os.path.isfile(path):
+  path = storage.check(arg, "configs/run_snapshot.py", gs_ok=True)
+  if not storage.isfile(path):
     raise FileNotFoundError(f"configs/run_snapshot.py: no snapshot at {path!r}")
-  with open(path) as f:
+  with storage.open(path) as f:
     return ml_collections.ConfigDict(json.load(f))

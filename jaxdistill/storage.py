@@ -172,17 +172,24 @@ def rmtree(path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def move(src, dst) -> None:
+def move(src, dst, *, last: str | None = None) -> None:
   """A file or directory moved. On gs:// a copy, then a delete of `src`:
-  killed part way, both may hold part of it (callers move the file that
-  marks a directory as a run last)."""
+  killed part way, both may hold part of it. `last` (a file name in a
+  directory `src`, e.g. the config.json that marks a run) is deleted after
+  every other object, so a kill part way leaves it in place."""
   if not is_gs(src):
     shutil.move(src, dst)
     return
   fs = _fs()
   if fs.isdir(_key(src)):
     fs.copy(_key(src), _key(dst), recursive=True)
-    fs.rm(_key(src), recursive=True)
+    keys = fs.find(_key(src))
+    marker = f"{_key(src)}/{last}" if last else None
+    rest = [k for k in keys if k != marker]
+    if rest:
+      fs.rm(rest)
+    if marker in keys:
+      fs.rm_file(marker)
   else:
     fs.copy(_key(src), _key(dst))
     fs.rm_file(_key(src))
@@ -247,6 +254,14 @@ def check_writable_dir(path) -> None:
                      f"({os.strerror(e.errno) if e.errno else e})") from None
   if not os.access(path, os.W_OK | os.X_OK):
     raise ValueError(f"{path}: not writable")
+
+
+def scratch(url) -> str:
+  """The local directory a gs:// sweep keeps what it reads as local files
+  in (its prepared data, its shared rollouts): <mirror_root()>/_sweeps/
+  <bucket>/<path>, one per host."""
+  return os.path.join(mirror_root(), "_sweeps", _key(check(url, url,
+                                                            gs_ok=True)))
 
 
 MIRROR_ENV = "JAXDISTILL_GS_MIRROR"  # where gs:// inputs are mirrored

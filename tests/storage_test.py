@@ -101,8 +101,6 @@ def _cfg(name):
 
 # Each command that cannot write gs:// yet, as a user would type it.
 REFUSING = {
-    "sweep": ["jaxdistill.sweep", "--config", _cfg("grid_main.py"),
-              "--workdir", "gs://bkt1/grid"],
     "demo": ["jaxdistill.demo", "--workdir", "gs://bkt1/demo"],
     "prepare": ["jaxdistill.data.prepare", "countdown", "--data_dir",
                 "gs://bkt1/data"],

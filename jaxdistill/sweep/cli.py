@@ -121,7 +121,7 @@ def main(argv):
   elif not f.compile_only:
     distributed.initialize_from_flags(f)
   if f.workdir is not None:
-    storage.check(f.workdir, "--workdir")  # a sweep on gs:// is not built yet
+    storage.check(f.workdir, "--workdir", gs_ok=True)
   if f.compile_only:
     report = sweep_programs.compile_for(grid, f.compile_only, f.only)
     runs = grid_lib.expand(grid, f.only)

@@ -40,6 +40,7 @@ from typing import Any
 import ml_collections
 
 from jaxdistill import config_lib
+from jaxdistill import storage
 from jaxdistill.train import shared_rollouts as shared_lib
 
 SHARED_DIR = "shared_rollouts"
@@ -236,9 +237,13 @@ def write_snapshot(run: Run, run_dir: str) -> str:
 def write_config_snapshot(config, run_dir: str) -> str:
   """<run_dir>/run_config.json: `config` in full (configs/run_snapshot.py
   reads it back)."""
-  os.makedirs(run_dir, exist_ok=True)
+  storage.makedirs(run_dir)
   path = os.path.join(run_dir, SNAPSHOT)
   text = config_lib.to_json(config)
+  if storage.is_gs(path):  # one upload: whole or absent
+    if not (storage.isfile(path) and storage.read_text(path) == text):
+      storage.write_text(path, text)
+    return path
   if not (os.path.isfile(path) and open(path).read() == text):
     with open(path + ".tmp", "w") as f:
       f.write(text)

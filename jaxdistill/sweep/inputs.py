@@ -20,6 +20,7 @@ import os
 
 from jaxdistill import config_lib
 from jaxdistill import losses
+from jaxdistill import storage
 from jaxdistill.data import builders
 from jaxdistill.data import prepare as prepare_lib
 from jaxdistill.models import hub
@@ -111,7 +112,11 @@ def plan(grid, workdir: str, only: str | None = None, *,
   need prepared (once each). Without `prepare` nothing is written."""
   runs = grid_lib.expand(grid, only)
   if any(d is None for r in runs for _, d in _needs(grid, r)):
-    grid.base.data.data_dir = os.path.join(os.path.abspath(workdir), DATA_DIR)
+    # A gs:// sweep prepares its data on each host's local disk: data sets
+    # are read as local files (storage.scratch).
+    root = (storage.scratch(workdir) if storage.is_gs(workdir)
+            else os.path.abspath(workdir))
+    grid.base.data.data_dir = os.path.join(root, DATA_DIR)
     runs = grid_lib.expand(grid, only)
   pin_checkpoints(runs)
   if not prepare:

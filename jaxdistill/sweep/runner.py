@@ -84,6 +84,10 @@ def _primary() -> bool:
 
 
 def write_json_atomic(path: str, obj) -> None:
+  if storage.is_gs(path):  # one upload: whole or absent
+    storage.write_text(path, json.dumps(obj, indent=2, sort_keys=True,
+                                        default=str))
+    return
   tmp = f"{path}.tmp.{os.getpid()}"
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=2, sort_keys=True, default=str)
@@ -91,7 +95,7 @@ def write_json_atomic(path: str, obj) -> None:
 
 
 def is_finished(run_dir: str) -> bool:
-  return os.path.isfile(os.path.join(run_dir, RESULTS))
+  return storage.isfile(os.path.join(run_dir, RESULTS))
 
 
 def study_factors(config) -> dict:
@@ -168,7 +172,7 @@ def run_revisions(grid, run: grid_lib.Run, run_dir: str) -> dict:
   run's revisions.json) and its data sets prepared by name."""
   path = os.path.join(run_dir, train_loop.REVISIONS)
   out = {}
-  if os.path.isfile(path):
+  if storage.isfile(path):
     out.update(table.read_json(path, fix=f"delete {run_dir} to rerun it"))
   out.update(inputs.data_revisions(grid, run))
   return out
@@ -180,7 +184,8 @@ def run_one(grid, run: grid_lib.Run, run_dir: str, *,
   t0 = time.time()
   if _primary():
     grid_lib.write_snapshot(run, run_dir)
-  shared = (grid_lib.shared_rollouts_dir(grid, run, os.path.dirname(run_dir))
+  shared = (grid_lib.shared_rollouts_dir(grid, run,
+                                         local_root(os.path.dirname(run_dir)))
             if jax.process_count() == 1 else None)  # single-host only yet
   train_loop.train(run.config, run_dir, devices=devices,
                    **({} if shared is None else {"shared_rollouts": shared}))
@@ -226,7 +231,7 @@ def run_rlvr_one(grid, run: grid_lib.Run, run_dir: str, *,
   rev = os.path.join(out, train_loop.REVISIONS)
   result["revisions"] = (table.read_json(rev, fix=f"delete {out} to rerun "
                                          "the stage")
-                         if os.path.isfile(rev) else {})
+                         if storage.isfile(rev) else {})
   result.update({"stage": "rlvr", "train": last,
                  "rewards": rlvr_lib.rewards_of(records),
                  "reward_steps": rlvr_lib.reward_steps(records), "eval": ev,
@@ -308,15 +313,16 @@ def _config_changes(old, new, workdir: str, prefix: str = "") -> list[str]:
   student, or the run_sweep's paths_root) matches the old run's path with the
   same relative part, so a moved sweep directory is not stale."""
   out = []
-  root = os.path.abspath(workdir) + os.sep
+  roots = {storage.abspath(workdir).rstrip("/") + "/",
+           local_root(workdir).rstrip(os.sep) + os.sep}
   for k in sorted(set(old) | set(new)):
     key = f"{prefix}{k}"
     a, b = old.get(k, "<missing>"), new.get(k, "<missing>")
     if isinstance(a, dict) and isinstance(b, dict):
       out += _config_changes(a, b, workdir, key + ".")
     elif a != b:
-      if (isinstance(a, str) and isinstance(b, str) and b.startswith(root)
-          and a.endswith(os.sep + b[len(root):])):
+      if isinstance(a, str) and isinstance(b, str) and any(
+          b.startswith(r) and a.endswith("/" + b[len(r):]) for r in roots):
         continue
       out.append(f"{key}: {a!r} -> {b!r}")
   return out
@@ -332,7 +338,7 @@ def trained_config(run_dir: str) -> dict | None:
   """The config.json `run_dir` was trained with (None before its training
   starts); ValueError naming the file if it is not a JSON object."""
   path = os.path.join(run_dir, "config.json")
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     return None
   return table.read_json(path, fix=f"delete {run_dir} to rerun it from the "
                          "start (the config it was trained with is unknown)")
@@ -386,11 +392,16 @@ def _handle_stale(grid, runs, workdir: str, rerun_stale: bool,
   if not _primary():  # process 0 moves them; the sweep waits for it
     return
   aside = os.path.join(workdir, STALE_DIR)
-  os.makedirs(aside, exist_ok=True)
+  storage.makedirs(aside)
   for name, path, changes in stale:
-    rel = os.path.relpath(path, workdir).replace(os.sep, "-")
+    rel = path[len(workdir):].strip("/").replace("/", "-")
     dst = os.path.join(aside, f"{rel}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(path, dst)
+    if storage.is_gs(path):
+      # Object by object, its config.json last: killed part way, what is
+      # left is still refused as stale (or moved again), never resumed.
+      storage.move(path, dst, last="config.json")
+    else:
+      os.replace(path, dst)
     log(f"{name}: config changed ({'; '.join(changes[:3])}); "
         f"old run moved to {dst}")
 
@@ -404,7 +415,7 @@ def _run_rlvr(grid, runs, workdir, results, *, devices, evaluate_fn):
     if is_finished(out):
       log(f"RLVR {i + 1}/{len(chosen)} {run.name}: finished, skipped")
       continue
-    state = ("resuming" if os.path.isdir(os.path.join(out, "checkpoints"))
+    state = ("resuming" if storage.isdir(os.path.join(out, "checkpoints"))
              else "starting")
     log(f"RLVR {i + 1}/{len(chosen)} {run.name}: {state}")
     run_rlvr_one(grid, run, run_dir, evaluate_fn=evaluate_fn, devices=devices)
@@ -443,7 +454,11 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   (exit status 128 + signal): during an arm's training after its
   checkpoint, elsewhere at once; finished runs are kept.
   """
-  storage.check(workdir, "--workdir")  # a sweep on gs:// is not built yet
+  workdir = storage.check(workdir, "--workdir", gs_ok=True)
+  if storage.is_gs(workdir) and jax.process_count() > 1:
+    raise ValueError(f"--workdir: {workdir}: a gs:// sweep runs on one host "
+                     "yet (docs/cloud_storage.md); on a pod give a directory "
+                     "every host sees")
   # Hub names pinned to their commits (nothing written yet), so that every
   # check below sees what the runs will train with.
   runs = inputs.plan(grid, workdir, only, prepare=False)
@@ -460,7 +475,10 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   # A runlocal grid's student is its init until prepare_assets saves it: the
   # same ModelConfig either way.
   _check_runnable(todo)
-  cli.check_writable_dir(workdir)  # local: a sweep on gs:// is not built yet
+  if storage.is_gs(workdir):
+    storage.check_writable_dir(workdir)
+  else:
+    cli.check_writable_dir(workdir)
   if jax.process_count() > 1 and train_runs is not None:
     raise ValueError("train_runs: a hook of its own processes cannot run in "
                      "a multi-host sweep")
@@ -484,7 +502,7 @@ def read_finished(grid, runs, workdir: str) -> dict:
   config.json (the arms' and their RLVR stages') and sweep.json checked:
   ValueError naming the file, before anything trains or is written."""
   path = os.path.join(workdir, SWEEP)
-  if os.path.isfile(path):
+  if storage.isfile(path):
     table.read_json(path, fix="delete it (the sweep writes it again from the "
                     "grid)")
   done = {}
@@ -529,7 +547,8 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   sweep = {"base_spec": grid.get("base_spec"), "runs": [r.name for r in runs],
            "grid": json.loads(json.dumps(grid.to_dict(), default=str))}
   path = os.path.join(workdir, SWEEP)
-  if _primary() and (not os.path.isfile(path) or table.read_json(path) != sweep):
+  if _primary() and (not storage.isfile(path)
+                     or table.read_json(path) != sweep):
     write_json_atomic(path, sweep)
   distributed.barrier("sweep: stale runs moved, sweep.json written")
   done = read_finished(grid, runs, workdir)
@@ -549,7 +568,7 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
       log(f"{i + 1}/{len(runs)} {run.name}: finished, skipped")
       results.append(done[run.name])
       continue
-    state = ("resuming" if os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    state = ("resuming" if storage.isdir(os.path.join(run_dir, "checkpoints"))
              else "starting")
     log(f"{i + 1}/{len(runs)} {run.name}: {state}")
     results.append(run_one(grid, run, run_dir, evaluate_fn=evaluate_fn,
@@ -560,7 +579,17 @@ def _run_locked(grid, runs, workdir, *, only, evaluate_fn, devices, summarize,
   if summarize and _primary():
     rows = table.aggregate(workdir)
     out = os.path.join(workdir, "summary")
-    table.write_table(rows, out)
-    figures.make_figures(rows, out)
-    paper_figures.make(rows, out)
+    local = storage.local_staging() if storage.is_gs(out) else out
+    table.write_table(rows, local)
+    figures.make_figures(rows, local)
+    paper_figures.make(rows, local)
+    if local != out:  # files replaced one by one: each whole
+      storage.upload_dir(local, out)
   return results
+
+
+def local_root(workdir: str) -> str:
+  """Where a sweep keeps what it reads as local files (its prepared data,
+  shared rollouts): the workdir itself, or for gs:// storage.scratch."""
+  return (storage.scratch(workdir) if storage.is_gs(workdir)
+          else os.path.abspath(workdir))

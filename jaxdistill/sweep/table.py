@@ -53,6 +53,8 @@ import os
 
 import numpy as np
 
+from jaxdistill import storage
+
 # <arm dir>/rlvr/: where an arm's RLVR stage (sweep/rlvr.py) runs. Defined
 # here, below rlvr.py, which builds on this module's rows.
 RLVR_DIR = "rlvr"
@@ -109,7 +111,7 @@ def read_json(path: str, kind: type = dict,
   """The JSON value of `path`, a `kind`; ValueError naming the file if it is
   not valid JSON or not of that kind, ending with `fix` (what to do)."""
   try:
-    with open(path) as f:
+    with storage.open(path) as f:
       value = json.load(f)
   except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
     raise ValueError(f"{path}: not valid JSON ({e}); {fix}") from None
@@ -230,10 +232,16 @@ def aggregate(workdir: str) -> list[dict]:
   """One row per finished run (<workdir>/*/results.json), sorted by name,
   with its RLVR stage's columns when <run>/rlvr/results.json exists."""
   rows = []
-  for path in sorted(glob.glob(os.path.join(workdir, "*", "results.json"))):
+  if storage.is_gs(workdir):
+    paths = [p for p in (f"{workdir}/{n}/results.json"
+                         for n in storage.listdir(workdir))
+             if storage.isfile(p)]
+  else:
+    paths = glob.glob(os.path.join(workdir, "*", "results.json"))
+  for path in sorted(paths):
     row = row_of(read_results(path))
     stage = os.path.join(stage_dir(os.path.dirname(path)), "results.json")
-    if os.path.isfile(stage):
+    if storage.isfile(stage):
       row = with_rlvr(row, read_results(stage))
     rows.append(row)
   return rows

@@ -192,6 +192,12 @@ class _TensorBoard:
   def close(self):
     self._w.flush()
     self._w.close()
+    # tensorboardX's GCS writer closes (uploads the whole file) again when it
+    # is garbage-collected: once is enough, and a later upload can block.
+    gcs = getattr(getattr(self._w, "_py_recordio_writer", None), "_writer",
+                  None)
+    if gcs is not None and hasattr(gcs, "blob"):
+      gcs.close = lambda: None
 
 
 WANDB_MODES = ("online", "offline", "disabled")
