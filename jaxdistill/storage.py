@@ -129,9 +129,16 @@ def read_text(path) -> str:
 
 
 def write_text(path, text: str) -> None:
-  """The whole file (on gs://, one upload)."""
-  with open(path, "w") as f:
+  """The whole file, atomically: on gs:// one upload, locally a sibling
+  temporary file renamed over `path`."""
+  if is_gs(path):
+    with open(path, "w") as f:
+      f.write(text)
+    return
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with builtins.open(tmp, "w") as f:
     f.write(text)
+  os.replace(tmp, path)
 
 
 def create_exclusive(path, text: str) -> None:
@@ -330,24 +337,3 @@ def mirror(url, what: str, *, marker: str) -> str:
     shutil.rmtree(part, ignore_errors=True)
   return local
 
-
-def local_checkpoint(path, what: str, *, marker: str = "config.json",
-                     export: str = "hf_student") -> str:
-  """`path` itself when it is not gs://; else a local copy of the Hugging
-  Face directory it names (or, for a training workdir on gs://, of its
-  `export`/ directory), downloaded into a fresh local temporary directory
-  that is left for the OS to clean. A directory without `marker` is
-  refused: uploads write it last (train/loop.py), so without it the upload
-  is unfinished. Each call downloads again (no cache shared across runs)."""
-  if not looks_remote(path):
-    return path
-  path = check(path, what, gs_ok=True)
-  fs = _fs()
-  for d in (path, f"{path}/{export}"):
-    if fs.isfile(f"{_key(d)}/{marker}"):
-      local = local_staging("jaxdistill-ckpt-")
-      download_dir(d, local)
-      return local
-  raise FileNotFoundError(f"{what}: {path} holds no {marker} (nor does "
-                          f"{path}/{export}/): not a finished Hugging Face "
-                          "directory or training export")

@@ -287,11 +287,9 @@ def run(config, checkpoint: str, baseline: str | None = None,
                "baseline": revision_of(baseline)}
   if out:  # before any download
     cli.check_out_file(out, "--out", gs_ok=True)
-  checkpoint = resolve_checkpoint(
-      storage.local_checkpoint(checkpoint, "--checkpoint"), "--checkpoint")
-  baseline = resolve_checkpoint(
-      storage.local_checkpoint(baseline, "--baseline"),
-      "--baseline") if baseline else None
+  # gs:// ones are read from their local mirrors (models.hub.checkpoint_dir)
+  checkpoint = resolve_checkpoint(checkpoint, "--checkpoint")
+  baseline = resolve_checkpoint(baseline, "--baseline") if baseline else None
   for flag, path in (("--checkpoint", checkpoint), ("--baseline", baseline)):
     if path:
       check_positions(config, models.checkpoint.read_config(path), flag)
@@ -359,14 +357,8 @@ def run(config, checkpoint: str, baseline: str | None = None,
   result["config"] = json.loads(json.dumps(config.to_dict(), default=str))
   result["elapsed_s"] = time.time() - t0
   if out and jax.process_index() == 0:  # every process has the same result
-    text = json.dumps(result, indent=2, sort_keys=True)
-    if storage.is_gs(out):
-      storage.write_text(out, text)  # one upload: whole or absent
-    else:
-      tmp = out + ".tmp"
-      with open(tmp, "w") as fh:
-        fh.write(text)
-      os.replace(tmp, out)
+    # whole or absent (gs://: one upload)
+    storage.write_text(out, json.dumps(result, indent=2, sort_keys=True))
   return result
 
 

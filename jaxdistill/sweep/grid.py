@@ -240,14 +240,8 @@ def write_config_snapshot(config, run_dir: str) -> str:
   storage.makedirs(run_dir)
   path = os.path.join(run_dir, SNAPSHOT)
   text = config_lib.to_json(config)
-  if storage.is_gs(path):  # one upload: whole or absent
-    if not (storage.isfile(path) and storage.read_text(path) == text):
-      storage.write_text(path, text)
-    return path
-  if not (os.path.isfile(path) and open(path).read() == text):
-    with open(path + ".tmp", "w") as f:
-      f.write(text)
-    os.replace(path + ".tmp", path)
+  if not (storage.isfile(path) and storage.read_text(path) == text):
+    storage.write_text(path, text)  # whole or absent
   return path
 
 

@@ -84,14 +84,8 @@ def _primary() -> bool:
 
 
 def write_json_atomic(path: str, obj) -> None:
-  if storage.is_gs(path):  # one upload: whole or absent
-    storage.write_text(path, json.dumps(obj, indent=2, sort_keys=True,
-                                        default=str))
-    return
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
+  storage.write_text(path, json.dumps(obj, indent=2, sort_keys=True,
+                                      default=str))
 
 
 def is_finished(run_dir: str) -> bool:
