@@ -19,6 +19,8 @@ to gs:// itself, through tensorstore (its own commit marker, no rename).
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -337,3 +339,111 @@ def mirror(url, what: str, *, marker: str) -> str:
     shutil.rmtree(part, ignore_errors=True)
   return local
 
+
+def mirror_dir(url) -> str:
+  """Where mirror() and mirror_parts() keep their copy of gs:// `url`."""
+  return os.path.join(mirror_root(), _key(check(url, url, gs_ok=True)))
+
+
+def _parts_stamp(url, marker: str) -> str:
+  return os.path.join(mirror_dir(url), ".jaxdistill-mirror",
+                      marker.replace("/", "__") + ".json")
+
+
+def mirror_parts(url, what: str, *, marker: str, parts,
+                 missing_ok: bool = False) -> str:
+  """A local copy of part of the gs:// directory `url`: the file `marker`
+  and the trees `parts` (paths relative to `url`), for directories that
+  hold several independently uploaded things side by side (prepared data:
+  DIR/prepared/NAME.json beside DIR/mcq_files/NAME/...). Returns the local
+  directory (mirror_dir(url)), laid out like `url`. As mirror(): `marker`
+  is uploaded last (publish_parts), so without it the upload is unfinished
+  (FileNotFoundError naming `what`); a copy is downloaded again only when
+  the marker's generation changes; a disk too small is refused. One
+  download per marker at a time on this host (a lock file beside its
+  stamp), so processes that share a disk share the copy. With
+  `missing_ok`, a `url` without `marker` gives the local directory with
+  any old copy of the marker and parts removed (to build them in, then
+  publish_parts)."""
+  url = check(url, what, gs_ok=True)
+  fs, key = _fs(), _key(url)
+  marker_key = f"{key}/{marker}"
+  local, stamp_path = mirror_dir(url), _parts_stamp(url, marker)
+  os.makedirs(os.path.dirname(stamp_path), exist_ok=True)
+  with builtins.open(stamp_path + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not fs.isfile(marker_key):
+      if not missing_ok:
+        raise FileNotFoundError(f"{what}: {url} holds no {marker}: not there, "
+                                "or its upload is unfinished (it is written "
+                                "last)")
+      for p in (stamp_path, *(os.path.join(local, q) for q in (marker, *parts))):
+        _remove_local(p)
+      return local
+    stamp = {"url": url, "marker": marker, **_stamp(fs, marker_key)}
+    try:
+      with builtins.open(stamp_path) as f:
+        if json.load(f) == stamp:
+          return local
+    except (OSError, ValueError):
+      pass
+    found = {}
+    for p in parts:
+      found.update(fs.find(f"{key}/{p}", detail=True))
+    need = sum(int(e.get("size") or 0) for e in found.values())
+    free = shutil.disk_usage(local).free
+    if need > free:
+      raise ValueError(f"{what}: {url}'s {', '.join(parts)} are "
+                       f"{need / 1e9:.1f} GB, {local} has {free / 1e9:.1f} GB "
+                       f"free (set {MIRROR_ENV} to a larger disk)")
+    part = os.path.join(local, f".part-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    try:
+      for k in list(found) + [marker_key]:
+        dst = os.path.join(part, os.path.relpath(k, key))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        fs.get_file(k, dst)
+      if _stamp(fs, marker_key) != {k: stamp[k] for k in stamp
+                                    if k not in ("url", "marker")}:
+        raise FileNotFoundError(f"{what}: {url} changed during its download "
+                                "(an upload in progress); run again when done")
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(stamp_path)  # a kill during the swap: downloaded again
+      for p in list(parts) + [marker]:
+        src, dst = os.path.join(part, p), os.path.join(local, p)
+        _remove_local(dst)
+        if os.path.lexists(src):
+          os.makedirs(os.path.dirname(dst), exist_ok=True)
+          os.replace(src, dst)  # local renames: the mirror is a local disk
+      write_text(stamp_path, json.dumps(stamp))
+    finally:
+      shutil.rmtree(part, ignore_errors=True)
+  return local
+
+
+def _remove_local(path: str) -> None:
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path)
+  elif os.path.lexists(path):
+    os.remove(path)
+
+
+def publish_parts(url, *, marker: str, parts) -> None:
+  """Uploads mirror_dir(url)'s `parts` and then `marker` to gs:// `url`,
+  replacing what `url` held of them: the old marker is deleted first, so a
+  kill part way leaves no marker (unfinished; mirror_parts refuses it). The
+  local copy is then stamped as current, so nothing is downloaded again."""
+  url = check(url, url, gs_ok=True)
+  fs, key, local = _fs(), _key(url), mirror_dir(url)
+  with contextlib.suppress(FileNotFoundError):
+    fs.rm_file(f"{key}/{marker}")
+  for p in parts:
+    rmtree(f"{url}/{p}")
+    if os.path.isdir(os.path.join(local, p)):
+      upload_dir(os.path.join(local, p), f"{url}/{p}")
+    elif os.path.isfile(os.path.join(local, p)):
+      fs.put_file(os.path.join(local, p), f"{key}/{p}")
+  fs.put_file(os.path.join(local, marker), f"{key}/{marker}")
+  stamp_path = _parts_stamp(url, marker)
+  os.makedirs(os.path.dirname(stamp_path), exist_ok=True)
+  write_text(stamp_path, json.dumps({"url": url, "marker": marker,
+                                     **_stamp(fs, f"{key}/{marker}")}))

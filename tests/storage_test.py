@@ -69,7 +69,7 @@ def _config(arg="runlocal", **updates):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("data.data_dir", "gs://bkt1/data"),
+    ("data.manual_dir", "gs://bkt1/files"),
     ("student.path", "s3://bkt1/student"),
 ])
 def test_train_refuses_url_fields_before_compute(field, value, tmp_path,
@@ -102,8 +102,6 @@ def _cfg(name):
 # Each command that cannot write gs:// yet, as a user would type it.
 REFUSING = {
     "demo": ["jaxdistill.demo", "--workdir", "gs://bkt1/demo"],
-    "prepare": ["jaxdistill.data.prepare", "countdown", "--data_dir",
-                "gs://bkt1/data"],
     "analysis": ["jaxdistill.analysis", "--config",
                  _cfg("distill.py") + ":runlocal", "--out", "gs://bkt1/kl"],
     "bench": ["jaxdistill.bench.suite", "--preset", "tiny", "--out",

@@ -46,6 +46,7 @@ from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
+from jaxdistill import storage
 from jaxdistill.data import sources
 from jaxdistill.tasks import countdown
 
@@ -318,14 +319,15 @@ _RECORD_FIELDS = {"hub": {"repo": str, "commit": str, "records": dict},
 
 
 def read_record(data_dir: str, name: str) -> dict | None:
-  """What DIR/prepared/NAME.json says of a prepared data set, or None.
-  ValueError naming the file if it is not JSON or lacks a field."""
+  """What DIR/prepared/NAME.json says of a prepared data set (DIR local or
+  gs://), or None. ValueError naming the file if it is not JSON or lacks a
+  field."""
   path = record_path(data_dir, name)
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     return None
   again = f"prepare {name} again with --overwrite"
   try:
-    with open(path) as f:
+    with storage.open(path) as f:
       record = json.load(f)
   except ValueError as e:
     raise ValueError(f"{path}: not valid JSON ({e}); {again}") from None
@@ -338,6 +340,51 @@ def read_record(data_dir: str, name: str) -> dict | None:
       raise ValueError(f"{path}: field {field!r} missing or not a "
                        f"{typ.__name__} ({record.get(field)!r:.40}); {again}")
   return record
+
+
+def parts_of(name: str) -> tuple[str, ...]:
+  """The paths, relative to a data_dir, that `prepare NAME` writes besides
+  its record."""
+  if name == "countdown":
+    return (CountdownTasks.name,)
+  if name in countdown.PRESETS:
+    return (f"{PaperCountdown.name}/{name}",)
+  if name in ("numina_math", "math500"):
+    return (f"math_files/{name}",)  # numina_math.files_dir
+  return (f"{McqFiles.name}/{name}",)
+
+
+def local_data_dir(data_dir: str, name: str, field: str, *,
+                   missing_ok: bool = False) -> str:
+  """The local directory data set `name` of `data_dir` is read from:
+  `data_dir` itself (~ expanded), or for gs://bucket/dir a local mirror of
+  its record and files (storage.mirror_parts; downloaded again only when
+  `prepare NAME --data_dir gs://...` uploaded it again). A gs:// data_dir
+  without it is a FileNotFoundError naming `field` and the command to run;
+  with `missing_ok` (prepare itself), the empty mirror to prepare it in."""
+  if not storage.looks_remote(data_dir):
+    return os.path.expanduser(data_dir)
+  url = storage.check(data_dir, field, gs_ok=True)
+  marker = os.path.relpath(record_path(".", name), ".")
+  try:
+    return storage.mirror_parts(url, field, marker=marker,
+                                parts=parts_of(name), missing_ok=missing_ok)
+  except FileNotFoundError as e:
+    if "holds no" not in str(e):
+      raise
+    raise FileNotFoundError(
+        f"{field}: {url} holds no prepared {name!r} ({marker} is missing): "
+        f"run `{prepare_command(name, url)}`") from None
+
+
+def publish(data_dir: str, name: str, log=print) -> None:
+  """Uploads data set `name` from gs:// `data_dir`'s local mirror, where
+  prepare built it, to `data_dir`: its files, then its record (the
+  marker readers wait for)."""
+  marker = os.path.relpath(record_path(".", name), ".")
+  storage.publish_parts(data_dir, marker=marker, parts=parts_of(name))
+  log(f"{name}: uploaded to {data_dir} ({', '.join(parts_of(name))}, "
+      f"{marker} last)")
 
 
 def _info_file(data_dir: str, name: str) -> str:
@@ -400,10 +447,15 @@ def mcq_builder(spec, field: str):
   if not data_dir:
     raise ValueError(f"{field}.data_dir: required for multiple-choice data "
                      "(where its TFDS files are prepared)")
-  data_dir = os.path.expanduser(data_dir)
   if manual:
-    return prepare(McqFiles, data_dir=data_dir, config=source,
-                   manual_dir=os.path.expanduser(manual))
+    if storage.looks_remote(data_dir):
+      raise ValueError(f"{field}.data_dir: {data_dir}: files from a "
+                       "manual_dir are built into a local data_dir (gs:// "
+                       "holds data sets prepared by name)")
+    return prepare(McqFiles, data_dir=os.path.expanduser(data_dir),
+                   config=source, manual_dir=os.path.expanduser(manual))
+  if source in HUB_DATASETS:
+    data_dir = local_data_dir(data_dir, source, f"{field}.data_dir")
   if source in HUB_DATASETS and is_prepared(data_dir, source):
     return prepare(McqFiles, data_dir=data_dir, config=source)
   if source in HUB_DATASETS:

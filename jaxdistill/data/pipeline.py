@@ -458,7 +458,8 @@ def records_from_config(data, *, responses: bool = False) -> list[dict]:
       problems = countdown_lib.generate_problems(n, sizes[split], seed, split=split)
       return [p.to_record() for p in problems]
     builder = builders.prepare(
-        builders.CountdownTasks, data_dir=data.data_dir,
+        builders.CountdownTasks, data_dir=builders.local_data_dir(
+            data.data_dir, "countdown", "data.data_dir"),
         config=builders.countdown_config(n, sizes["train"], seed))
     return builders.load_records(builder, split)
   if task == "mcq":
@@ -493,7 +494,8 @@ def math_records(name, split: str, data_dir, field: str) -> list[dict]:
   if not data_dir:
     raise ValueError(f"{field}.data_dir: required (where `python -m "
                      f"jaxdistill.data.prepare {name}` wrote it)")
-  path = os.path.join(numina_math.files_dir(data_dir, name), f"{split}.jsonl")
+  local = builders.local_data_dir(data_dir, name, f"{field}.data_dir")
+  path = os.path.join(numina_math.files_dir(local, name), f"{split}.jsonl")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{field}.data_dir: {path} is missing; run "
                             f"`python -m jaxdistill.data.prepare {name} "
@@ -528,8 +530,9 @@ def paper_countdown_records(name: str, split: str, data_dir: str | None,
   if not data_dir:
     return [dict(p.to_record(), variant=name)
             for p in countdown_lib.paper_problems(name, split)]
-  builder = builders.prepare(builders.PaperCountdown,
-                             data_dir=os.path.expanduser(data_dir), config=name)
+  builder = builders.prepare(
+      builders.PaperCountdown, config=name, data_dir=builders.local_data_dir(
+          data_dir, name, f"{field}.data_dir"))
   return builders.load_records(builder, split)
 
 

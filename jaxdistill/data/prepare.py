@@ -7,6 +7,9 @@ r"""Prepare the study's data sets by name: `python -m jaxdistill.data.prepare`.
   python -m jaxdistill.data.prepare countdown3 --data_dir ~/data  # the paper's
   python -m jaxdistill.data.prepare sciknoweval --data_dir ~/data \
       --split_dir ~/Self-Distillation/data/science_data   # its exact splits
+  python -m jaxdistill.data.prepare countdown3 --data_dir gs://bucket/data
+      # built in a local mirror, then uploaded, its record last
+      # (builders.local_data_dir, docs/cloud_storage.md)
 
   NAME         source                    files read                    splits
   sciknoweval  hicai-zju/SciKnowEval     data/Chemistry/*.jsonl        train 2,674, test 507
@@ -246,7 +249,8 @@ def _prepare_countdown(data_dir, n_numbers, num_problems, seed, overwrite,
             "configs": sorted(set(old.get("configs", [])) | {
                 builders.countdown_config(n, num_problems, seed).name
                 for n in n_numbers})}
-  _write_record(data_dir, "countdown", record)
+  if record != old:
+    _write_record(data_dir, "countdown", record)
   log(f"countdown: Countdown-{'/'.join(map(str, n_numbers))}, {num_problems} "
       f"training problems each (seed {seed}), in {data_dir}/countdown_tasks")
   return record
@@ -267,7 +271,8 @@ def _prepare_paper_countdown(data_dir, name, log) -> dict:
     record["overlap"] = countdown_lib.overlap(
         countdown_lib.paper_problems(name, "train"),
         countdown_lib.paper_problems(name, "test"))
-  _write_record(data_dir, name, record)
+  if record != _old_record(data_dir, name, overwrite=True):
+    _write_record(data_dir, name, record)  # unchanged: not again (nor uploaded)
   sizes = ", ".join(f"{s} {n}" for s, n in sorted(record["records"].items()))
   log(f"{name}: generated in {data_dir}/{builders.PaperCountdown.name}/{name} "
       f"(records: {sizes})")
@@ -347,13 +352,18 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
             tokenizer: str = numina_math.TOKENIZER, log=print) -> dict:
   """Prepares one data set by name under data_dir; returns its record (see
   the module docstring). Idempotent; another revision needs `overwrite`."""
-  storage.check(data_dir, "--data_dir")  # before any download
+  storage.check(data_dir, "--data_dir", gs_ok=True)  # before any download
   if name not in NAMES:
     raise ValueError(f"NAME: unknown data set {name!r}; choose from "
                      f"{', '.join(NAMES)}")
   if not data_dir:
     raise ValueError("--data_dir: required (where the prepared data goes)")
-  data_dir = os.path.abspath(os.path.expanduser(data_dir))
+  remote = None
+  if storage.looks_remote(data_dir):
+    # Built in a local mirror of the bucket's copy, then uploaded (record
+    # last): the steps below read and write local files only.
+    remote = storage.check(data_dir, "--data_dir", gs_ok=True)
+    storage.check_writable_dir(remote)
   if name in MATH_SETS and revision:
     raise ValueError(f"--revision: {name} reads several repos at their main "
                      "branch (its record names the commits)")
@@ -370,24 +380,49 @@ def prepare(name: str, data_dir: str, *, revision: str | None = None,
                      f"{paper_mcq.RELEASE}), not {name}")
   if split_dir is not None and not os.path.isdir(os.path.expanduser(split_dir)):
     raise ValueError(f"--split_dir {split_dir}: not a directory")
+  data_dir = (builders.local_data_dir(remote, name, "--data_dir",
+                                      missing_ok=True) if remote else
+              os.path.abspath(os.path.expanduser(data_dir)))
   _check_data_dir(data_dir)
   with _locked(data_dir, name):
+    before = _record_mtime(data_dir, name)
     if name in MATH_SETS:
-      return _prepare_math(name, data_dir, overwrite, tokenizer, log)
-    if name in countdown_lib.PRESETS:
-      return _prepare_paper_countdown(data_dir, name, log)
-    if name == "countdown":
+      record = _prepare_math(name, data_dir, overwrite, tokenizer, log)
+    elif name in countdown_lib.PRESETS:
+      record = _prepare_paper_countdown(data_dir, name, log)
+    elif name == "countdown":
       size = int(num_problems or builders.CountdownConfig.train_size)
-      return _prepare_countdown(data_dir, tuple(n_numbers), size, seed,
-                                overwrite, log)
-    return _prepare_hub(name, data_dir, revision, overwrite, log,
-                        split_dir and os.path.expanduser(split_dir))
+      record = _prepare_countdown(data_dir, tuple(n_numbers), size, seed,
+                                  overwrite, log)
+    else:
+      record = _prepare_hub(name, data_dir, revision, overwrite, log,
+                            split_dir and os.path.expanduser(split_dir))
+    if remote and (before is None or _record_mtime(data_dir, name) != before):
+      builders.publish(remote, name, log)  # written (again) here
+  return record
+
+
+def _record_mtime(data_dir, name) -> int | None:
+  try:
+    return os.stat(builders.record_path(data_dir, name)).st_mtime_ns
+  except FileNotFoundError:
+    return None
 
 
 def ensure(name: str, data_dir: str, log=print) -> dict:
   """The record of hub data set `name` under data_dir, preparing it first if
   missing (whatever commit a prepared one came from: a sweep reads what is
-  there)."""
+  there). A gs:// data_dir is read through its local mirror
+  (builders.local_data_dir) and prepared there when missing."""
+  if storage.looks_remote(data_dir):
+    try:
+      local = builders.local_data_dir(data_dir, name, "data_dir")
+    except FileNotFoundError:
+      return prepare(name, data_dir, log=log)
+    ready = (_math_whole(local, name, builders.read_record(local, name))
+             if name in MATH_SETS else builders.is_prepared(local, name))
+    return (builders.read_record(local, name) if ready
+            else prepare(name, data_dir, log=log))
   if name in MATH_SETS:
     rec = builders.read_record(data_dir, name)
     return rec if _math_whole(data_dir, name, rec) else prepare(

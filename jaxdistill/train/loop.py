@@ -448,13 +448,13 @@ def check_shared(config, directory: str) -> None:
 # (storage.mirror, models.hub.checkpoint_dir), re-downloaded only when their
 # upload changed.
 GS_FIELDS = ("student.path", "teacher.path", "tokenizer", "kl.reference",
-             "loss.teacher_cache")
+             "loss.teacher_cache", "data.data_dir")
 
 
 def check_paths(config, workdir: str) -> str:
   """The workdir as the run uses it (local or gs://), after refusing, in one
   line, a workdir of another scheme and any URL among the config's fields
-  but GS_FIELDS (prepared data, shared rollouts: local only yet)."""
+  but GS_FIELDS (shared rollouts, a manual_dir: local only)."""
   workdir = storage.check(workdir, "--workdir", gs_ok=True)
 
   def walk(node, prefix):
