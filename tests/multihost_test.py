@@ -33,6 +33,8 @@ from safetensors.numpy import load_file
 
 from jaxdistill.rl import train as rl_train
 from jaxdistill.train import loop as train_loop
+from tests import gcs_emulator
+from tests.gcs_emulator import gcs  # pylint: disable=unused-import  # a fixture
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -335,18 +337,39 @@ def _sweep_argv(config, workdir, *extra):
   return argv
 
 
-def test_distributed_sweep_matches_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def one_process_sweep(tmp_path_factory):
+  """(grid config file, workdir, results) of the one-arm grid swept by one
+  process over 8 devices: the reference of the multi-host sweeps."""
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.sweep import runner  # pylint: disable=g-import-not-at-top
+  d = tmp_path_factory.mktemp("one_process_sweep")
+  config = d / "grid_test.py"
+  config.write_text(SWEEP_CONFIG)
+  ref = runner.run_sweep(config_lib.load_config(str(config)),
+                         str(d / "one_process"), only="kl=reverse")
+  assert len(ref) == 1
+  return config, d / "one_process", ref
+
+
+def _assert_same_arm(got: dict, want: dict, got_student, want_student):
+  """results.json's evaluation (accuracies, response lengths, pass@k,
+  forgetting, the checkpoints' update sparsity) and the exported student
+  as on one process."""
+  assert sorted(got["eval"]) == sorted(want["eval"])
+  for k, v in want["eval"].items():
+    np.testing.assert_allclose(got["eval"][k], v, rtol=1e-4, atol=1e-6,
+                               err_msg=k)
+  assert any(k.endswith("/sampled_len") for k in want["eval"])
+  _assert_close(load_file(want_student), load_file(got_student), "hf_student")
+
+
+def test_distributed_sweep_matches_one_process(tmp_path, one_process_sweep):
   """`python -m jaxdistill.sweep --distributed` on 2 processes: the arm trains
   and is evaluated over both hosts' devices, process 0 alone writes the
   sweep's files, and the results equal a 1-process 8-device sweep's."""
-  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
-  from jaxdistill.sweep import runner  # pylint: disable=g-import-not-at-top
-  config = tmp_path / "grid_test.py"
-  config.write_text(SWEEP_CONFIG)
-  ref_dir, work = tmp_path / "one_process", tmp_path / "two_processes"
-  ref = runner.run_sweep(config_lib.load_config(str(config)), str(ref_dir),
-                         only="kl=reverse")
-  assert len(ref) == 1
+  config, ref_dir, ref = one_process_sweep
+  work = tmp_path / "two_processes"
   with Cluster(tmp_path, "sweep", _sweep_argv(config, work)) as cl:
     codes = cl.wait()
     assert codes == [0] * N_PROC, cl.tails()
@@ -355,18 +378,10 @@ def test_distributed_sweep_matches_one_process(tmp_path):
   assert sorted(os.listdir(work)) == sorted(os.listdir(ref_dir))
   assert not (work / ".lock").exists()
   assert sorted(os.listdir(work / arm)) == sorted(os.listdir(ref_dir / arm))
-  got = json.loads((work / arm / "results.json").read_text())
-  want = json.loads((ref_dir / arm / "results.json").read_text())
-  # The evaluation: every metric (accuracies, response lengths, pass@k,
-  # forgetting, the checkpoints' update sparsity) as on one process.
-  assert sorted(got["eval"]) == sorted(want["eval"])
-  for k, v in want["eval"].items():
-    np.testing.assert_allclose(got["eval"][k], v, rtol=1e-4, atol=1e-6,
-                               err_msg=k)
-  assert any(k.endswith("/sampled_len") for k in want["eval"])
-  _assert_close(load_file(ref_dir / arm / "hf_student" / "model.safetensors"),
-                load_file(work / arm / "hf_student" / "model.safetensors"),
-                "hf_student")
+  _assert_same_arm(json.loads((work / arm / "results.json").read_text()),
+                   json.loads((ref_dir / arm / "results.json").read_text()),
+                   work / arm / "hf_student" / "model.safetensors",
+                   ref_dir / arm / "hf_student" / "model.safetensors")
   assert (work / "summary" / "results.md").is_file()
 
   # --print_commands --distributed: commands for every host, which run.
@@ -394,3 +409,38 @@ def test_distributed_sweep_matches_one_process(tmp_path):
   assert (run_dir / "hf_student" / "model.safetensors").is_file(), cl.tails()
   assert re.search(r"step 2\b", cl.log(0)) or (
       run_dir / "checkpoints" / "2").is_dir(), cl.tails()
+
+
+def test_distributed_gs_sweep_matches_one_process(tmp_path, one_process_sweep,
+                                                  gcs):
+  """The same 2-process sweep with --workdir gs://... (the local GCS
+  emulator, tests/gcs_emulator.py): the arm's files, results and summary in
+  the bucket, each host's inputs in its own local mirror, the results as a
+  1-process local sweep's."""
+  del gcs
+  from jaxdistill import storage  # pylint: disable=g-import-not-at-top
+  config, ref_dir, ref = one_process_sweep
+  url = f"gs://{gcs_emulator.BUCKET}/sweeps/two_processes"
+  os.environ[storage.MIRROR_ENV] = str(tmp_path / "mirror")  # the subprocesses'
+  try:
+    with Cluster(tmp_path, "gs_sweep", _sweep_argv(config, url)) as cl:
+      codes = cl.wait()
+      assert codes == [0] * N_PROC, cl.tails()
+  finally:
+    del os.environ[storage.MIRROR_ENV]
+  assert "[sweep]" in cl.log(0) and "[sweep]" not in cl.log(1), cl.tails()
+  arm = ref[0]["dirname"]
+  assert not os.path.exists(ROOT / "gs:") and not os.path.exists("gs:")
+  # The bucket holds what a local sweep's workdir holds, but its prepared
+  # data (in each host's mirror: storage.scratch) and its lock (released).
+  local_top = set(os.listdir(ref_dir)) - {"data"}
+  assert set(storage.listdir(url)) == local_top | {"assets"}, (
+      storage.listdir(url))
+  assert set(storage.listdir(f"{url}/{arm}")) == set(os.listdir(ref_dir / arm))
+  got = json.loads(storage.read_text(f"{url}/{arm}/results.json"))
+  student = tmp_path / "student.safetensors"
+  storage._fs().get_file(  # pylint: disable=protected-access
+      f"{url[5:]}/{arm}/hf_student/model.safetensors", str(student))
+  _assert_same_arm(got, json.loads((ref_dir / arm / "results.json").read_text()),
+                   student, ref_dir / arm / "hf_student" / "model.safetensors")
+  assert storage.isfile(f"{url}/summary/results.md")

@@ -168,7 +168,7 @@ def main(argv):
     return
   runner.run_sweep(grid, f.workdir, only=f.only, rerun_stale=f.rerun_stale)
   if jax.process_index() == 0:  # it wrote the summary
-    print(open(f"{f.workdir}/summary/results.md").read())
+    print(storage.read_text(f"{f.workdir}/summary/results.md"))
   sys.stdout.flush()
 
 

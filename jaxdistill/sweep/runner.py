@@ -449,10 +449,6 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   checkpoint, elsewhere at once; finished runs are kept.
   """
   workdir = storage.check(workdir, "--workdir", gs_ok=True)
-  if storage.is_gs(workdir) and jax.process_count() > 1:
-    raise ValueError(f"--workdir: {workdir}: a gs:// sweep runs on one host "
-                     "yet (docs/cloud_storage.md); on a pod give a directory "
-                     "every host sees")
   # Hub names pinned to their commits (nothing written yet), so that every
   # check below sees what the runs will train with.
   runs = inputs.plan(grid, workdir, only, prepare=False)

@@ -99,12 +99,3 @@ def test_a_gs_sweep_equals_a_local_one(gcs, tmp_path, monkeypatch):
   student = [a for a in arms if a.startswith("policy=student")][0]
   assert _json(f"{w}/{student}/config.json")["optim"]["lr"] == 7e-3
   np.testing.assert_equal(_json(f"{w}/{student}/results.json")["eval"], None)
-
-
-def test_a_gs_sweep_on_several_hosts_is_refused_before_anything(monkeypatch,
-                                                                tmp_path):
-  monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(runner.jax, "process_count", lambda: 2)
-  with pytest.raises(ValueError, match="a gs:// sweep runs on one host yet"):
-    runner.run_sweep(_grid(), "gs://bkt1/grid", devices=ONE_DEVICE)
-  assert not os.listdir(tmp_path)
