@@ -3,13 +3,16 @@ r"""Evaluate a distilled student: accuracy, coverage, forgetting, sparsity.
 Sweepable args (after the colon): task (what the model was trained on:
 countdown | science | medical | math; it decides which suites are in-distribution,
 harder and OOD), suites / ood (suite names joined by '+', overriding the task's
-defaults; 'ood=' for none), forgetting ('suites', the default: accuracy on
-the other study tasks; 'lmeval': the paper's, the seven lm-eval benchmarks
-of suite `lmeval` instead, `pip install 'jaxdistill[lmeval]'`), unsafe_code
-(True: lets lm-eval execute HumanEval's generated code, which the `lmeval`
-suite refuses to run without), samples (n for pass@k), seed, runlocal (tiny
-suites; its defaults, Countdown-3 in distribution, Countdown-5 as OOD,
-greedy decoding, samples=4 and seed 0, apply to the args not given).
+defaults; 'ood=' for none), forgetting ('lmeval', the default: the paper's
+measure, the seven lm-eval benchmarks of suite `lmeval` in place of the other
+study tasks, `pip install 'jaxdistill[lmeval]'`; 'suites': accuracy on the
+other study tasks, the default under runlocal or an explicit suites= list),
+unsafe_code (True, or HF_ALLOW_CODE_EVAL=1 in the environment, which lm-eval
+needs anyway: lets lm-eval execute HumanEval's generated code; without it
+the `lmeval` suite is refused before anything loads), samples (n for
+pass@k), seed, runlocal (tiny suites; its defaults, Countdown-3 in
+distribution, Countdown-5 as OOD, greedy decoding, samples=4 and seed 0,
+apply to the args not given).
 
 The protocol is the paper's (App. D.3): the first 200 problems of each
 evaluation split; accuracy from ONE completion sampled at T 0.5, top-p 1.0,
@@ -21,26 +24,27 @@ say how many problems its coverage figures use, nor whether Countdown-4E's
 accuracy sample also decodes 4,096 tokens: we take the same 200 and yes.
 Greedy decoding is off (sampler.greedy=True adds `S/greedy_acc`).
 
-  # After a Countdown run: the paper's Countdown-3 test split (seed 43) in
-  # distribution, its Countdown-4E as the harder task, both generated (or
-  # --config.suites.countdown4e.data_dir=DIR where `python -m
+  # After a Countdown run, the paper's protocol: its Countdown-3 test split
+  # (seed 43) in distribution, its Countdown-4E as the harder task, both
+  # generated (or --config.suites.countdown4e.data_dir=DIR where `python -m
   # jaxdistill.data.prepare countdown4e` wrote it), Table 1's prompt and the
-  # step verifier; science/medical (the paper's SciKnowEval and MedReason
-  # test splits, read from where `python -m jaxdistill.data.prepare
-  # sciknoweval|medreason --data_dir /data` wrote them) are the OOD suites
-  # for forgetting (data paths come from the command line, never from this
-  # file):
-  python -m jaxdistill.evaluate --config configs/eval.py:task=countdown \
-    --config.suites.science.data_dir=/data \
-    --config.suites.medical.data_dir=/data \
+  # step verifier; forgetting as the drop of the mean of the seven lm-eval
+  # benchmarks (suite lmeval; their data sets download on first use;
+  # HumanEval runs the model's code, hence HF_ALLOW_CODE_EVAL=1):
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.evaluate \
+    --config configs/eval.py:task=countdown \
     --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct \
     --out /runs/qwen_rkl_on/eval.json
 
-  # The paper's forgetting measure: the mean of the seven lm-eval benchmarks
-  # (suite lmeval; their data sets download on first use; HumanEval runs the
-  # model's code, hence unsafe_code and HF_ALLOW_CODE_EVAL):
-  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.evaluate \
-    --config configs/eval.py:task=countdown,forgetting=lmeval,unsafe_code=True \
+  # Forgetting as accuracy on the other study tasks instead (not the paper's
+  # measure; no lm-eval, no code execution): science/medical, the paper's
+  # SciKnowEval and MedReason test splits, read from where `python -m
+  # jaxdistill.data.prepare sciknoweval|medreason --data_dir /data` wrote
+  # them (data paths come from the command line, never from this file):
+  python -m jaxdistill.evaluate \
+    --config configs/eval.py:task=countdown,forgetting=suites \
+    --config.suites.science.data_dir=/data \
+    --config.suites.medical.data_dir=/data \
     --checkpoint /runs/qwen_rkl_on --baseline /ckpt/Qwen2.5-0.5B-Instruct
 
   # Not the paper's data: the extra suites sciq, medmcqa, gpqa (prepared by
@@ -62,6 +66,8 @@ Greedy decoding is off (sampler.greedy=True adds `S/greedy_acc`).
   python -m jaxdistill.evaluate --config configs/eval.py:runlocal \
     --checkpoint /tmp/tiny_hf --baseline /tmp/tiny_hf_before
 """
+import os
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -69,8 +75,9 @@ from jaxdistill import config_lib
 
 # task -> (suites, in-distribution, harder variants, OOD). The study trains
 # on the paper's Countdown-3 and tests generalisation on its Countdown-4E
-# (App. D.1); forgetting is measured on the other task families (the paper
-# uses seven lm-eval benchmarks: docs/method.md). countdown3..6 are the
+# (App. D.1). The OOD column is the other task families, used for
+# forgetting=suites; the default, lmeval, replaces it with the seven lm-eval
+# benchmarks (docs/method.md). countdown3..6 are the
 # project's own generator (not the paper's), for configs/grid_countdown_harder.py
 # (suites=countdown3+...: 3/4 in distribution, 5/6 harder, as before).
 TASKS = {
@@ -121,11 +128,20 @@ def _paper_countdown(source):
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, task="countdown", suites="", ood="<task>",
                              samples=10, seed=42, runlocal=False,
-                             forgetting="suites", unsafe_code=False)
-  if arg.forgetting not in ("suites", "lmeval"):
+                             forgetting="lmeval", unsafe_code=False)
+  # The paper's measure unless runlocal (tiny local suites) or an explicit
+  # suites= list (evaluated as given, its OOD the task's) says otherwise.
+  forgetting = (arg.forgetting if arg.given("forgetting") else
+                "suites" if arg.runlocal or arg.given("suites") else "lmeval")
+  if forgetting not in ("suites", "lmeval"):
     raise ValueError("config arg forgetting: expected 'suites' (accuracy on "
                      "the other study tasks) or 'lmeval' (the paper's seven "
-                     f"lm-eval benchmarks), got {arg.forgetting!r}")
+                     f"lm-eval benchmarks), got {forgetting!r}")
+  # HumanEval's code runs when the user opts in: this arg, or HF_ALLOW_CODE_EVAL=1
+  # in the environment (the switch Hugging Face's code_eval metric itself
+  # requires, so it must be exported either way).
+  unsafe_code = (bool(arg.unsafe_code) or
+                 os.environ.get("HF_ALLOW_CODE_EVAL") == "1")
   if arg.task not in TASKS:
     raise ValueError(f"config arg task: expected one of {sorted(TASKS)}, "
                      f"got {arg.task!r}")
@@ -177,9 +193,9 @@ def get_config(arg=None):
   c.suites.lmeval = dict(
       kind="harness", tasks="+".join(LMEVAL_TASKS), limit=200, limits={},
       batch_size=16, max_gen_toks=2048, max_length=config_dict.placeholder(int),
-      apply_chat_template=True, confirm_run_unsafe_code=bool(arg.unsafe_code),
+      apply_chat_template=True, confirm_run_unsafe_code=unsafe_code,
       include_path=config_dict.placeholder(str), metrics={})
-  if arg.forgetting == "lmeval":  # instead of the other study tasks
+  if forgetting == "lmeval":  # instead of the other study tasks
     suites = "+".join([n for n in _names(suites) if n not in _names(ood)]
                       + ["lmeval"])
     ood = "lmeval"
@@ -238,7 +254,7 @@ def get_config(arg=None):
       c.in_distribution = tuple(n for n in ("countdown3",) if n in c.eval_suites)
       c.harder = ()
       c.ood = _names("countdown5" if arg.ood == "<task>" else arg.ood)
-      if arg.forgetting == "lmeval":
+      if forgetting == "lmeval":
         c.eval_suites = _names(arg.suites or "countdown3+lmeval")
         c.ood = _names("lmeval" if arg.ood == "<task>" else arg.ood)
     for n in list(range(3, 7)) + ["3_paper", "4e"]:

@@ -14,16 +14,21 @@ their licence and set HF_TOKEN); SciKnowEval and MedReason are prepared from
 the hub into <workdir>/data before the first arm (jaxdistill.data.prepare).
 The teachers are the Instruct checkpoints unless their paths name the
 task-trained teachers of configs/teacher_sft.py / teacher_grpo.py (App.
-D.2.2; --config.presets.family.F.teacher.path=...). One command per family:
+D.2.2; --config.presets.family.F.teacher.path=...). Forgetting is the
+paper's, the drop of the mean of seven lm-evaluation-harness benchmarks
+(configs/eval.py's suite `lmeval`; `pip install 'jaxdistill[lmeval]'`; their
+data sets download on first use); HumanEval executes the code the model
+writes, which HF_ALLOW_CODE_EVAL=1 allows (ideally inside a sandbox; without
+it the sweep is refused before any arm trains). One command per family:
 
-  python -m jaxdistill.sweep --config configs/grid_main.py:families=llama,seeds=3 --workdir /runs/main
-  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen15b,seeds=3 --workdir /runs/main
-  python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen05b --workdir /runs/main
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config configs/grid_main.py:families=llama,seeds=3 --workdir /runs/main
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen15b,seeds=3 --workdir /runs/main
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config configs/grid_main.py:families=qwen05b --workdir /runs/main
   # add --print_commands for a cluster
 
 Local checkpoints and data instead (any path flag overrides its default):
 
-  python -m jaxdistill.sweep --config configs/grid_main.py:seeds=3 \
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config configs/grid_main.py:seeds=3 \
     --config.presets.family.llama.student.path=/ckpt/Llama-3.2-1B-Instruct \
     --config.presets.family.llama.teacher.path=/ckpt/Llama-3.1-8B-Instruct \
     --config.presets.family.qwen05b.student.path=/ckpt/Qwen2.5-0.5B-Instruct \
@@ -47,21 +52,20 @@ axes kept, joined by '+'; default the study's five, family+task+kl+policy+lr;
 weights, the default) or bfloat16 (student.param_dtype, no float32 copy;
 docs/method.md section 8), only when named), runlocal (tiny CPU models, no
 family or task axis; axes kl x policy unless `axes` names others, e.g.
-`runlocal,axes=policy+lr`).
+`runlocal,axes=policy+lr`; its forgetting is 'suites'), forgetting ('lmeval',
+the default, or 'suites'), unsafe_code (True: the same opt-in to HumanEval's
+code execution as HF_ALLOW_CODE_EVAL=1, which lm-eval needs as well).
 
-Forgetting as the paper measures it, the drop of the mean of seven
-lm-evaluation-harness benchmarks (configs/eval.py's suite `lmeval`; `pip
-install 'jaxdistill[lmeval]'`; HumanEval executes the code the model writes,
-hence unsafe_code=True and HF_ALLOW_CODE_EVAL=1), instead of the default,
-accuracy on the other two study tasks:
+forgetting=suites: forgetting as accuracy on the other two study tasks
+instead (not the paper's measure; no lm-eval, no code executed):
 
-  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config \
-    configs/grid_main.py:families=llama,seeds=3,forgetting=lmeval,unsafe_code=True \
-    --workdir /runs/main
+  python -m jaxdistill.sweep --config \
+    configs/grid_main.py:families=llama,seeds=3,forgetting=suites \
+    --workdir /runs/main_suites
 
 Weight precision as a sixth axis (twice the arms):
 
-  python -m jaxdistill.sweep --config \
+  HF_ALLOW_CODE_EVAL=1 python -m jaxdistill.sweep --config \
     configs/grid_main.py:families=qwen05b,axes=family+task+kl+policy+lr+precision \
     --workdir /runs/main_precision
 """
@@ -101,7 +105,7 @@ def _mcq(source, prompt):
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, families="+".join(PAPER_FAMILIES),
                              tasks="+".join(TASKS), seeds=1, axes="",
-                             runlocal=False, forgetting="suites",
+                             runlocal=False, forgetting="lmeval",
                              unsafe_code=False)
   c = ml_collections.ConfigDict()
   # Teacher-policy arms: one teacher generation per step, kept and read by
@@ -125,24 +129,24 @@ def get_config(arg=None):
             ("lr", "optim.lr", (1e-5, 5e-5)),
             ("precision", "student.param_dtype", PRECISIONS))
   c.seeds = tuple(42 + i for i in range(int(arg.seeds)))  # the paper's seeds 42, 43, 44
-  # In-distribution accuracy and coverage on the trained task, forgetting on
-  # the other two families of tasks, sparsity against the student checkpoint.
+  # In-distribution accuracy and coverage on the trained task, sparsity
+  # against the student checkpoint, forgetting as the paper measures it:
+  # the seven lm-eval benchmarks (configs/eval.py's default, suite lmeval);
+  # forgetting=suites: accuracy on the other two families of tasks instead.
   # Suites without a path read the data prepared by name in the runs' data_dir.
-  # forgetting=lmeval: the paper's measure, the seven lm-eval benchmarks
-  # (configs/eval.py's suite lmeval), instead of accuracy on the other tasks.
-  if arg.forgetting not in ("suites", "lmeval"):
+  forgetting = (arg.forgetting if arg.given("forgetting") else
+                "suites" if arg.runlocal else "lmeval")
+  if forgetting not in ("suites", "lmeval"):
     raise ValueError("config arg forgetting: expected 'suites' or 'lmeval', "
-                     f"got {arg.forgetting!r}")
-  if arg.unsafe_code and arg.forgetting != "lmeval":
+                     f"got {forgetting!r}")
+  if arg.unsafe_code and forgetting != "lmeval":
     arg.refuse("unsafe_code", "it lets lm-eval run HumanEval's code, which "
                "only forgetting=lmeval evaluates")
-  ev_spec = "configs/eval.py:task={task}"
-  if arg.forgetting == "lmeval":
-    if arg.runlocal:
-      arg.refuse("forgetting", "runlocal evaluates tiny local suites; the "
-                 "lm-eval benchmarks download their data sets")
-    ev_spec += ",forgetting=lmeval" + (",unsafe_code=True" if arg.unsafe_code
-                                       else "")
+  if arg.runlocal and arg.given("forgetting"):
+    arg.refuse("forgetting", "runlocal evaluates its tiny local suites (the "
+               "lm-eval benchmarks download their data sets)")
+  ev_spec = f"configs/eval.py:task={{task}},forgetting={forgetting}" + (
+      ",unsafe_code=True" if arg.unsafe_code else "")
   c.eval = dict(spec=ev_spec, baseline=True,
                 updates=dict(suites=dict(science=dict(path=config_dict.placeholder(str)),
                                          medical=dict(path=config_dict.placeholder(str)))))

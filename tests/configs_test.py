@@ -75,7 +75,11 @@ def _load_runlocal(name):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_config_builds_and_validates(name):
+def test_config_builds_and_validates(name, monkeypatch):
+  # The study's forgetting suite (lm-eval's seven benchmarks) runs
+  # HumanEval's code only where the user allowed it, as a user of these
+  # configs does (configs/eval.py).
+  monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
   c = config_lib.load_config(f"configs/{name}")
   _check(c)
   local = _load_runlocal(name)
@@ -111,14 +115,15 @@ def test_runlocal_trains_one_step(name, tmp_path):
 
 
 # A value other than the default for every argument of every config; a
-# (config, key) entry wins over the key's own. A new argument needs an entry.
+# (config, key, mode) entry wins over a (config, key) one, which wins over
+# the key's own. A new argument needs an entry.
 ARG_VALUES = {
     "kl": "reverse", "policy": "teacher", "lam": 0.25, "lr": 7e-4,
     "task": "mcq", "seed": 3, "seeds": 2, "topk": 16, "n": 4, "g": 6,
     "avg": "token", "suites": "countdown4", "ood": "countdown6", "samples": 8,
     "families": "llama", "tasks": "science", "axes": "policy", "rlvr": False,
     "rl_lr": 3e-6, "variant": "tail", "spectrum": True, "arm_steps": 7,
-    "lrs": "2e-4+2e-3", "paper": True, "forgetting": "lmeval",
+    "lrs": "2e-4+2e-3", "paper": True, "forgetting": "suites",
     "unsafe_code": True}
 CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
                      ("teacher_grpo.py", "family"): "llama",
@@ -126,6 +131,8 @@ CONFIG_ARG_VALUES = {("grpo_countdown.py", "kl"): 0.05,
                      ("teacher_sft.py", "family"): "llama",
                      ("grpo_after_distill.py", "kl"): 0.05,
                      ("eval.py", "task"): "medical",
+                     # runlocal's default is 'suites' (tiny local suites)
+                     ("eval.py", "forgetting", "runlocal"): "lmeval",
                      ("grid_spectrum.py", "task"): "medical",
                      ("grid_spectrum.py", "family"): "qwen15b",
                      ("grid_topk.py", "task"): "medical",
@@ -164,7 +171,8 @@ def test_every_config_argument_is_applied_or_refused(name, monkeypatch):
     for key in keys:
       if key in MODES:
         continue
-      value = CONFIG_ARG_VALUES.get((name, key), ARG_VALUES.get(key, KeyError))
+      value = CONFIG_ARG_VALUES.get((name, key, mode), CONFIG_ARG_VALUES.get(
+          (name, key), ARG_VALUES.get(key, KeyError)))
       assert value is not KeyError, f"add a value for {name}'s {key!r} above"
       spec = f"{prefix}{',' if mode else ''}{key}={value}"
       try:

@@ -98,10 +98,12 @@ def _has_tokenizer(path: str) -> bool:
   return any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
 
 
-def check_config(config) -> tuple[str, ...]:
-  """Validates everything that needs no weights; returns the suite names."""
+def check_config(config, runnable: bool = True) -> tuple[str, ...]:
+  """Validates everything that needs no weights; returns the suite names.
+  runnable False: for --compile_only, which needs no lm-eval, code-execution
+  opt-in or language judge (suites.check_names)."""
   config_lib.check_finite(config)
-  names = suites_lib.check_names(config)
+  names = suites_lib.check_names(config, runnable)
   s = config.sampler
   config_lib.check_decode_layout(s.get("decode_layout"),
                                  "sampler.decode_layout")
@@ -123,7 +125,7 @@ def check_config(config) -> tuple[str, ...]:
                                re.fullmatch(r"[a-z]{2}", lang)):
     raise ValueError("config.language: an ISO 639-1 code such as 'es' (the "
                      f"style judge's, jaxdistill.tasks.language), got {lang!r}")
-  if lang is not None:
+  if lang is not None and runnable:
     lang_lib.check_installed()
   f = config.forgetting
   if f.metric not in ("greedy_acc", "single_acc", "sampled_acc"):
@@ -366,7 +368,7 @@ def compile_for(config, checkpoint: str, slice_name: str) -> dict:
   """--compile_only: the evaluation's programs compiled for a TPU slice on
   this host, from the checkpoint's config.json (or a preset name) without
   weights -> compile_only's report."""
-  check_config(config)
+  check_config(config, runnable=False)
   target = compile_only.target(slice_name)
   mesh = programs.mesh_of(config, target.devices)
   rules = sharding.rules_from_config(config)

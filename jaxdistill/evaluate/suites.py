@@ -50,6 +50,7 @@ sciknoweval / medreason suites), or all rows when num_problems is None.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import importlib.util
 import logging
 import os
 
@@ -147,8 +148,12 @@ def _mcq_records(name, spec) -> list[dict]:
   return records
 
 
-def check_names(config) -> tuple[str, ...]:
-  """The evaluated suite names; ValueError naming any unknown or misplaced one."""
+def check_names(config, runnable: bool = True) -> tuple[str, ...]:
+  """The evaluated suite names; ValueError naming any unknown or misplaced one.
+
+  runnable False (--compile_only, which runs no lm-eval task): a harness
+  suite's fields are checked, not the opt-in, environment and install its
+  run needs."""
   known = sorted(config.suites.keys())
   names = tuple(config.eval_suites)
   if not names:
@@ -159,7 +164,7 @@ def check_names(config) -> tuple[str, ...]:
                      f"suites: {known}")
   for n in names:
     if config.suites[n].get("kind") == "harness":
-      check_harness(n, config.suites[n])
+      check_harness(n, config.suites[n], runnable)
   for group in ("in_distribution", "harder", "ood"):
     stray = [n for n in config.get(group) or () if n not in names]
     if stray:
@@ -168,8 +173,10 @@ def check_names(config) -> tuple[str, ...]:
   return names
 
 
-def check_harness(name: str, spec: Mapping) -> None:
-  """A 'harness' suite's fields, without importing lm-eval."""
+def check_harness(name: str, spec: Mapping, runnable: bool = True) -> None:
+  """A 'harness' suite's fields, without importing lm-eval; with `runnable`,
+  also what running it needs: the code-execution opt-in, HF_ALLOW_CODE_EVAL
+  and lm-eval installed."""
   tasks = [t for t in str(spec.get("tasks") or "").split("+") if t]
   if not tasks:
     raise ValueError(f"{_field(name, 'tasks')}: lm-eval task names joined by "
@@ -186,6 +193,8 @@ def check_harness(name: str, spec: Mapping) -> None:
   if stray:
     raise ValueError(f"{_field(name, 'limits')}: {stray[0]!r} is not one of "
                      f"the suite's tasks ({'+'.join(tasks)})")
+  if not runnable:
+    return
   code = [t for t in tasks if "humaneval" in t or "mbpp" in t]
   if code and not spec.get("confirm_run_unsafe_code"):
     raise ValueError(
@@ -194,7 +203,21 @@ def check_harness(name: str, spec: Mapping) -> None:
         f"{_field(name, 'confirm_run_unsafe_code')}=True and export "
         "HF_ALLOW_CODE_EVAL=1 (ideally inside a sandbox), or leave it out "
         f"of {_field(name, 'tasks')} (the mean is then over the others); "
-        "configs/eval.py's arg unsafe_code=True opts in")
+        "configs/eval.py's arg unsafe_code=True, or HF_ALLOW_CODE_EVAL=1 in "
+        "the environment, opts in; forgetting=suites measures forgetting "
+        "without lm-eval")
+  if code and os.environ.get("HF_ALLOW_CODE_EVAL") != "1":
+    # Hugging Face's code_eval metric refuses without it, after every
+    # completion has been generated: say so before anything loads.
+    raise ValueError(
+        f"{_field(name, 'tasks')}: {code[0]} scores the model's code with "
+        "Hugging Face's code_eval, which runs only with HF_ALLOW_CODE_EVAL=1 "
+        "in the environment: export it (ideally inside a sandbox)")
+  if importlib.util.find_spec("lm_eval") is None:
+    raise ImportError(
+        f"{_field(name, 'kind')}='harness' runs lm-evaluation-harness, which "
+        "is not installed: pip install 'jaxdistill[lmeval]' (or evaluate "
+        "forgetting=suites, without lm-eval)")
 
 
 def harness_names(config, names: Sequence[str]) -> tuple[str, ...]:

@@ -189,8 +189,9 @@ def lines(cost) -> list[str]:
     keeps = ("" if a["kept_bytes"] is None else
              f"; keeps {disk_lib.gb(a['kept_bytes'])}")
     missing = ("" if not a["uncounted_suites"] else
-               f" (not counted: suites {', '.join(a['uncounted_suites'])} "
-               "have no num_problems)")
+               f" (not counted: suites {', '.join(a['uncounted_suites'])}, "
+               "run by lm-eval outside the compiled programs or without "
+               "num_problems)")
     out.append(f"cost {name}: {' + '.join(parts)} = {a['bound_s'] / 3600:.3g} h"
                f" x {chips} chips = {_h(a['chip_hours'])} chip-hours at the "
                f"bound (limit {_h(a['limit_chip_hours'])}){keeps}{missing}")

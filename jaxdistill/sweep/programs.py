@@ -116,7 +116,7 @@ def grid_programs(grid, target, only=None, log=None):
     if spec is not None:
       ec = config_lib.load_config(spec)
       grid_lib.merge(ec, grid.eval.get("updates") or {}, "grid.eval.updates")
-      evaluate_run.check_config(ec)
+      evaluate_run.check_config(ec, runnable=False)
       e_cfg = scfg
       if ec.get("dtype"):  # the evaluation loads the weights in it
         e_cfg = dataclasses.replace(scfg, dtype=ec.dtype, param_dtype=ec.dtype)

@@ -244,7 +244,13 @@ def test_the_math_grid_reads_both_sets_from_its_data_dir(prepared):
   grid = config_lib.load_config("configs/grid_math.py")
   grid.base.data.data_dir = out
   run = grid_lib.expand(grid)[0]
-  # The math sets, and the paper's MCQ sets of the forgetting suites.
+  # The math sets; forgetting is on the lm-eval benchmarks (the default),
+  # which lm-eval fetches itself.
+  assert inputs._needs(grid, run) == [  # pylint: disable=protected-access
+      (n, out) for n in ("numina_math", "math500")]
+  assert inputs.eval_config(grid, run).ood == ("lmeval",)
+  # forgetting=suites: the paper's MCQ sets of those suites too.
+  grid.eval.spec = "configs/eval.py:task=math,forgetting=suites"
   assert inputs._needs(grid, run) == [  # pylint: disable=protected-access
       (n, out) for n in ("numina_math", "math500", "sciknoweval", "medreason")]
   ev = inputs.eval_config(grid, run)

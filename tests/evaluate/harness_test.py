@@ -7,6 +7,7 @@ so that long requests are left-truncated and documents span several rolling
 windows on both sides. The end-to-end test runs a task defined from local
 JSON files through `python -m jaxdistill.evaluate.harness` offline.
 """
+import importlib.util
 import json
 import os
 import pathlib
@@ -493,16 +494,39 @@ def test_evaluate_harness_suite_scores_and_forgetting(ckpt, tmp_path, tokenizer)
   assert "## lmeval (ood, lm-eval" in text and "tiny_gen" in text
 
 
-def test_harness_suite_config_errors():
+def test_harness_suite_config_errors(monkeypatch):
   from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
   from jaxdistill.evaluate import run as evaluate_run  # pylint: disable=g-import-not-at-top
-  spec = "configs/eval.py:task=countdown,forgetting=lmeval"
+  monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+  spec = "configs/eval.py:task=countdown"  # forgetting=lmeval, the default
   c = config_lib.load_config(spec)
   assert c.ood == ("lmeval",) and "science" not in c.eval_suites
   assert tuple(c.suites.lmeval.tasks.split("+")) == tuple(harness.OOD_TASKS)
   with pytest.raises(ValueError, match="humaneval_instruct executes the code"):
     evaluate_run.check_config(c)
-  evaluate_run.check_config(config_lib.load_config(spec + ",unsafe_code=True"))
+  # --compile_only runs no lm-eval task: it needs neither the opt-in nor lm-eval.
+  evaluate_run.check_config(c, runnable=False)
+  # The opt-in alone is not enough: code_eval itself needs the variable,
+  # and would refuse only after every completion had been generated.
+  with pytest.raises(ValueError, match="only with HF_ALLOW_CODE_EVAL=1"):
+    evaluate_run.check_config(config_lib.load_config(spec + ",unsafe_code=True"))
+  # Without lm-eval installed, refused before anything loads.
+  real_find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if
+                      name == "lm_eval" else real_find_spec(name, *a))
+  c = config_lib.load_config(spec)
+  c.suites.lmeval.tasks = "mmlu_pro+bbq"  # no code to run
+  with pytest.raises(ImportError, match=r"pip install 'jaxdistill\[lmeval\]'"):
+    evaluate_run.check_config(c)
+  monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+  evaluate_run.check_config(c)
+  # forgetting=suites: no lm-eval, no opt-in.
+  evaluate_run.check_config(config_lib.load_config(spec + ",forgetting=suites"))
+  # The variable is the opt-in as well (the config reads it when it loads).
+  monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+  c = config_lib.load_config(spec)
+  assert c.suites.lmeval.confirm_run_unsafe_code
+  evaluate_run.check_config(c)
   for field, value, match in (("tasks", "", "task names"),
                               ("limit", 0, "positive int"),
                               ("limits", {"bogus": 3}, "not one of")):

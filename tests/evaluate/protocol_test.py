@@ -27,9 +27,19 @@ PAPER = dict(num_problems=200, acc_temperature=0.5, top_p=1.0,
 
 
 @pytest.mark.parametrize("task", ["countdown", "science", "medical"])
-def test_eval_config_is_the_papers_protocol(task):
+def test_eval_config_is_the_papers_protocol(task, monkeypatch):
+  monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")  # HumanEval's opt-in
   c = config_lib.load_config(f"configs/eval.py:task={task}")
   evaluate_run.check_config(c)
+  # Forgetting (App. D.1.2): the seven lm-eval benchmarks, 200 of each (of
+  # each MMLU-Pro subject; HumanEval-Instruct's 164 and EQ-Bench's 171 are
+  # fewer), and nothing else out of distribution.
+  assert c.ood == ("lmeval",) and c.suites.lmeval.kind == "harness"
+  assert set(c.suites.lmeval.tasks.split("+")) == {
+      "mmlu_pro", "truthfulqa_mc1", "ifeval", "humaneval_instruct",
+      "eq_bench", "bbq", "toxigen"}
+  assert c.suites.lmeval.limit == 200 and not c.suites.lmeval.limits
+  assert c.suites.lmeval.confirm_run_unsafe_code
   s = c.sampler
   assert c.seed == PAPER["seed"]
   assert not s.greedy and s.single_temperature == PAPER["acc_temperature"]
@@ -38,7 +48,7 @@ def test_eval_config_is_the_papers_protocol(task):
   assert s.num_samples == PAPER["coverage_samples"]
   assert s.temperature == PAPER["coverage_temperature"]
   assert tuple(s.ks) == PAPER["ks"]
-  for name in c.eval_suites:
+  for name in c.in_distribution + c.harder:
     assert c.suites[name].num_problems == PAPER["num_problems"], name
     if c.suites[name].kind == "mcq":  # the first 200, not a random 200
       assert c.suites[name].data_seed is None, name

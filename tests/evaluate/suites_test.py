@@ -29,14 +29,24 @@ ROWS = [{"question": f"Q{i}?", "options": ["x", "y", "z"], "answer": "ABC"[i % 3
 
 
 def test_config_variants():
+  # The default: forgetting on the paper's seven lm-eval benchmarks.
   c = get_config()
+  assert c.eval_suites == ("countdown3_paper", "countdown4e", "lmeval")
+  assert c.in_distribution == ("countdown3_paper",)
+  assert c.ood == ("lmeval",) and c.harder == ("countdown4e",)
+  assert c.suites.countdown4e.source == "countdown4e"
+  # forgetting=suites: the other study tasks instead.
+  c = get_config("forgetting=suites")
   assert c.eval_suites == ("countdown3_paper", "countdown4e", "science",
                            "medical")
-  assert c.in_distribution == ("countdown3_paper",)
   assert c.ood == ("science", "medical") and c.harder == ("countdown4e",)
-  assert c.suites.countdown4e.source == "countdown4e"
-  c = get_config("task=medical")
+  c = get_config("task=medical,forgetting=suites")
   assert c.in_distribution == ("medical",) and "countdown3_paper" in c.ood
+  c = get_config("task=medical")
+  assert c.eval_suites == ("medical", "lmeval") and c.ood == ("lmeval",)
+  # An explicit suites= list is evaluated as given, its OOD the task's.
+  c = get_config("task=science,suites=science+medical")
+  assert c.eval_suites == ("science", "medical") and c.ood == ("medical",)
   c = get_config("suites=countdown3+countdown6,ood=")
   assert c.eval_suites == ("countdown3", "countdown6") and c.ood == ()
   assert c.harder == ("countdown6",)

@@ -23,12 +23,21 @@ from tests import hub_cache
 QWEN05, QWEN7 = "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
 
 
+@pytest.fixture(autouse=True)
+def _code_eval_allowed(monkeypatch):
+  # The grid's default forgetting suite (lm-eval's seven benchmarks) runs
+  # HumanEval's code, which a user of the real grid allows this way.
+  monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+
+
 def _grid(arg="families=qwen05b,tasks=science"):
   return config_lib.load_config(f"configs/grid_main.py:{arg}")
 
 
 def test_arms_are_pinned_and_their_data_prepared_once(hf_cache, tmp_path):
-  g, log = _grid(), []
+  # forgetting=suites: MedReason, the science arms' forgetting suite, is
+  # prepared too.
+  g, log = _grid("families=qwen05b,tasks=science,forgetting=suites"), []
   runs = inputs.plan(g, str(tmp_path), log=log.append)
   assert len(runs) == 8
   data_dir = str(tmp_path / "data")
@@ -57,10 +66,31 @@ def test_arms_are_pinned_and_their_data_prepared_once(hf_cache, tmp_path):
   cmd = grid_lib.command(g, runs[0], str(tmp_path))
   assert f"--config.student.path={QWEN05}@{hf_cache['models'][QWEN05]}" in cmd
   log.clear()
-  inputs.plan(_grid(), str(tmp_path), log=log.append)
+  inputs.plan(_grid("families=qwen05b,tasks=science,forgetting=suites"),
+              str(tmp_path), log=log.append)
   assert not log
   # The arms' checks pass on the pinned names (config.json from the cache).
   train_setup.model_config(runs[0].config.student, "student")
+  # The default (forgetting on the lm-eval benchmarks) prepares only the
+  # trained task's set: nothing else of ours is evaluated.
+  log.clear()
+  runs = inputs.plan(_grid(), str(tmp_path / "default"), log=log.append)
+  assert [m.split(":")[0] for m in log if "prepared in" in m] == ["sciknoweval"]
+  assert inputs.eval_config(_grid(), runs[0]).ood == ("lmeval",)
+
+
+def test_the_default_grid_without_the_code_opt_in_is_refused_before_any_arm(
+    hf_cache, tmp_path, monkeypatch):
+  # Forgetting on the seven lm-eval benchmarks (the default) runs HumanEval's
+  # code: without HF_ALLOW_CODE_EVAL=1 nothing trains.
+  monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
+  work = str(tmp_path / "sweep")
+  with pytest.raises(ValueError, match=r"grid.eval.spec 'configs/eval.py:task="
+                     r"countdown,forgetting=lmeval': .*humaneval_instruct "
+                     r"executes the code.*HF_ALLOW_CODE_EVAL=1"):
+    runner.run_sweep(_grid("families=qwen05b,tasks=countdown"), work)
+  assert not os.path.exists(work) or not [
+      n for n in os.listdir(work) if n.startswith("family=")]
 
 
 def test_arms_naming_one_repo_at_different_commits_are_refused(hf_cache, tmp_path):
@@ -96,7 +126,9 @@ def test_an_arm_trained_from_a_commit_the_name_no_longer_gives_is_refused(
   msg = str(e.value)
   assert f"student.path: '{QWEN05}@{old}' -> '{QWEN05}@{new}'" in msg
   assert "--rerun_stale" in msg and "pinned to the old one" in msg
-  assert sorted(os.listdir(work)) == sorted(["data", run.dirname])  # nothing ran
+  # Nothing ran (a Countdown arm forgetting on the lm-eval benchmarks has
+  # no data set of ours to prepare: Countdown-3 is generated).
+  assert os.listdir(work) == [run.dirname]
 
 
 def test_an_rlvr_stages_kl_reference_is_pinned_like_the_arms(hf_cache,
