@@ -282,6 +282,16 @@ def mirror_root() -> str:
                             or "~/.cache/jaxdistill/gs")
 
 
+def _stamp_matches(path: str, stamp: dict) -> bool:
+  """Whether the local stamp file at `path` records `stamp` (a missing or
+  unreadable one does not)."""
+  try:
+    with builtins.open(path) as f:
+      return json.load(f) == stamp
+  except (OSError, ValueError):
+    return False
+
+
 def _stamp(fs, key: str) -> dict:
   info = fs.info(key)
   return {k: str(info.get(k)) for k in ("generation", "md5Hash", "size")}
@@ -305,12 +315,8 @@ def mirror(url, what: str, *, marker: str) -> str:
   stamp = {"url": url, **_stamp(fs, marker_key)}
   local = os.path.join(mirror_root(), key)
   stamp_path = os.path.join(local, _STAMP)
-  try:
-    with builtins.open(stamp_path) as f:
-      if json.load(f) == stamp:
-        return local
-  except (OSError, ValueError):
-    pass
+  if _stamp_matches(stamp_path, stamp):
+    return local
   files = [e for e in fs.ls(key, detail=True) if e.get("type") == "file"]
   need = sum(int(e.get("size") or 0) for e in files)
   os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -381,12 +387,8 @@ def mirror_parts(url, what: str, *, marker: str, parts,
         _remove_local(p)
       return local
     stamp = {"url": url, "marker": marker, **_stamp(fs, marker_key)}
-    try:
-      with builtins.open(stamp_path) as f:
-        if json.load(f) == stamp:
-          return local
-    except (OSError, ValueError):
-      pass
+    if _stamp_matches(stamp_path, stamp):
+      return local
     found = {}
     for p in parts:
       found.update(fs.find(f"{key}/{p}", detail=True))
