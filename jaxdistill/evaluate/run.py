@@ -272,13 +272,16 @@ def baseline_plan(config, names) -> tuple[tuple[str, ...], int]:
 
 def run(config, checkpoint: str, baseline: str | None = None,
         out: str | None = None, *, generator_factory=None,
-        before: dict | None = None) -> dict:
+        before: dict | None = None, before_raw: dict | None = None) -> dict:
   """Evaluates `checkpoint` (and compares with `baseline`); returns the result.
 
   `before`: the baseline's scores from an earlier run of the same config
   and baseline (its metrics' 'baseline/...' entries, prefix removed), reused
   instead of evaluating the baseline again (the sweep's trajectory: one
-  baseline for every checkpoint of a run); sparsity is still measured.
+  baseline for every checkpoint of a run; sweep/baselines.py: one for every
+  arm with the same baseline and config); sparsity is still measured.
+  `before_raw`: with `before`, lm-eval's own results of its harness suites
+  ({suite: results}), kept in the result's 'lmeval' entry as if evaluated.
   `generator_factory(role, cfg, params, tokenizer, eos_ids) -> generator`
   (role 'checkpoint' or 'baseline') replaces the rollout sampler; tests use it
   to feed known completions through the whole command.
@@ -345,6 +348,8 @@ def run(config, checkpoint: str, baseline: str | None = None,
                            num_samples=base_samples,
                            harness=suites_lib.harness_names(config, base_names),
                            raw=raw["baseline"])
+      elif before_raw:
+        raw["baseline"].update(before_raw)
       flat.update({f"baseline/{k}": v for k, v in before.items()})
       if groups["ood"]:
         # A harness suite's score is its tasks' mean (the paper's forgetting

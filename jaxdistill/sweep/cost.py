@@ -17,8 +17,10 @@ chip):
               call decodes, rounded up, times that program's bound
               (evaluate/programs.py decode_calls); the baseline (the
               student the arm starts from) on its suites as
-              evaluate/run.py baseline_plan says, once per arm, as the
-              sweep runs it;
+              evaluate/run.py baseline_plan says, once per distinct
+              baseline and evaluation config, as the sweep runs it
+              (sweep/baselines.py: the first arm in the grid's order
+              evaluates it, the others reuse its scores);
   RLVR stage  with grid.rlvr, the stage's total_steps x its programs
               (rollout, reference, rescore, update), then its evaluation as
               the arm's; every arm counted (with grid.rlvr.select, the
@@ -38,6 +40,7 @@ counted and takes more.
 """
 from __future__ import annotations
 
+from jaxdistill import config_lib
 from jaxdistill.evaluate import programs as eval_programs
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.sweep import grid as grid_lib
@@ -80,10 +83,13 @@ def readers(grid, runs) -> set[str]:
   return out
 
 
-def arm_calls(grid, run, reads: bool = False) -> tuple[list, list]:
+def arm_calls(grid, run, reads: bool = False,
+              baselines_seen: set | None = None) -> tuple[list, list]:
   """([(phase, program, calls)], [suites not counted]) of one arm: its
   training, evaluation, baseline and RLVR stage (module doc); `reads`: it
-  reads shared teacher rollouts (no train rollout)."""
+  reads shared teacher rollouts (no train rollout); `baselines_seen`: the
+  (baseline, evaluation config) pairs earlier arms evaluate, which this arm
+  reuses (updated; None: the baseline counted)."""
   c = run.config
   steps = int(c.total_steps)
   out = [("train", p, steps) for p in TRAIN
@@ -102,6 +108,12 @@ def arm_calls(grid, run, reads: bool = False) -> tuple[list, list]:
                for p, n in calls.items())
     uncounted.extend(missing)
     if grid.eval.get("baseline"):
+      # The store's key without the weights (none are read here).
+      key = (str(c.student.get("path")), config_lib.to_json(ec))
+      if baselines_seen is not None:
+        if key in baselines_seen:
+          return
+        baselines_seen.add(key)
       names, samples = evaluate_run.baseline_plan(ec, tuple(ec.eval_suites))
       calls, missing = eval_programs.decode_calls(ec, names,
                                                   samples=bool(samples))
@@ -127,10 +139,11 @@ def estimate(grid, runs, report, needs=(), shared_bytes: int = 0) -> dict:
   disk = dict(needs)
   per_arm = {}
   reading = readers(grid, runs)
+  seen = set()
   for run in runs:
     rows = by_arm.get(run.name, {})
     reads = run.name in reading
-    calls, uncounted = arm_calls(grid, run, reads)
+    calls, uncounted = arm_calls(grid, run, reads, seen)
     terms = [(phase, rows[p], n) for phase, p, n in calls if p in rows]
     phases = {}
     for phase, row, n in terms:

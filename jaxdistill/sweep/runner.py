@@ -51,6 +51,7 @@ from jaxdistill import rollout as rollout_lib
 from jaxdistill import storage
 from jaxdistill.evaluate import run as evaluate_run
 from jaxdistill.rl import train as rl_train
+from jaxdistill.sweep import baselines
 from jaxdistill.sweep import disk as sweep_disk
 from jaxdistill.sweep import figures
 from jaxdistill.models import flops as flops_lib
@@ -145,19 +146,38 @@ def compute_record(config, records: list[dict]) -> dict:
 
 
 def default_evaluate(grid, run: grid_lib.Run, run_dir: str) -> dict | None:
-  """jaxdistill.evaluate on the run's export (and the student it started from)."""
+  """jaxdistill.evaluate on the run's export (and the student it started
+  from, its scores shared by the arms with the same baseline and config:
+  sweep/baselines.py)."""
   cfg = inputs.eval_config(grid, run)
   if cfg is None:
     return None
   baseline = run.config.student.get("path") if grid.eval.get("baseline") else None
+  # The sweep's workdir: run_dir is <workdir>/<arm> or, for an RLVR stage,
+  # <workdir>/<arm>/rlvr (its baseline is the arm's: the same store file).
+  arm_dir = run_dir
+  while os.path.basename(arm_dir) != run.dirname and os.path.dirname(
+      arm_dir) != arm_dir:
+    arm_dir = os.path.dirname(arm_dir)
+  workdir = os.path.dirname(arm_dir if os.path.basename(arm_dir) == run.dirname
+                            else run_dir)
+  k = baselines.key(cfg, baseline) if baseline else None
+  stored = baselines.load(workdir, k) if k else None
+  before, before_raw = stored or (None, None)
+
+  def evaluate_one(ckpt, base, out, before):
+    res = evaluate_run.run(cfg, ckpt, base, out=out, before=before,
+                           before_raw=before_raw if before else None)
+    if k and before is None and _primary():  # the baseline was evaluated
+      baselines.save(workdir, k, res, baseline)
+    return res
+
   if grid.eval.get("trajectory") is not None:  # every export, the best
     return trajectory.evaluate(
         run.config, run_dir, baseline or None, grid.eval.trajectory,
-        primary=_primary(),
-        evaluate_one=lambda ckpt, base, out, before: evaluate_run.run(
-            cfg, ckpt, base, out=out, before=before))
-  res = evaluate_run.run(cfg, run_dir, baseline or None,
-                     out=os.path.join(run_dir, "eval.json"))
+        primary=_primary(), evaluate_one=evaluate_one, before=before)
+  res = evaluate_one(run_dir, baseline or None,
+                     os.path.join(run_dir, "eval.json"), before)
   return res["metrics"]
 
 

@@ -105,14 +105,16 @@ def _read_done(path: str) -> dict | None:
 
 
 def evaluate(config, run_dir: str, baseline: str | None, spec, *,
-             evaluate_one: Callable, primary: bool = True) -> dict:
+             evaluate_one: Callable, primary: bool = True,
+             before: dict | None = None) -> dict:
   """Evaluates every export of the run in `run_dir` trained with `config`;
   returns the selected checkpoint's metrics with trajectory/ and final/
   entries (module docstring). `evaluate_one(checkpoint, baseline, out,
   before) -> evaluate.run's result`. Only the `primary` process writes
-  trajectory.json and deletes exports."""
+  trajectory.json and deletes exports. `before`: the baseline's scores
+  already known (sweep/baselines.py), else the first evaluation's."""
   spec = check(spec)
-  steps, rows, before = [], [], None
+  steps, rows = [], []
   for step, ckpt in points(config, run_dir):
     out = os.path.join(run_dir, eval_file(step))
     res = _read_done(out)

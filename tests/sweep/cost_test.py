@@ -75,9 +75,13 @@ def test_grid_main_runlocal_chip_hours_by_hand(fake_compile):
   assert [r.name for r in runs].index(reader) == 3
   read = steps * 3.0
   kept = dict(needs)
-  for run in runs:
+  # The four arms start from one student under one evaluation config: the
+  # first evaluates the baseline, the others reuse it (sweep/baselines.py).
+  base_s = baseline * 0.5
+  for i, run in enumerate(runs):
     a = c["per_arm"][run.name]
-    own = per_arm - (read if run.name == reader else 0.0)
+    own = (per_arm - (read if run.name == reader else 0.0)
+           - (base_s if i else 0.0))
     assert a["reads_shared_rollouts"] == (run.name == reader)
     assert a["steps"] == steps
     assert a["bound_s"] == pytest.approx(own)
@@ -86,11 +90,14 @@ def test_grid_main_runlocal_chip_hours_by_hand(fake_compile):
     assert a["phases"]["train"]["bound_s"] == pytest.approx(
         16.0 - (read if run.name == reader else 0.0))
     assert a["phases"]["eval"]["bound_s"] == pytest.approx(4.5)
-    assert a["phases"]["baseline"]["bound_s"] == pytest.approx(1.0)
+    if i:
+      assert "baseline" not in a["phases"]
+    else:
+      assert a["phases"]["baseline"]["bound_s"] == pytest.approx(1.0)
     assert a["kept_bytes"] == kept[run.name]["kept_bytes"] > 0
     assert a["uncounted_suites"] == []
   total = c["grid"]
-  grid_s = 4 * per_arm - read
+  grid_s = 4 * per_arm - read - 3 * base_s
   assert total["chip_hours"] == pytest.approx(grid_s * CHIPS / 3600)
   assert total["limit_chip_hours"] == pytest.approx(total["chip_hours"] / 4)
   assert total["train_chip_hours"] == pytest.approx(
@@ -153,7 +160,9 @@ def test_rlvr_stage_and_its_evaluation_are_counted(fake_compile):
   evaluation = sum(-(-p // b) * 0.5 + -(-p // max(1, b // n)) * 0.25
                    for p in problems.values())
   baseline = sum(-(-problems[k] // b) * 0.5 for k in ec.ood)
-  for run in runs:
+  # One student, one evaluation config: the baseline is evaluated once, by
+  # the first arm; the other arms and every RLVR stage reuse its scores.
+  for i, run in enumerate(runs):
     stage = config_lib.load_config(
         g.rlvr.base_spec.format(**run.factors))
     grid_lib.merge(stage, g.rlvr.get("updates") or {}, "grid.rlvr.updates")
@@ -164,13 +173,14 @@ def test_rlvr_stage_and_its_evaluation_are_counted(fake_compile):
     # one before it (same train_n): no train rollout.
     reads = run.factors["policy"] == "teacher" and run.factors["kl"] == "reverse"
     train = int(run.config.total_steps) * (5.0 if reads else 8.0)
-    want = (train + 2 * (evaluation + baseline)
+    want = (train + 2 * evaluation + (0.0 if i else baseline)
             + rl_steps * (7.0 + 11.0 + (1.5 if stage.kl.get("coef") or
                                         stage.kl.get("monitor") else 0.0)))
     a = c["per_arm"][run.name]
     assert a["bound_s"] == pytest.approx(want), run.name
     assert a["phases"]["rlvr"]["bound_s"] == pytest.approx(want - (
-        train + 2 * (evaluation + baseline)))
+        train + 2 * evaluation + (0.0 if i else baseline)))
+    assert "rlvr baseline" not in a["phases"]
     assert a["phases"]["rlvr eval"]["bound_s"] == pytest.approx(evaluation)
 
 
