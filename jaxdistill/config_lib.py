@@ -537,10 +537,13 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 def lora_block(rank: int | None = None, alpha: float = 256.0) -> dict:
   """config.student.lora: rank None (or 0) trains the model itself; a rank r
   trains LoRA adapters of that rank on the frozen model (scale alpha / r) on
-  `targets`, in `dtype` (docs/training.md, "LoRA"). The paper: 256 / 256."""
+  `targets`, in `dtype`; `base_quant` 'nf4' stores the frozen model in 4 bits
+  (QLoRA, models/quant.py) (docs/training.md, "LoRA"). The paper: 256 / 256,
+  on a 4-bit base for its GRPO stages."""
   return dict(rank=ml_collections.config_dict.placeholder(int) if rank is None
               else rank, alpha=float(alpha), targets=list(LORA_TARGETS),
-              dtype="float32")
+              dtype="float32",
+              base_quant=ml_collections.config_dict.placeholder(str))
 
 
 def without_lora_off(config: dict) -> dict:

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdistill.config_lib import LORA_TARGETS
+from jaxdistill.models import quant
 from jaxdistill.models import safetensors_io as st
 from jaxdistill.models.config import ModelConfig
 from jaxdistill.models.model import logical_axes as model_logical_axes
@@ -71,6 +72,9 @@ class LoraConfig:
   alpha: float
   targets: tuple[str, ...] = TARGETS
   dtype: str = "float32"
+  # The frozen base's storage: None (as loaded) or 'nf4' (QLoRA: all seven
+  # projections of every layer in 4 bits, models/quant.py).
+  base_quant: str | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "targets", tuple(self.targets))
@@ -85,6 +89,7 @@ class LoraConfig:
     if jnp.dtype(self.dtype) not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"lora.dtype must be float32 or bfloat16, got "
                        f"{self.dtype!r}")
+    quant.check_format(self.base_quant, "lora.base_quant")
 
   @property
   def scale(self) -> float:
@@ -92,14 +97,16 @@ class LoraConfig:
 
 
 def from_config(block, field: str = "config.student.lora") -> LoraConfig | None:
-  """The LoraConfig of a config block {rank, alpha, targets, dtype}; None
+  """The LoraConfig of a config block {rank, alpha, targets, dtype,
+  base_quant}; None
   when it is absent or its rank is 0 / None (LoRA off)."""
   if block is None or not block.get("rank"):
     return None
   try:
     return LoraConfig(rank=block["rank"], alpha=float(block.get("alpha", block["rank"])),
                       targets=tuple(block.get("targets") or TARGETS),
-                      dtype=block.get("dtype") or "float32")
+                      dtype=block.get("dtype") or "float32",
+                      base_quant=block.get("base_quant"))
   except (ValueError, TypeError) as e:
     raise ValueError(f"{field}: {e}") from None
 
@@ -180,9 +187,61 @@ def params_logical_axes(cfg: ModelConfig, params):
   targets = [t for t in TARGETS if "lora_a" in params["layers"].get(
       MODULES[t], {}).get(t, {})]
   axes = model_logical_axes(cfg)
+  if any(quant.is_quantized(params["layers"].get(MODULES[t], {}).get(t))
+         for t in TARGETS):
+    axes = _quantized_axes(axes)
   if not targets:
     return axes
   return attach(axes, _adapter_axes(cfg, targets), None)
+
+
+# -- a quantised frozen base (QLoRA) ---------------------------------------------
+
+def _n_in_dims(target):
+  return _N_IN.get(target, 1)
+
+
+def _quantized_axes(axes):
+  """models.logical_axes with every projection's kernel axes replaced by
+  those of its NF4 codes and absmaxes (quant.leaf_axes)."""
+  layers = dict(axes["layers"])
+  for t in TARGETS:
+    m = MODULES[t]
+    sub = dict(layers[m])
+    k = sub[t]["kernel"]
+    leaf = {n: v for n, v in sub[t].items() if n != "kernel"}
+    ax = quant.leaf_axes(k, _n_in_dims(t))
+    sub[t] = {**leaf, quant.CODES: ax, quant.ABSMAX: ax}
+    layers[m] = sub
+  return {**axes, "layers": layers}
+
+
+def quantize_base(lcfg: LoraConfig, params):
+  """The frozen base a LoRA run trains on: `params` as given, or, with
+  lcfg.base_quant 'nf4', every layer's seven projections in NF4 (what
+  bitsandbytes' load_in_4bit quantises: every linear layer but the head)."""
+  if lcfg.base_quant is None:
+    return params
+  return quant.quantize_params(params, TARGETS, _n_in_dims)
+
+
+def base_shapes(cfg: ModelConfig, lcfg: LoraConfig):
+  """The frozen base's ShapeDtypeStructs (quantize_base of the loaded
+  params); nothing allocated."""
+  return jax.eval_shape(lambda p: quantize_base(lcfg, p), param_shapes(cfg))
+
+
+def base_logical_axes(cfg: ModelConfig, lcfg: LoraConfig):
+  axes = model_logical_axes(cfg)
+  return axes if lcfg.base_quant is None else _quantized_axes(axes)
+
+
+def dequantize_base(cfg: ModelConfig, params, dtype):
+  """params with every NF4 kernel dequantised to `dtype` in its model shape
+  (what transformer.Linear computes from it); other params as given."""
+  shapes = param_shapes(cfg)
+  return quant.dequantize_params(
+      params, dtype, lambda m, t: shapes["layers"][m][t]["kernel"].shape)
 
 
 def _targets_of(adapters):
@@ -226,6 +285,18 @@ def merge(params, adapters, scale: float):
     sub[t] = {**sub[t], "kernel": merged.astype(w.dtype)}
     layers[m] = sub
   return {**params, "layers": layers}
+
+
+def merge_base(cfg: ModelConfig, params, adapters, scale: float):
+  """`merge` for any frozen base. An NF4 one (a QLoRA base) is first
+  dequantised to cfg.param_dtype, the weights its forward used
+  (transformer.Linear; bitsandbytes dequantises to the dtype the weights
+  were loaded in), then merged as such a base: the export is the model
+  trained."""
+  if any(quant.is_quantized(params["layers"].get(MODULES[t], {}).get(t))
+         for t in TARGETS):
+    params = dequantize_base(cfg, params, jnp.dtype(cfg.param_dtype))
+  return merge(params, adapters, scale)
 
 
 # -- peft's layout --------------------------------------------------------------

@@ -19,6 +19,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from jaxdistill.models import quant
 from jaxdistill.models import rope
 from jaxdistill.models.config import ModelConfig
 
@@ -56,7 +57,8 @@ class _Param(nn.Module):
 
 class Linear(nn.Module):
   """y = x . kernel (+ bias), contracting x's trailing len(in_shape) dims;
-  + (x . lora_a) . lora_b when the params hold LoRA adapters (models/lora.py)."""
+  + (x . lora_a) . lora_b when the params hold LoRA adapters (models/lora.py).
+  The kernel may be held as NF4 codes and absmaxes (models/quant.py)."""
   in_shape: Sequence[int]
   out_shape: Sequence[int]
   axes: Sequence[str | None]  # logical names of kernel dims (in + out)
@@ -67,11 +69,18 @@ class Linear(nn.Module):
   @nn.compact
   def __call__(self, x):
     shape = tuple(self.in_shape) + tuple(self.out_shape)
-    kernel = self.param("kernel", nn.with_logical_partitioning(
-        _normal(), tuple(self.axes)), shape, self.param_dtype)
+    n_in, n_out = math.prod(self.in_shape), math.prod(self.out_shape)
+    if self.has_variable("params", quant.CODES):
+      # A frozen NF4 base (models/quant.py): dequantised to the dtype it was
+      # loaded in, as bitsandbytes does, then cast like any kernel.
+      kernel = quant.dequantize(self.get_variable("params", quant.CODES),
+                                self.get_variable("params", quant.ABSMAX),
+                                self.param_dtype, axis=0)
+    else:
+      kernel = self.param("kernel", nn.with_logical_partitioning(
+          _normal(), tuple(self.axes)), shape, self.param_dtype)
     # As one 2-D matmul: XLA:CPU runs dot_generals with several contracting
     # dims (the weight gradient of a [B, T, ...] input) far slower.
-    n_in, n_out = math.prod(self.in_shape), math.prod(self.out_shape)
     lead = x.shape[:x.ndim - len(self.in_shape)]
     x2 = x.reshape(-1, n_in)
     y = x2 @ kernel.astype(self.dtype).reshape(n_in, n_out)

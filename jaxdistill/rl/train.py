@@ -285,7 +285,8 @@ def _train(config, workdir, overwrite, mesh, rules, reward_fn):
   lcfg = train_setup.lora_config(config.student)
   base = scale = None
   if lcfg is not None:  # fresh adapters on the frozen policy (App. D.6)
-    base, scale = params0, lcfg.scale
+    base, scale = train_setup.frozen_base(scfg, lcfg, params0, mesh,
+                                          rules), lcfg.scale
     params0 = train_setup.init_adapters(
         scfg, lcfg, mesh, rules,
         jax.random.fold_in(seed_key, train_loop.LORA_KEY))

@@ -228,6 +228,9 @@ def _decode_params(cfg, params, layout, mesh, rules):
   if layout == "train":
     return params, params
   dtype = jnp.dtype(cfg.dtype)
+  # An NF4 base (a QLoRA run) decodes from its dequantised weights: the
+  # values transformer.Linear computes from the codes at every use.
+  params = lora.dequantize_base(cfg, params, jnp.dtype(cfg.param_dtype))
   params = jax.tree.map(
       lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
       else x, params)

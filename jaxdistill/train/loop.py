@@ -310,10 +310,11 @@ def lora_meta(config, lcfg, revisions) -> dict:
   if lcfg is None:
     return {}
   rev = (revisions or {}).get("student.path") or {}
+  quantised = {} if lcfg.base_quant is None else {"base_quant": lcfg.base_quant}
   return {"lora": {"rank": lcfg.rank, "alpha": float(lcfg.alpha),
                    "targets": list(lcfg.targets), "dtype": lcfg.dtype,
                    "base": hub.weights_spec(config.student),
-                   "revision": rev.get("commit")}}
+                   "revision": rev.get("commit"), **quantised}}
 
 
 def _write_seen(directory, seen):
@@ -376,7 +377,7 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
       last = metrics
       stopping = stop.requested(done)  # every step: a multi-host sync point
       if done in exports:
-        export_hf(scfg, step_lib.export_params(state, scale), tokenizer,
+        export_hf(scfg, step_lib.export_params(state, scale, scfg), tokenizer,
                   workdir, None if seen is None else seen.mask(),
                   name=step_export(done))
       if (done % config.ckpt_every == 0 or done == config.total_steps
@@ -395,7 +396,7 @@ def run_steps(config, workdir, *, step_fn, state, start, ckpt, scfg, params0,
   if config.get("export_hf", True):
     if tokenizer is None and config.get("tokenizer_build"):  # runlocal
       tokenizer = tok_lib.runlocal_tokenizer(config, workdir)
-    export_hf(scfg, step_lib.export_params(state, scale), tokenizer, workdir,
+    export_hf(scfg, step_lib.export_params(state, scale, scfg), tokenizer, workdir,
               None if seen is None else seen.mask())
     if lcfg is not None:
       export_adapters(lcfg, state["params"], workdir,
@@ -555,7 +556,8 @@ def _train(config, workdir, overwrite, mesh, rules, shared_rollouts=None):
   lcfg = train_setup.lora_config(config.student)
   base = scale = None
   if lcfg is not None:  # train fresh adapters on the frozen student
-    base, scale = params0, lcfg.scale
+    base, scale = train_setup.frozen_base(scfg, lcfg, params0, mesh,
+                                          rules), lcfg.scale
     params0 = train_setup.init_adapters(scfg, lcfg, mesh, rules,
                                         jax.random.fold_in(s_key, LORA_KEY))
 

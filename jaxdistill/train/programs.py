@@ -48,6 +48,10 @@ def abstract_state(cfg, optimizer, mesh, rules, lcfg=None):
   adapters on a frozen 'base', and the policy is the base with them attached."""
   base = abstract_params(cfg, mesh, rules)
   trained, frozen, policy = base, None, base
+  if lcfg is not None and lcfg.base_quant is not None:  # an NF4 base
+    base = with_shardings(lora.base_shapes(cfg, lcfg), sharding.tree_shardings(
+        lora.base_logical_axes(cfg, lcfg), mesh, rules,
+        lora.base_shapes(cfg, lcfg)))
   if lcfg is not None:
     trained = with_shardings(lora.shapes(cfg, lcfg), sharding.tree_shardings(
         lora.logical_axes(cfg, lcfg), mesh, rules, lora.shapes(cfg, lcfg)))

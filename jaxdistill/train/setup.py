@@ -103,6 +103,18 @@ def lora_config(mcfg, name: str = "student"):
   return lora.from_config(mcfg.get("lora"), f"config.{name}.lora")
 
 
+def frozen_base(cfg, lcfg, params, mesh, rules):
+  """The base a LoRA run trains on, placed on the mesh: `params` as loaded,
+  or quantised to NF4 (lcfg.base_quant, lora.quantize_base; the loaded
+  copy is freed once the caller drops it)."""
+  if lcfg.base_quant is None:
+    return params
+  shard = sharding.tree_shardings(lora.base_logical_axes(cfg, lcfg), mesh,
+                                  rules, lora.base_shapes(cfg, lcfg))
+  return jax.jit(functools.partial(lora.quantize_base, lcfg),
+                 out_shardings=shard)(params)
+
+
 def init_adapters(cfg, lcfg, mesh, rules, rng):
   """Fresh LoRA adapters (B = 0: the model as loaded) placed on the mesh."""
   shard = sharding.tree_shardings(lora.logical_axes(cfg, lcfg), mesh, rules,

@@ -334,13 +334,18 @@ def policy_params(state, lora_scale: float | None = None):
   return lora.attach(state["base"], state["params"], _scale(lora_scale))
 
 
-def export_params(state, lora_scale: float | None = None):
+def export_params(state, lora_scale: float | None = None, cfg=None):
   """The student's weights to export: the base with the adapters merged
-  (W + scale * A B, in the base's dtype) for LoRA, else state['params']."""
+  (W + scale * A B, in the base's dtype; bfloat16 for an NF4 base, whose
+  ModelConfig `cfg` it needs: lora.merge_base) for LoRA, else
+  state['params']."""
   if "base" not in state:
     return state["params"]
-  return jax.jit(lora.merge, static_argnums=2)(
-      state["base"], state["params"], _scale(lora_scale))
+  if cfg is None:
+    return jax.jit(lora.merge, static_argnums=2)(
+        state["base"], state["params"], _scale(lora_scale))
+  return jax.jit(lora.merge_base, static_argnums=(0, 3))(
+      cfg, state["base"], state["params"], _scale(lora_scale))
 
 
 def _scale(lora_scale):
@@ -371,8 +376,9 @@ def state_shardings(cfg, optimizer, params, mesh, rules, lcfg=None):
              param_shardings, mesh),
          "step": sharding.replicated(mesh)}
   if lcfg is not None:
-    out["base"] = sharding.tree_shardings(
-        models.logical_axes(cfg), mesh, rules, models.param_shapes(cfg))
+    out["base"] = sharding.tree_shardings(  # maybe NF4 (models/quant.py)
+        lora.base_logical_axes(cfg, lcfg), mesh, rules,
+        lora.base_shapes(cfg, lcfg))
   return out
 
 

@@ -219,3 +219,30 @@ def test_evaluation_and_grpo_take_the_layout_from_their_configs(monkeypatch):
   with pytest.raises(ValueError, match=r"config\.rollout\.decode_layout: "
                      r"expected one of .* got 'fsdp'"):
     config_lib.validate(t)
+
+
+@pytest.mark.parametrize("layout", ["replicated", "tp"])
+def test_an_nf4_student_decodes_as_in_the_train_layout(layout):
+  """A QLoRA policy (NF4 base, models/quant.py, with adapters attached):
+  each decode layout's copy is dequantised once, and its tokens equal those
+  of the train layout, which dequantises at every use."""
+  from jaxdistill.models import lora  # pylint: disable=g-import-not-at-top
+  cfg, params = _model(0, hidden_size=64, intermediate_size=128, head_dim=16)
+  lcfg = lora.LoraConfig(2, 2.0, base_quant="nf4")
+  adapters = jax.tree.map(
+      lambda x: 0.05 * np.random.default_rng(2).standard_normal(x.shape).astype(
+          np.float32), lora.shapes(cfg, lcfg))
+  policy = lora.attach(lora.quantize_base(lcfg, params), adapters, lcfg.scale)
+  rng = np.random.default_rng(1)
+  ids = [rng.integers(6, 96, n).tolist() for n in rng.integers(1, 8, 8)]
+  prompts, mask = rollout.pad_prompts(ids, bucket=8)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+  kw = dict(policy="student", rng=jax.random.key(3), max_new_tokens=12,
+            temperature=1.0, mesh=mesh)
+  ref = rollout.generate((cfg, policy), None, prompts, mask,
+                         decode_layout="train", **kw)
+  got = rollout.generate((cfg, policy), None, prompts, mask,
+                         decode_layout=layout, **kw)
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=2e-2)
+  assert len({tuple(r) for r in np.asarray(ref.tokens).tolist()}) > 4
