@@ -10,7 +10,9 @@ moments shrink little) plus metadata that grows with the number of leaves
 (CKPT_META_BYTES_PER_LEAF, measured: ~1 KB a leaf). The export
 <workdir>/hf_student holds the student's weights in student.param_dtype (E,
 safetensors) and its tokenizer; the tokenizer, config files and logs are
-covered by SMALL_FILES_BYTES.
+covered by SMALL_FILES_BYTES. Under LoRA (student.lora) a checkpoint holds
+the adapters and their optimizer state only, and E is the merged model plus
+the adapters (hf_adapter/).
 
 With k = keep_ckpts and n checkpoint saves (every ckpt_every steps and the
 last step):
@@ -40,6 +42,7 @@ import jax
 
 from jaxdistill import models
 from jaxdistill import storage
+from jaxdistill.models import lora
 from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import step as step_lib
 
@@ -56,11 +59,17 @@ SMALL_FILES_BYTES = 32 * 2**20
 
 def state_struct(config, scfg):
   """jax.ShapeDtypeStructs of the train state {params, opt_state, step} of
-  `config` (configs/distill.py or configs/grpo_*.py) for the student `scfg`."""
+  `config` (configs/distill.py or configs/grpo_*.py) for the student `scfg`:
+  what a checkpoint holds, so under LoRA the adapters and their optimizer
+  state (the frozen base is not saved)."""
+  lcfg = lora.from_config(config.student.get("lora"))
+  params = (models.param_shapes(scfg) if lcfg is None
+            else lora.shapes(scfg, lcfg))
   optimizer, _ = step_lib.make_optimizer(
-      config.optim, max(int(config.total_steps), 1), scfg.param_dtype)
+      config.optim, max(int(config.total_steps), 1),
+      scfg.param_dtype if lcfg is None else lcfg.dtype)
   return jax.eval_shape(functools.partial(step_lib.new_state, optimizer),
-                        models.param_shapes(scfg))
+                        params)
 
 
 def _nbytes(tree) -> int:
@@ -90,7 +99,11 @@ def need(config, scfg) -> dict:
   arrays = _nbytes(state)
   ckpt = (arrays + CKPT_META_BYTES
           + CKPT_META_BYTES_PER_LEAF * len(jax.tree.leaves(state)))
-  export = (_nbytes(state["params"]) if config.get("export_hf", True) else 0)
+  # The export: the model (merged under LoRA; hf_adapter/ beside it).
+  adapters = lora.from_config(config.student.get("lora")) is not None
+  export = (_nbytes(models.param_shapes(scfg)) + (
+      _nbytes(state["params"]) if adapters else 0)
+            if config.get("export_hf", True) else 0)
   k, n = int(config.keep_ckpts), num_saves(config)
   steps = len(step_exports(config)) if config.get("export_hf", True) else 0
   peak = max(min(k + 1, n) * ckpt, min(k, n) * ckpt + export) + steps * export

@@ -204,3 +204,30 @@ def test_step_exports_add_one_export_each(total, every, exports):
   assert b["step_exports"] == exports
   for k in ("peak_bytes", "kept_bytes"):
     assert b[k] - a[k] == exports * a["export_bytes"]
+
+
+def test_a_lora_checkpoint_holds_the_adapters_and_their_moments_only():
+  """Hand count for configs/grpo_countdown.py:runlocal with LoRA rank 4
+  on all seven projections, float32 adapters and Adam: the checkpoint's
+  arrays are the adapters' elements x 4 bytes x 3 (params, mu, nu) plus the
+  counters; the export the model in its dtype plus the adapters."""
+  import math  # pylint: disable=g-import-not-at-top
+  from configs import grpo_countdown  # pylint: disable=g-import-not-at-top
+  from jaxdistill import models  # pylint: disable=g-import-not-at-top
+  from jaxdistill.models import lora  # pylint: disable=g-import-not-at-top
+  from jaxdistill.rl import train as rl_train  # pylint: disable=g-import-not-at-top
+  from tests import config_util  # pylint: disable=g-import-not-at-top
+  c = config_util.set_fields(grpo_countdown.get_config("runlocal"), {
+      "student.lora.rank": 4, "student.lora.alpha": 4.0})
+  scfg = rl_train._models(rl_train.resolve_paths(c))[0]  # pylint: disable=protected-access
+  d, h, m, n, k, L = (scfg.hidden_size, scfg.head_dim, scfg.intermediate_size,
+                      scfg.num_attention_heads, scfg.num_key_value_heads,
+                      scfg.num_hidden_layers)
+  per_layer = 4 * ((d + n * h) * 2 + (d + k * h) * 2 + (d + m) * 3)  # r (in + out)
+  adapters = L * per_layer
+  need = disk.need(c, scfg)
+  assert adapters * 4 * 3 <= need["state_bytes"] <= adapters * 4 * 3 + 64
+  model = sum(math.prod(x.shape) * x.dtype.itemsize
+              for x in jax.tree.leaves(models.param_shapes(scfg)))
+  assert need["export_bytes"] == model + adapters * 4
+  assert lora.from_config(c.student.lora).rank == 4
