@@ -307,6 +307,10 @@ def _shard_bytes(x) -> int:
   sh = getattr(x, "sharding", None)
   if sh is not None and hasattr(sh, "shard_shape"):
     shape = sh.shard_shape(x.shape)
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # a typed PRNG key
+    data = jax.eval_shape(jax.random.key_data,
+                          jax.ShapeDtypeStruct(shape, x.dtype))
+    return int(math.prod(data.shape)) * data.dtype.itemsize
   return int(math.prod(shape)) * np.dtype(x.dtype).itemsize
 
 
