@@ -3,7 +3,8 @@ for `python -m jaxdistill.rl.train --compile_only=SLICE` and the fit check
 before a TPU run loads weights (train/programs.py does the same for
 distillation; compile_only.py compiles and reports).
 
-  rollout    data.batch_size x rollout.group_size samples of the policy;
+  rollout    data.batch_size x rollout.group_size samples of the policy
+             (rollout.generation_batch of them per call: the program);
   reference  the frozen reference's log-probs of those samples (with a
              kl.coef or kl.monitor);
   rescore    the policy's own untruncated log-probs of them (with
@@ -51,8 +52,10 @@ def grpo_programs(config, cfg, rcfg, mesh, rules, vocab, *, optimizer,
   keep0 = lcfg is None and ((use_ref and ref is None) or track_sparsity)
   run_b = size(state) + size(ref) + (size(policy) if keep0 else 0)
 
+  # One decode call samples rollout.generation_batch rows (all by default).
+  gen = int(ro.get("generation_batch") or rows)
   out = [train_programs.rollout_program(
-      "rollout", cfg, None, policy, None, mesh, rules, vocab, rows=rows,
+      "rollout", cfg, None, policy, None, mesh, rules, vocab, rows=gen,
       policy="student", prompt_len=p, max_new_tokens=n,
       temperature=ro.temperature, top_p=top_p,
       resident=run_b - size(policy),

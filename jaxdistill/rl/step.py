@@ -71,6 +71,21 @@ def nucleus(rollout_cfg) -> float | None:
   return None if top_p is None or float(top_p) >= 1 else float(top_p)
 
 
+def concat_rollouts(parts):
+  """One host rollout of the rows of `parts` (host rollouts, in order): the
+  per-row fields concatenated, the batch's student_fraction their
+  response-token weighted mean."""
+  tokens = [float(np.sum(p.response_mask)) for p in parts]
+
+  def one(*xs):
+    if np.ndim(xs[0]):
+      return np.concatenate(xs, 0)
+    total = sum(tokens)
+    return np.asarray(sum(float(x) * t for x, t in zip(xs, tokens))
+                      / total if total else float(xs[0]), np.asarray(xs[0]).dtype)
+  return jax.tree.map(one, *parts)
+
+
 def to_host(x):
   """NumPy copy of a (possibly multi-host sharded) array, on every host."""
   if jax.process_count() == 1 or x.is_fully_addressable:
@@ -144,15 +159,29 @@ class Collector:
     prompts = np.repeat(np.asarray(host_batch["prompt"]), g, axis=0)  # [R, P]
     pmask = np.repeat(np.asarray(host_batch["prompt_mask"]), g, axis=0)
     rows = prompts.shape[0]
-    ro = rollout_lib.generate(
-        (self.cfg, params), None, self._put(prompts), self._put(pmask),
-        rng=rng, policy="student", max_new_tokens=int(self.ro.max_new_tokens),
-        temperature=temp, top_p=self.top_p, pad_token_id=self.pad,
-        eos_token_ids=self.eos,
-        row_ids=self._put(np.arange(rows, dtype=np.int32)), mesh=self.mesh,
-        rules=self.rules, return_logprobs=True, vocab_size=self.vocab,
-        decode_layout=self.ro.get("decode_layout") or "auto")
-    host_ro = jax.tree.map(to_host, ro)
+
+    def sample(lo, hi):
+      return rollout_lib.generate(
+          (self.cfg, params), None, self._put(prompts[lo:hi]),
+          self._put(pmask[lo:hi]), rng=rng, policy="student",
+          max_new_tokens=int(self.ro.max_new_tokens), temperature=temp,
+          top_p=self.top_p, pad_token_id=self.pad, eos_token_ids=self.eos,
+          row_ids=self._put(np.arange(lo, hi, dtype=np.int32)), mesh=self.mesh,
+          rules=self.rules, return_logprobs=True, vocab_size=self.vocab,
+          decode_layout=self.ro.get("decode_layout") or "auto")
+
+    gen = int(self.ro.get("generation_batch") or rows)
+    if gen == rows:
+      ro = sample(0, rows)
+      host_ro = jax.tree.map(to_host, ro)
+    else:
+      # rollout.generation_batch rows per decode call (the KV cache and the
+      # decode's temporaries scale with it). Each row's sampling stream is
+      # keyed by its row id, so the samples are those of one call.
+      host_ro = concat_rollouts([jax.tree.map(to_host, sample(lo, lo + gen))
+                                 for lo in range(0, rows, gen)])
+      ro = jax.tree.map(lambda x: self._put(x) if np.ndim(x) else
+                        jnp.asarray(x), host_ro)
     scores = self.reward_fn(host_ro, host_batch)
     # The verifiers score 1 for right; grpo.reward_scale 2 is the paper's
     # RLVR reward (App. D.6: 2 if correct, else 0). The advantages barely

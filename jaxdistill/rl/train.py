@@ -140,6 +140,11 @@ def validate(config) -> None:
   if not float(g.get("reward_scale", 1.0)) > 0:
     _err("grpo.reward_scale", f"must be > 0, got {g.reward_scale}")
   rows = int(config.data.batch_size) * int(ro.group_size)
+  gen = ro.get("generation_batch")
+  if gen is not None and (isinstance(gen, bool) or int(gen) < 1
+                          or rows % int(gen)):
+    _err("rollout.generation_batch", f"must divide the {rows} rollout rows "
+         f"(data.batch_size x rollout.group_size) or be None, got {gen!r}")
   if int(g.ppo_epochs) < 1:
     _err("grpo.ppo_epochs", f"must be >= 1, got {g.ppo_epochs}")
   nmb = int(g.num_minibatches)

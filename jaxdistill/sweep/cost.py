@@ -123,7 +123,11 @@ def arm_calls(grid, run, reads: bool = False,
   evaluation("")
   if rlvr_lib.declared(grid):
     stage = rlvr_lib.stage_config(grid, run, "<arm>")
-    out.extend(("rlvr", p, int(stage.total_steps)) for p in RLVR)
+    rows = int(stage.data.batch_size) * int(stage.rollout.group_size)
+    # rollout.generation_batch: that many rows per rollout call.
+    per_step = rows // int(stage.rollout.get("generation_batch") or rows)
+    out.extend(("rlvr", p, int(stage.total_steps) * (
+        per_step if p == "rlvr rollout" else 1)) for p in RLVR)
     evaluation("rlvr ")
   return out, sorted(set(uncounted))
 

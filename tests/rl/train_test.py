@@ -127,6 +127,7 @@ def test_resolve_init_prefers_the_hf_student_export(tmp_path):
     ("optim.grad_accum", 3, "config.optim.grad_accum"),
     ("student.path", "/nonexistent/ckpt", "config.student.path"),
     ("grpo.reward_scale", 0.0, "config.grpo.reward_scale"),
+    ("rollout.generation_batch", 3, "config.rollout.generation_batch"),
 ])
 def test_bad_configs_fail_before_compute_naming_the_field(tmp_path, field,
                                                           value, match):
