@@ -80,6 +80,9 @@ setuptools.setup(
                  "gcp-storage-emulator==2026.7.19",
                  # tests/models/lora_test.py: LoRA parity with peft
                  "peft>=0.21",
+                 # tests/models/quant_test.py: NF4 parity with bitsandbytes'
+                 # own 4-bit quantisation (its CPU build)
+                 "bitsandbytes==0.50.2",
                  # tests/compile_only_tpu_test.py compiles for a TPU slice
                  # (skipped without libtpu, which only Linux x86-64 has)
                  TPU,

@@ -12,9 +12,10 @@ Args: those of configs/grpo_countdown.py, with `paper` on by default
 then n, kl, avg apply), and last `arm=<distillation workdir>`: everything
 after `arm=` is the path, commas included (grid run directories are named
 like 'kl=reverse,policy=student,...'). Every arm gets the same RL stage
-(data, seed 42, G, lr); only the start differs. The paper trains fresh LoRA
-adapters (rank 256, alpha 256) on the frozen 4-bit distilled checkpoint;
-this stage fine-tunes all weights until the project has LoRA.
+(data, seed 42, G, lr); only the start differs. As the paper, fresh LoRA
+adapters (rank 256, alpha 256) train on the frozen distilled checkpoint held
+in 4 bits (NF4); float32 Adam moments where the paper's AdamW keeps 8-bit
+ones.
 
   for arm in /runs/harder/*/; do          # configs/grid_countdown_harder.py
     out=/runs/harder_grpo/$(basename "$arm")

@@ -6,10 +6,11 @@ the initial policy), avg (token | sequence), seed, paper (the paper's RLVR
 stage, App. D.6 and Table 4, below), runlocal (a tiny random policy; its
 defaults g=4, lr=1e-3 apply to the args not given).
 
-`paper` is Table 4 (arXiv 2609.35259) but for its 4-bit base and 8-bit AdamW
-(here a bfloat16 base and float32 moments): a fresh LoRA, rank 256, alpha 256,
+`paper` is Table 4 (arXiv 2609.35259): a fresh LoRA, rank 256, alpha 256,
 on the q, k, v, o, gate, up and down projections of the frozen policy (the
-distilled student; docs/training.md, "LoRA"), the paper's Countdown-4 (5,000 problems, seed 42; Table 1's prompt, the step
+distilled student; docs/training.md, "LoRA"), loaded in bfloat16 and held in
+4 bits (NF4 in blocks of 64, QLoRA's format: the paper says only "4-bit"),
+AdamW (float32 moments; the paper's are 8-bit), the paper's Countdown-4 (5,000 problems, seed 42; Table 1's prompt, the step
 verifier), reward 2 for right and 0 otherwise, GRPO with the DAPO loss
 (grpo.py: token-level mean over all completion tokens of the step, clip
 0.2 / 0.28, no KL), 8 completions per prompt at T 1.0 and top-p 0.95,
@@ -56,12 +57,16 @@ TINY = dict(family="llama", vocab_size=320, hidden_size=32,
 
 
 def paper_lora(c, runlocal: bool) -> None:
-  """The paper's adapters (Table 4, App. D.2.2): LoRA 256 / 256 on a frozen
-  bfloat16 base; runlocal's tiny model takes rank 4 (scale 1 as 256 / 256)."""
+  """The paper's adapters for its GRPO stages (Table 4, App. D.2.2): LoRA
+  256 / 256 on the frozen base loaded in bfloat16 and stored in 4 bits (NF4,
+  models/quant.py). runlocal's tiny model takes rank 4 (scale 1 as 256 /
+  256) and keeps its float32 base: NF4 needs projection inputs in multiples
+  of 64 (hidden 32 here)."""
   rank = 4 if runlocal else 256
   c.student.lora.update(rank=rank, alpha=float(rank))
   if not runlocal:
     c.student.param_dtype = "bfloat16"  # frozen: nothing to round away
+    c.student.lora.base_quant = "nf4"
 
 
 def get_config(arg=None):
@@ -112,9 +117,12 @@ def get_config(arg=None):
                 # longest, rounded up to a multiple of b
                 bucket=config_dict.placeholder(int))
   # group_size G: rows per iteration = data.batch_size * G.
+  # generation_batch: rows sampled per decode call (None: all of a step's
+  # at once); the same samples either way (rl/step.py's Collector).
   c.rollout = dict(policy="student", group_size=arg.g, max_new_tokens=512,
                    temperature=1.0, top_k=None, top_p=None, eos_token_ids=None,
-                   decode_layout="auto")  # as configs/distill.py's
+                   decode_layout="auto",  # as configs/distill.py's
+                   generation_batch=config_dict.placeholder(int))
   # reward_scale: the verifier's 1 for a right answer times this (the
   # paper's RLVR: 2, App. D.6). loss: 'grpo' (reduction and KL as set) or
   # 'dapo' (token_mean, no KL; rl/grpo.py). format_reward: None, or

@@ -13,14 +13,17 @@ rl/rewards.py (one pair of each tag, their order, the exact structure; at
 most 0.5 each); GRPO with the DAPO loss (rl/grpo.py: the token mean over all
 completion tokens of the step, clip 0.2 / 0.28), group-normalised rewards,
 no KL (beta 0); 500 optimizer steps of 8 per device x 16 accumulation = 128
-completions (16 prompts x 8), here 2 micro-batches of 64 (8 rows per chip of
-8; the same update); LR 1e-5, cosine after 50 warm-up steps (ratio 0.1),
+completions (16 prompts x 8), here 16 micro-batches of 8 (one row per chip
+of 8; the same update), sampled in 4 generation calls of 32
+(`rollout.generation_batch`; the same samples as one call); LR 1e-5, cosine after 50 warm-up steps (ratio 0.1),
 clip 1.0; prompts up to 2,048 tokens, completions up to 824; LoRA rank 256,
 alpha 256 on the q, k, v, o, gate, up and down projections of the frozen
-backbone. Not the paper's: its 4-bit base and 8-bit AdamW (here a bfloat16
-base and float32 moments), its generation in rollout batches of 32 / 48
-completions (here all 128 of a step at once: the same params sample them),
-and the seed (not stated; 42).
+backbone, loaded in bfloat16 and held in 4 bits (NF4, models/quant.py).
+Not the paper's: its 8-bit AdamW (here float32 moments) and the seed (not
+stated; 42). Fit (compile-only, 2026-12-05, docs/training.md): Qwen2.5-7B
+on a v5e-8, every program with 54 % headroom or more (the update, 7.9 GB
+per chip); all 128 rows in one generation call needed 18.5 GB and the
+former 2 micro-batches 22.9 GB: neither fitted.
 
   # One command per (family, task); the starting point is that pair's SFT
   # teacher (a configs/teacher_sft.py workdir; any HF directory serves), the data prepared first (jaxdistill.data.prepare):
@@ -87,8 +90,10 @@ def get_config(arg=None):
                 max_prompt_len=2048, bucket=config_dict.placeholder(int))
   c.rollout.max_new_tokens = 824
   c.grpo.num_minibatches = 1
-  c.optim.update(lr=arg.lr, warmup_steps=50, grad_accum=2)
-  # LoRA 256 / 256 on the frozen bfloat16 backbone (App. D.2.2).
+  c.rollout.generation_batch = 32
+  c.optim.update(lr=arg.lr, warmup_steps=50, grad_accum=16)
+  # LoRA 256 / 256 on the frozen 4-bit backbone (App. D.2.2).
   c.student.lora.update(rank=256, alpha=256.0)
   c.student.param_dtype = "bfloat16"
+  c.student.lora.base_quant = "nf4"
   return c

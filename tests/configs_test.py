@@ -221,7 +221,9 @@ TABLE4 = {"data.source": "countdown4", "seed": 42, "total_steps": 300,
           "grpo.loss": "dapo", "kl.coef": 0.0, "grpo.reward_scale": 2.0,
           "grpo.format_reward": None, "optim.clip_norm": 1.0,
           "log_every": 5, "ckpt_every": 50, "rows_per_step": 48,
-          "student.lora.rank": 256, "student.lora.alpha": 256.0}
+          "student.lora.rank": 256, "student.lora.alpha": 256.0,
+          # "4-bit": NF4 is our reading (models/quant.py).
+          "student.lora.base_quant": "nf4"}
 TEACHER_GRPO = {"total_steps": 500, "optim.lr": 1e-5,
                 "optim.schedule": "cosine", "optim.warmup_steps": 50,
                 "rollout.group_size": 8, "rollout.temperature": 1.0,
@@ -230,7 +232,9 @@ TEACHER_GRPO = {"total_steps": 500, "optim.lr": 1e-5,
                 "kl.coef": 0.0, "grpo.reward_scale": 2.0,
                 "grpo.format_reward": "think_answer", "optim.clip_norm": 1.0,
                 "rows_per_step": 128, "student.lora.rank": 256,
-                "student.lora.alpha": 256.0}
+                "student.lora.alpha": 256.0, "student.lora.base_quant": "nf4",
+                # 8 per device x 16 accumulation; rollout batches of 32.
+                "optim.grad_accum": 16, "rollout.generation_batch": 32}
 
 
 def _setting(c, key):
