@@ -1,7 +1,6 @@
 """LoRA training (config.student.lora): the step trains only the adapters,
 and a runlocal run resumes and exports the merged weights."""
 import functools
-import os
 import pathlib
 import sys
 
@@ -11,12 +10,10 @@ import ml_dtypes
 import ml_collections
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from safetensors.numpy import load_file
 
 from jaxdistill import models
 from jaxdistill.models import lora
-from jaxdistill.train import checkpoint as ckpt_lib
 from jaxdistill.train import log as train_log
 from jaxdistill.train import loop as train_loop
 from jaxdistill.train import step as step_lib
@@ -106,11 +103,7 @@ def _config(student_dir, **updates):
 
 
 def _restore(workdir, step):
-  mngr = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
-  out = mngr._mngr.restore(step, args=ocp.args.Composite(  # pylint: disable=protected-access
-      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-  mngr.close()
-  return jax.tree.map(np.asarray, out["state"]), dict(out["meta"])
+  return config_util.restore_checkpoint(workdir, step)
 
 
 def test_runlocal_lora_resumes_and_exports_the_merged_weights(tmp_path):

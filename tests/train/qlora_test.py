@@ -2,20 +2,17 @@
 a frozen NF4 base, exports the quantised model with them merged (checked
 against bitsandbytes' own NF4 round trip), and its compile-only programs
 hold the base in 4 bits."""
-import os
 import pathlib
 import sys
 
 import jax
 import ml_dtypes
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from safetensors.numpy import load_file
 
 from jaxdistill.models import lora
 from jaxdistill.models import quant
-from jaxdistill.train import checkpoint as ckpt_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -41,11 +38,7 @@ def _grpo_config(**fields):
 
 
 def _restore(workdir, step):
-  mngr = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
-  out = mngr._mngr.restore(step, args=ocp.args.Composite(  # pylint: disable=protected-access
-      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-  mngr.close()
-  return jax.tree.map(np.asarray, out["state"]), dict(out["meta"])
+  return config_util.restore_checkpoint(workdir, step)
 
 
 def test_grpo_on_an_nf4_base_exports_the_quantised_model_plus_adapters(tmp_path):
