@@ -222,7 +222,7 @@ def quantize_base(lcfg: LoraConfig, params):
   bitsandbytes' load_in_4bit quantises: every linear layer but the head)."""
   if lcfg.base_quant is None:
     return params
-  return quant.quantize_params(params, TARGETS, _n_in_dims)
+  return quant.quantize_params(params, MODULES, _n_in_dims)
 
 
 def base_shapes(cfg: ModelConfig, lcfg: LoraConfig):

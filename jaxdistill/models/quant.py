@@ -101,15 +101,14 @@ def is_quantized(leaf) -> bool:
   return isinstance(leaf, dict) and CODES in leaf
 
 
-def quantize_params(params, targets, n_in_of) -> dict:
-  """params with the kernel of every projection in `targets` (names of
-  models/lora.MODULES) replaced by its NF4 form; `n_in_of(target)` is the
-  number of its kernel's input dims. Pure (jit it with the shardings of
-  `logical_axes`)."""
-  from jaxdistill.models.lora import MODULES  # lora imports this module
+def quantize_params(params, modules: dict, n_in_of) -> dict:
+  """params with the kernel of every projection of `modules` ({target:
+  the sub-module of layers/ that holds it}, as models/lora.MODULES)
+  replaced by its NF4 form; `n_in_of(target)` is the number of its
+  kernel's input dims. Pure (jit it with the shardings of the NF4 leaves'
+  logical axes, lora.base_logical_axes)."""
   layers = dict(params["layers"])
-  for t in targets:
-    m = MODULES[t]
+  for t, m in modules.items():
     sub = dict(layers[m])
     leaf = {k: v for k, v in sub[t].items() if k != "kernel"}
     sub[t] = {**leaf, **quantize_kernel(sub[t]["kernel"], n_in_of(t))}
