@@ -19,7 +19,11 @@ The asynchronous forms (`all-gather-start`, ...) are counted at the start.
 The TPU compiler's async collective fusions put a copy of the collective in
 each fusion of its start, its continuations (inside other computations it
 overlaps) and its done, all with one channel_id: a collective is counted
-once per channel_id and run of the loop body (or branch) it sits in.
+once per channel_id, at the fewest runs of any of its copies. (A
+continuation can sit inside a loop that the collective overlaps: the
+prefill of a rollout started the gather of its 467 MB head before the
+layer scan and continued it inside; counted per copy, it moved that head 28
+times.)
 
 Trip counts: a while's `known_trip_count` where XLA wrote one (the TPU
 compiler does not, in jax 0.10 / libtpu of its time), else read from the
@@ -178,6 +182,9 @@ class _Module:
   def __init__(self, text: str, devices: int):
     self.comps, self.roots, self.entry = parse(text)
     self.devices = devices
+    # channel_id -> the fewest runs of its copies (a first walk), and the
+    # channel ids counted so far in the second.
+    self.runs, self.fewest, self.counted = {}, None, set()
 
   # -- trip counts -------------------------------------------------------
 
@@ -298,22 +305,24 @@ class _Module:
 
   # -- the walk ----------------------------------------------------------
 
-  def walk(self, comp: str, mult: float, out: dict, depth: int = 0,
-           seen: set | None = None):
+  def walk(self, comp: str, mult: float, out: dict, depth: int = 0):
     """Adds the bytes of computation `comp`'s collectives, run `mult`
-    times, into `out` (by kind, plus the loops they sit in); `seen`: the
-    channel ids counted in this run of the enclosing loop body."""
+    times, into `out` (by kind, plus the loops they sit in). With
+    `self.fewest` None, only notes each channel id's fewest runs."""
     if depth > 200:
       raise ValueError("HLO computations nest too deep")
-    seen = set() if seen is None else seen
     for ins in self.comps[comp].values():
       kind = _kind(ins.opcode)
       if kind is not None:
         ch = re.search(r"channel_id=(\d+)", ins.attrs)
         if ch:
-          if ch.group(1) in seen:
+          ch = ch.group(1)
+          if self.fewest is None:  # the first pass: runs of each copy
+            self.runs[ch] = min(self.runs.get(ch, mult), mult)
             continue
-          seen.add(ch.group(1))
+          if ch in self.counted or mult > self.fewest[ch]:
+            continue
+          self.counted.add(ch)
         a = sum(shape_bytes(self.comps[comp][o].shape)
                 for o in ins.operands if o in self.comps[comp])
         if kind == "all-reduce":
@@ -357,7 +366,7 @@ class _Module:
       for key in ("calls", "called_computations"):
         for c in _called(ins, key):
           if c in self.comps:
-            self.walk(c, mult, out, depth + 1, seen)
+            self.walk(c, mult, out, depth + 1)
 
 
 def _merge(out: dict, inner: dict) -> None:
@@ -376,6 +385,8 @@ def count(text: str, devices: int) -> dict:
   once: the total is then a lower bound)}. `devices`: the program's
   devices, for collectives that name no replica groups."""
   mod = _Module(text, devices)
+  mod.walk(mod.entry, 1, {"by_kind": {}, "count": 0, "loops": []})
+  mod.fewest = dict(mod.runs)
   out = {"by_kind": {}, "count": 0, "loops": []}
   mod.walk(mod.entry, 1, out)
   by_kind = {k: out["by_kind"].get(k, 0.0) for k in KINDS}

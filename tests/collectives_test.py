@@ -21,7 +21,10 @@ from jaxdistill import collectives
 #  (trip count unknown) holding an all-reduce of f32[16] (64 B) over 4; and
 #  an async collective fusion as the TPU compiler writes it: an all-gather
 #  of bf16[4,8] (64 B) over 4 in its start fusion and again in its done
-#  fusion, one channel_id (one collective).
+#  fusion, one channel_id (one collective), with a continuation fusion
+#  holding a third copy inside the decode-like loop's body (the TPU
+#  compiler overlaps a gather with a loop so): still one collective, run
+#  once.
 HLO = """\
 HloModule jit_f, is_scheduled=true, num_partitions=4
 
@@ -98,12 +101,21 @@ HloModule jit_f, is_scheduled=true, num_partitions=4
   ROOT %all-to-all.b = f32[128] all-to-all(%cat), channel_id=6, replica_groups={{0,1,2,3}}, dimensions={0}
 }
 
+%ag_cont (c.0: bf16[4,8]) -> bf16[4,8] {
+  %c.0 = bf16[4,8]{1,0} parameter(0)
+  %all-gather.c = bf16[16,8]{1,0} all-gather(%c.0), channel_id=11, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %cc.c = bf16[4,8]{1,0} custom-call(%c.0, %all-gather.c), custom_call_target="AsyncCollectiveContinuation"
+}
+
 %decode_body (db: (s32[], f32[8], pred[])) -> (s32[], f32[8], pred[]) {
   %db = (s32[], f32[8], pred[]) parameter(0)
   %dj = s32[] get-tuple-element(%db), index=0
   %dx = f32[8] get-tuple-element(%db), index=1
   %dd = pred[] get-tuple-element(%db), index=2
   %ag.d = f32[16] all-gather(%dx), channel_id=7, replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_0'}, dimensions={0}
+  %cz = bf16[] constant(0)
+  %hc = bf16[4,8]{1,0} broadcast(%cz), dimensions={}
+  %acc = bf16[4,8]{1,0} fusion(%hc), kind=kCustom, calls=%ag_cont
   %ds = f32[8] slice(%ag.d), slice={[0:8]}
   %one.d = s32[] constant(1)
   %dj1 = s32[] add(%one.d, %dj)
@@ -202,7 +214,7 @@ def test_count_by_hand():
   to_all = 512 * 3 / 4                    # the costlier branch
   decode = 7 * 32 * 1 + 8 * 2 * 4 * 3 / 4  # body 7 trips, condition 8 runs
   free = 1 * 2 * 64 * 3 / 4               # unknown trips: once, groups={}
-  fused = 64 * 3                          # start and done: one collective
+  fused = 64 * 3                          # start, continuation, done: one
   assert r["ici_bytes_by_kind"] == {
       "all-gather": gather_inner + gather_start + 7 * 32 + fused,
       "reduce-scatter": scatter,
