@@ -19,7 +19,8 @@ The asynchronous forms (`all-gather-start`, ...) are counted at the start.
 The TPU compiler's async collective fusions put a copy of the collective in
 each fusion of its start, its continuations (inside other computations it
 overlaps) and its done, all with one channel_id: a collective is counted
-once per channel_id, at the fewest runs of any of its copies. (A
+once per channel_id (and kind and shape: distinct collectives can share an
+id), at the fewest runs of any of its copies. (A
 continuation can sit inside a loop that the collective overlaps: the
 prefill of a rollout started the gather of its 467 MB head before the
 layer scan and continued it inside; counted per copy, it moved that head 28
@@ -316,7 +317,10 @@ class _Module:
       if kind is not None:
         ch = re.search(r"channel_id=(\d+)", ins.attrs)
         if ch:
-          ch = ch.group(1)
+          # Distinct collectives may share a channel_id (a psum and an
+          # all-gather of one shard_map): copies of one also match in kind
+          # and shape.
+          ch = (ch.group(1), kind, re.sub(r"\{[^}]*\}", "", ins.shape))
           if self.fewest is None:  # the first pass: runs of each copy
             self.runs[ch] = min(self.runs.get(ch, mult), mult)
             continue
