@@ -54,8 +54,9 @@ DEFAULT_RULES = (
 # How a rollout lays its weights out for the decode loop (rollout/
 # generation.py): 'train' as the run's rules place them (FSDP: every decode
 # step gathers every layer's weights), 'replicated' a whole copy on each chip,
-# 'tp' tensor parallelism over heads, kv heads, mlp and vocab on every mesh
-# axis but 'data'. 'auto' picks per model (generation.resolve_layout).
+# 'tp' tensor parallelism on every mesh axis but 'data', each matrix split
+# over an output dim (decode_shardings). 'auto' picks per model
+# (generation.resolve_layout).
 DECODE_LAYOUTS = choices.DECODE_LAYOUTS
 # Logical names a 'tp' decode layout splits over the model axes.
 _TP_NAMES = ("heads", "kv_heads", "mlp", "vocab")
@@ -64,12 +65,11 @@ _MODEL_AXES = tuple(a for a in MESH_AXES if a != "data")
 
 def decode_rules(rules, layout: str) -> tuple:
   """The rules that place a model's weights in a decode `layout` ('train',
-  'replicated' or 'tp'), from the run's `rules`. Only weights follow them:
-  the KV cache and the loop state keep the run's rules (rows split over the
-  data axes), so under 'tp' attention stays data-parallel over the rows,
-  which suits models with fewer kv heads than chips (Qwen2.5's 2 and 4); a
-  dimension the model axes do not divide (those kv heads) is replicated by
-  logical_to_spec's fallback."""
+  'replicated' or 'tp'), from the run's `rules`: under 'tp' those of its
+  vectors and vocab-sized tables (decode_shardings splits the matrices
+  over their outputs). Only weights follow them: the KV cache and the loop
+  state keep the run's rules (rows split over the data axes), so attention
+  stays data-parallel over the rows."""
   if layout == "train":
     return tuple(rules)
   if layout not in ("replicated", "tp"):
@@ -80,29 +80,56 @@ def decode_rules(rules, layout: str) -> tuple:
 
 
 def embed_split_rules(rules) -> tuple:
-  """Rules that split only 'embed' over the model axes ('tp''s fallback,
-  decode_shardings)."""
+  """Rules that split only 'embed' over the model axes (the 'tp' copy of
+  the embedding table that decode steps look tokens up in)."""
   return tuple((name, _MODEL_AXES if name == "embed" else None)
                for name, _ in rules)
 
 
+def _output_dims(ax) -> list:
+  """The dims of a weight that a matmul does not contract, from its logical
+  names: the leading group of names is a kernel's input (embed; heads with
+  head_dim; mlp; lora_rank), the rest its output; a weight of one group (a
+  bias) is all output. `ax` holds 'layers' / None for unnamed dims."""
+  group = lambda n: "heads" if n in ("heads", "kv_heads", "head_dim") else n
+  named = [i for i, n in enumerate(ax) if n not in (None, "layers")]
+  runs = []
+  for i in named:
+    if runs and group(ax[runs[-1][-1]]) == group(ax[i]):
+      runs[-1].append(i)
+    else:
+      runs.append([i])
+  return [i for r in runs[1:] for i in r] if len(runs) > 1 else named
+
+
 def decode_shardings(logical_tree, mesh: Mesh, rules, layout: str, shapes):
-  """NamedShardings of a model's weights in a decode layout. Under 'tp' a
-  matrix whose heads / kv heads the model axes do not divide (Qwen2.5-7B's
-  28 heads and 4 kv heads on 8 chips) splits its embedding dim instead, so
-  that no matrix is read whole by every chip: its products then sum
-  activation-sized partial results across chips. Vectors (norms, biases)
-  stay whole."""
+  """NamedShardings of a model's weights in a decode layout.
+
+  'tp' splits every matrix over one of its output dims (_output_dims): the
+  heads, kv heads, mlp or vocab where the model axes divide them, else
+  another output dim (Qwen2.5-7B's 28 heads and 4 kv heads on 8 chips: the
+  head_dim; o_proj and down_proj: the embedding dim). Each chip then
+  computes whole dot products over the full input, the values the 'train'
+  layout's matmuls give (a split input dim would sum rounded partial
+  products across chips), and a decode step moves only activations: the
+  inputs a matmul needs whole are gathered (DecodeActivations). The
+  embedding table is split over its vocab rows (the tied head's output).
+  Vectors (norms) stay whole."""
   primary = decode_rules(rules, layout)
-  fallback = embed_split_rules(rules)
+  model = tuple(a for a in _MODEL_AXES if mesh.shape.get(a, 1) > 1)
+  size = _mesh_size(mesh, model)
 
   def one(ax, s):
     shape = getattr(s, "shape", s)
-    spec = logical_to_spec(ax, shape, mesh, primary)
-    matrix = sum(n not in (None, "layers") for n in ax) > 1
-    if layout == "tp" and matrix and all(a is None for a in spec):
-      spec = logical_to_spec(ax, shape, mesh, fallback)
-    return NamedSharding(mesh, spec)
+    named = [n for n in ax if n not in (None, "layers")]
+    if layout != "tp" or len(named) < 2 or "vocab" in named or size == 1:
+      return NamedSharding(mesh, logical_to_spec(ax, shape, mesh, primary))
+    outs = [i for i in _output_dims(ax) if shape[i] % size == 0]
+    pick = ([i for i in outs if ax[i] in _TP_NAMES] + outs + [None])[0]
+    spec = [None] * len(ax)
+    if pick is not None:
+      spec[pick] = model[0] if len(model) == 1 else model
+    return NamedSharding(mesh, P(*spec))
   return jax.tree.map(one, logical_tree, shapes, is_leaf=is_axes_leaf)
 
 
@@ -253,12 +280,90 @@ class Activations:
   mesh: Mesh
   rules: tuple
 
-  def __call__(self, x, *logical):
+  # Pins the models place for decode layouts only (DecodeActivations);
+  # training leaves these activations to the compiler, as it always has.
+  DECODE_SITES = ("proj_out", "attention_in", "attention_out")
+
+  def _rules(self, site):
+    return None if site in self.DECODE_SITES else self.rules
+
+  def __call__(self, x, *logical, site: str | None = None):
+    """x pinned by its logical axis names; `site` names the pin's place in
+    the model, which only DecodeActivations tells apart ('attention': the
+    queries, keys and values where they meet the KV cache; the
+    DECODE_SITES, which this class leaves unpinned: 'proj_out' a
+    projection's output, 'attention_in' q, k and v before RoPE,
+    'attention_out' the attention's output before o_proj)."""
     if len(logical) != x.ndim:
       raise ValueError(f"Activations: {len(logical)} names {logical} for an "
                        f"array of shape {x.shape}")
-    spec = logical_to_spec(logical, x.shape, self.mesh, self.rules)
+    rules = self._rules(site)
+    if rules is None:
+      return x
+    spec = logical_to_spec(logical, x.shape, self.mesh, rules)
     return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+  def __post_init__(self):
+    object.__setattr__(self, "rules", tuple(self.rules))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeActivations(Activations):
+  """The activation pins of a decode step under the 'tp' decode layout
+  (rollout/generation.py), whose weights are split over their output dims
+  (decode_shardings). Left to itself the TPU compiler gathered weights
+  inside the decode loop to keep the one-token activations split over the
+  rows as the KV cache is (Qwen2.5-1.5B on a v5e-8: 165 MB a step into
+  each chip, mostly q, k and v projections). Pinned, a step moves only
+  activations (6 MB):
+
+  - a projection's output ('proj_out') stays split as its weight's output
+    (heads / kv heads where they divide, else head_dim; embed for o_proj
+    and down_proj; the MLP's hidden over mlp), so every chip computes
+    whole dot products over the full input;
+  - the residual stream follows `tp_rules` (decode_activation_rules):
+    rows split over 'data' only, the embedding whole on every chip;
+  - q, k and v move onto the KV cache's rows ('attention_in', before RoPE,
+    whose rotation pairs head_dim entries a head_dim split holds apart,
+    then 'attention'), by the run's `rules`: attention is data-parallel
+    over the rows, which suits models with fewer kv heads than chips
+    (Qwen2.5's 2 and 4);
+  - the attention's output ('attention_out') is gathered whole for o_proj.
+  """
+  tp_rules: tuple = ()
+  # q, k and v projections contract their kernels as stored
+  # (transformer.Linear.keep_out_dims), so a head_dim split stays in place.
+  KEEP_OUT_DIMS = True
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "tp_rules", tuple(self.tp_rules))
+
+  def _rules(self, site):
+    if site in ("attention", "attention_in"):
+      return self.rules
+    if site == "attention_out":  # o_proj reads its input whole
+      return tuple((n, a if n == "batch" else None) for n, a in self.tp_rules)
+    if site == "proj_out":  # as decode_shardings splits the weights' outputs
+      return tuple((n, _MODEL_AXES if n in ("heads", "kv_heads", "head_dim",
+                                            "embed") else a)
+                   for n, a in self.tp_rules)
+    return self.tp_rules
+
+
+def decode_activation_rules(rules) -> tuple:
+  """DecodeActivations' `tp_rules` from the run's rules: 'batch' on the
+  'data' axis only (where the run splits rows over it), the names the 'tp'
+  decode layout splits (heads, kv heads, mlp, vocab) over the model axes,
+  every other name whole."""
+  out = []
+  for name, axes in rules:
+    if name == "batch":
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      out.append((name, "data" if "data" in axes else None))
+    else:
+      out.append((name, _MODEL_AXES if name in _TP_NAMES else None))
+  return tuple(out)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -32,10 +32,11 @@ _REMAT = {
 }
 
 
-def _pin(shard, x, *logical):
+def _pin(shard, x, *logical, site=None):
   """x constrained to its logical axes by `shard` (sharding.Activations), or
-  as it is when the model runs without one."""
-  return x if shard is None else shard(x, *logical)
+  as it is when the model runs without one; `site` tells a decode step's
+  attention pins from the rest (sharding.DecodeActivations)."""
+  return x if shard is None else shard(x, *logical, site=site)
 
 
 def _normal(stddev=0.02):
@@ -65,6 +66,11 @@ class Linear(nn.Module):
   use_bias: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
+  # Contract the kernel as stored ([in, *out], one input dim) instead of as
+  # a [n_in, n_out] matrix: a decode layout may split an output dim that
+  # the flattening would merge with another (q_proj's head_dim under 28
+  # heads), which the compiler could only do by gathering the kernel.
+  keep_out_dims: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -83,13 +89,19 @@ class Linear(nn.Module):
     # dims (the weight gradient of a [B, T, ...] input) far slower.
     lead = x.shape[:x.ndim - len(self.in_shape)]
     x2 = x.reshape(-1, n_in)
-    y = x2 @ kernel.astype(self.dtype).reshape(n_in, n_out)
+    keep = self.keep_out_dims and len(self.in_shape) == 1
+    # [n, in] x [in, *out] with no output dims merged, or as one 2-D matmul.
+    mul = ((lambda u, w: lax.dot_general(u, w, (((1,), (0,)), ((), ()))))
+           if keep else (lambda u, w: u @ w.reshape(-1, n_out)))
+    y = mul(x2, kernel.astype(self.dtype) if keep
+            else kernel.astype(self.dtype).reshape(n_in, n_out))
     if self.has_variable("params", "lora_a"):
       # LoRA (models/lora.py): + (x A) (scale B), never materialising A B.
       a = self.get_variable("params", "lora_a").astype(self.dtype)
       b = self.get_variable("params", "lora_b").astype(self.dtype)
       r = a.shape[-1]
-      y = y + (x2 @ a.reshape(n_in, r)) @ b.reshape(r, n_out)
+      y = y + mul(x2 @ a.reshape(n_in, r),
+                  b.reshape(r, *self.out_shape) if keep else b.reshape(r, n_out))
     y = y.reshape(*lead, *self.out_shape)
     if self.use_bias:
       bias = self.param("bias", nn.with_logical_partitioning(
@@ -125,16 +137,30 @@ class Attention(nn.Module):
     # k [L, B, K, S, H], v [L, B, K, H, S]; index: cache write slot; layer: scan index.
     c = self.cfg
     d, n, k, h = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    kw = dict(dtype=c.dtype, param_dtype=c.param_dtype, use_bias=c.attention_bias)
+    kw = dict(dtype=c.dtype, param_dtype=c.param_dtype, use_bias=c.attention_bias,
+              keep_out_dims=getattr(self.shard, "KEEP_OUT_DIMS", False))
     q = Linear((d,), (n, h), ("embed", "heads", "head_dim"), name="q_proj", **kw)(x)
     kk = Linear((d,), (k, h), ("embed", "kv_heads", "head_dim"), name="k_proj", **kw)(x)
     vv = Linear((d,), (k, h), ("embed", "kv_heads", "head_dim"), name="v_proj", **kw)(x)
+    # A decode step only (sharding.DecodeActivations): as the projections
+    # leave them (split as their weights' outputs), then onto the KV cache's
+    # rows before RoPE, whose rotation pairs dims of head_dim that a decode
+    # layout may hold on different chips.
+    out = dict(site="proj_out")
+    q = _pin(self.shard, q, "batch", "seq", "heads", "head_dim", **out)
+    kk = _pin(self.shard, kk, "batch", "seq", "kv_heads", "head_dim", **out)
+    vv = _pin(self.shard, vv, "batch", "seq", "kv_heads", "head_dim", **out)
+    raw = dict(site="attention_in")
+    q = _pin(self.shard, q, "batch", "seq", "heads", "head_dim", **raw)
+    kk = _pin(self.shard, kk, "batch", "seq", "kv_heads", "head_dim", **raw)
+    vv = _pin(self.shard, vv, "batch", "seq", "kv_heads", "head_dim", **raw)
     inv_freq = rope.inv_frequencies(c)
     q = rope.apply_rope(q, positions, inv_freq)  # [B, T, N, H]
     kk = rope.apply_rope(kk, positions, inv_freq)  # [B, T, K, H]
-    q = _pin(self.shard, q, "batch", "seq", "heads", "head_dim")
-    kk = _pin(self.shard, kk, "batch", "seq", "kv_heads", "head_dim")
-    vv = _pin(self.shard, vv, "batch", "seq", "kv_heads", "head_dim")
+    attn = dict(site="attention")  # where they meet the KV cache's layout
+    q = _pin(self.shard, q, "batch", "seq", "heads", "head_dim", **attn)
+    kk = _pin(self.shard, kk, "batch", "seq", "kv_heads", "head_dim", **attn)
+    vv = _pin(self.shard, vv, "batch", "seq", "kv_heads", "head_dim", **attn)
 
     b, t = x.shape[:2]
     q = q.reshape(b, t, k, c.num_groups, h)  # [B, T, K, G, H]
@@ -163,10 +189,11 @@ class Attention(nn.Module):
       out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, vv)
     else:
       out = jnp.einsum("BKGTS,BKHS->BTKGH", probs, vv)
-    out = out.reshape(b, t, n, h)
+    out = _pin(self.shard, out.reshape(b, t, n, h), "batch", "seq", "heads",
+               "head_dim", site="attention_out")
     out = Linear((n, h), (d,), ("heads", "head_dim", "embed"), name="o_proj",
                  dtype=c.dtype, param_dtype=c.param_dtype)(out)
-    return out, cache
+    return _pin(self.shard, out, "batch", "seq", "embed", site="proj_out"), cache
 
 
 class MLP(nn.Module):
@@ -181,7 +208,8 @@ class MLP(nn.Module):
     gate = Linear((d,), (f,), ("embed", "mlp"), name="gate_proj", **kw)(x)
     up = Linear((d,), (f,), ("embed", "mlp"), name="up_proj", **kw)(x)
     h = _pin(self.shard, nn.silu(gate) * up, "batch", "seq", "mlp")
-    return Linear((f,), (d,), ("mlp", "embed"), name="down_proj", **kw)(h)
+    y = Linear((f,), (d,), ("mlp", "embed"), name="down_proj", **kw)(h)
+    return _pin(self.shard, y, "batch", "seq", "embed", site="proj_out")
 
 
 class DecoderLayer(nn.Module):

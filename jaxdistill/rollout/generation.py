@@ -347,25 +347,53 @@ def _prefill(cfg, params, tokens, mask, cache):
   return jax.lax.fori_loop(0, n - 1, chunk, (last, cache))
 
 
-def _step_fn(cfg, params, head, platform):
+def _step_fn(cfg, params, head, platform, shard=None):
+  """One decode step's (logits [B, V], cache) from (cache, tokens [B]);
+  `shard`: the activation pins of a 'tp' decode layout (_decode_shard)."""
   cfg, build = _hoisted_layers(cfg, params, platform)
 
   def step(cache, tok):
     hidden, cache = models.apply(cfg, build(), tok[:, None], cache=cache,
-                                 return_hidden=True)  # [B, 1, D]
+                                 return_hidden=True, shard=shard)  # [B, 1, D]
     return _logits(hidden[:, 0], head), cache
   return step
+
+
+# Whether CPU decode steps take the 'tp' activation pins (tests set it;
+# read when a program is made). XLA:CPU hoists the weights' gathers out of
+# the decode loop by itself, and its matmul kernels round differently at
+# other rows per device: unpinned, a CPU rollout in 'tp' keeps the 'train'
+# layout's tokens and its log-probs within 1e-6 (the parity tests);
+# pinned, in bf16 compute, its log-probs move by up to 2e-2 and greedy
+# tokens can flip (in float32 they agree: the pinned parity test).
+# Accelerators always take them.
+PIN_CPU = False
+
+
+def _decode_shard(layout, mesh, rules, pin_cpu=False):
+  """The activation pins of a decode step: under 'tp' on an accelerator
+  (or with `pin_cpu`, PIN_CPU when the program was made),
+  sharding.DecodeActivations (weights read in place, attention
+  data-parallel over the KV cache's rows); else none (the 'train' layout
+  keeps the programs it had; 'replicated' has every weight on every chip).
+  The prefill is not pinned: there the TPU compiler gathers each layer's
+  weights once per prefill pass (Qwen2.5-1.5B, 32 rows of 512 positions
+  on a v5e-8: about 104 MB a layer into each chip)."""
+  if layout != "tp" or (sharding.platform(mesh) == "cpu" and not pin_cpu):
+    return None
+  return sharding.DecodeActivations(
+      mesh, tuple(rules), tp_rules=sharding.decode_activation_rules(rules))
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("cfgs", "student_index", "max_new_tokens", "sampler",
                      "eos_ids", "pad_id", "vocab", "cache_len", "mesh",
-                     "rules", "combine", "layouts"))
+                     "rules", "combine", "layouts", "pin_cpu"))
 def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
              top_p, teacher_prompts=None, *, cfgs, student_index, max_new_tokens, sampler, eos_ids,
              pad_id, vocab, cache_len, mesh, rules, combine="coin_mixture",
-             layouts=None):
+             layouts=None, pin_cpu=False):
   # temperature: [n_models] float32, one per model in cfgs' order.
   # teacher_prompts: None, or the teacher's own ([B, Pt] tokens, mask).
   b = prompts.shape[0]
@@ -392,7 +420,8 @@ def _rollout(params, prompts, prompt_mask, rng, row_ids, lam, temperature,
     last, cache = _prefill(cfg, p, toks, mask, cache)  # [B, D]
     logits.append(_logits(last, head))
     caches.append(cache)
-    steps.append(_step_fn(cfg, p, head, platform))
+    steps.append(_step_fn(cfg, p, head, platform, _decode_shard(
+        None if layouts is None else layouts[i], mesh, rules, pin_cpu)))
 
   s = loop.decode(
       steps, logits, caches,
@@ -770,5 +799,5 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
       mesh=mesh, rules=tuple(tuple(r) for r in rules),
       combine="spectrum" if policy == "spectrum" else "coin_mixture",
       layouts=tuple(resolve_layout(cfg, decode_layout, mesh)
-                    for cfg in cfgs))
+                    for cfg in cfgs), pin_cpu=bool(PIN_CPU))
   return _rollout, args, kwargs

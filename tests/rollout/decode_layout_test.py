@@ -153,19 +153,61 @@ def test_decode_rules():
              sharding.decode_rules(sharding.DEFAULT_RULES, "replicated"))
 
 
-def test_tp_splits_heads_else_the_embedding_dim():
-  """4 heads split over a 4-way model axis; 2 kv heads cannot be, so the
-  k/v projections split their embedding dim; norms stay whole."""
-  cfg, params = _model(0)
+def test_tp_splits_every_matrix_over_an_output_dim():
+  """Over a 4-way model axis (the size-1 'tensor' axis drops out): 4 heads
+  split; 2 kv heads and a model of 6 heads cannot be, so those projections
+  (and their biases) split head_dim; o_proj and down_proj split their
+  embedding outputs, gate and up the mlp, the embedding its vocab rows;
+  norms stay whole. No contracted dim is split."""
   mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
-  shard = sharding.decode_shardings(models.logical_axes(cfg), mesh,
-                                    sharding.DEFAULT_RULES, "tp", params)
-  attn = shard["layers"]["self_attn"]
-  # [L, D, heads, head_dim]; the size-1 'tensor' axis drops out.
-  assert attn["q_proj"]["kernel"].spec == sharding.P(None, None, "fsdp", None)
-  assert attn["k_proj"]["kernel"].spec == sharding.P(None, "fsdp", None, None)
-  assert shard["layers"]["input_layernorm"]["scale"].spec == sharding.P(
-      None, None)
+  P = sharding.P
+  for heads, q in ((4, P(None, None, "fsdp", None)),
+                   (6, P(None, None, None, "fsdp"))):
+    cfg, params = _model(0, num_attention_heads=heads, attention_bias=True)
+    shard = sharding.decode_shardings(models.logical_axes(cfg), mesh,
+                                      sharding.DEFAULT_RULES, "tp", params)
+    attn, mlp = shard["layers"]["self_attn"], shard["layers"]["mlp"]
+    # kernels [L, in..., out...]; biases [L, heads, head_dim]
+    assert attn["q_proj"]["kernel"].spec == q
+    assert attn["q_proj"]["bias"].spec == P(*q[:1], *q[2:])
+    assert attn["k_proj"]["kernel"].spec == P(None, None, None, "fsdp")
+    assert attn["v_proj"]["bias"].spec == P(None, None, "fsdp")
+    assert attn["o_proj"]["kernel"].spec == P(None, None, None, "fsdp")
+    assert mlp["gate_proj"]["kernel"].spec == P(None, None, "fsdp")
+    assert mlp["down_proj"]["kernel"].spec == P(None, None, "fsdp")
+    assert shard["embed_tokens"]["embedding"].spec == P("fsdp", None)
+    assert shard["layers"]["input_layernorm"]["scale"].spec == P(None, None)
+
+
+@pytest.mark.parametrize("policy,lam,temperature", [
+    ("student", None, 0.0), ("teacher", None, 1.0), ("spectrum", 0.5, 1.0)])
+def test_pinned_tp_decode_gives_the_train_layouts_rollout(
+    setup, monkeypatch, policy, lam, temperature):
+  """The decode step's activation pins (sharding.DecodeActivations, what
+  accelerators compile) forced on the CPU mesh, in float32 compute (in
+  bf16 XLA:CPU's matmul kernels round differently at the rows per device
+  that the pins leave, generation.PIN_CPU): the 'train' layout's tokens,
+  and its log-probs within float32 rounding, for a teacher of 6 heads on
+  the 4-way model axis (its projections split head_dim, RoPE after the
+  move onto the cache's rows)."""
+  *_, prompts, mask, mesh = setup
+  f32 = dict(dtype="float32")
+  student = _model(0, **f32)
+  teacher = _model(1, family="qwen2", vocab_size=104, hidden_size=48,
+                   num_hidden_layers=3, attention_bias=True,
+                   num_attention_heads=6, **f32)
+  kw = dict(policy=policy, lam=lam, rng=jax.random.key(3), max_new_tokens=12,
+            temperature=temperature, teacher_temperature=temperature / 2,
+            mesh=mesh)
+  ref = rollout.generate(student, teacher, prompts, mask,
+                         decode_layout="train", **kw)
+  monkeypatch.setattr(generation, "PIN_CPU", True)
+  got = rollout.generate(student, teacher, prompts, mask, decode_layout="tp",
+                         **kw)
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_array_equal(got.from_student, ref.from_student)
+  np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
+  assert len({tuple(r) for r in np.asarray(ref.tokens).tolist()}) > 4
 
 
 def test_compile_only_reads_each_layouts_weights_per_step():
