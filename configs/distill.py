@@ -156,6 +156,10 @@ def get_config(arg=None):
                    # (per model, rollout/generation.py), 'train', 'replicated'
                    # or 'tp' (docs/tpu.md); the tokens are the same.
                    decode_layout="auto",
+                   # Teacher-policy rollouts only: decode this many steps'
+                   # prompts in one call (train/batches.py; the grids set
+                   # it where it pays on the TPU, docs/tpu.md).
+                   decode_ahead=1,
                    # policy='spectrum' only: both models' temperature inside
                    # pi_lambda (None: each its own); the paper's spectrum
                    # runs used 1.0 (configs/grid_spectrum.py).

@@ -93,6 +93,14 @@ CHECKPOINTS = {
 }
 
 
+# family -> rollout.decode_ahead: its teacher-policy arms decode this many
+# steps' prompts in one call on the family's slice (train/batches.py; tokens
+# unchanged). Measured 2026-12-06 with --compile_only (docs/tpu.md, "Decoding
+# ahead"): the 7B teacher on v5e-8 fits two steps (12.2 GiB; four need 15.9
+# of 16), the 8B teacher on v6e-8 four (17.5 GiB of 32).
+DECODE_AHEAD = {"llama": 4, "qwen05b": 2, "qwen15b": 2}
+
+
 def _mcq(source, prompt):
   # manual_dir None: the data set prepared by name (jaxdistill.data.prepare);
   # Table 1's prompt (tasks.mcq.PROMPTS); completions up to 1,024 tokens for
@@ -116,7 +124,9 @@ def get_config(arg=None):
   c.base.keep_final_only = True  # a finished arm: its final checkpoint, export
   c.presets = dict(
       family={f: dict(student=dict(path=CHECKPOINTS[f][0]),
-                      teacher=dict(path=CHECKPOINTS[f][1])) for f in FAMILIES},
+                      teacher=dict(path=CHECKPOINTS[f][1]),
+                      rollout=dict(decode_ahead=DECODE_AHEAD[f]))
+              for f in FAMILIES},
       task=dict(science=_mcq("sciknoweval", "science"),
                 medical=_mcq("medreason", "medreason"),
                 # The paper's Countdown-3 (App. D.1, Table 1's prompt).

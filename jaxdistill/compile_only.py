@@ -250,7 +250,10 @@ class Program:
   arguments). `model_flops` and `bytes_accessed` are for the whole program
   (all chips) and per chip respectively; `while_trips` is the trip count its
   while loops are counted with (the decode loop's steps); `limit_bytes` the
-  per-chip HBM bytes of its physical limit (module doc; None: not known).
+  per-chip HBM bytes of its physical limit (module doc; None: not known);
+  `steps` the training steps one call serves (a teacher rollout decoded
+  ahead for several steps, rollout.decode_ahead: a step's share of the
+  call's time is bound / steps).
   """
   name: str
   fn: Callable
@@ -261,6 +264,7 @@ class Program:
   resident_bytes: int = 0
   while_trips: int = 1
   limit_bytes: float | None = None
+  steps: int = 1
 
   def trace(self):
     return self.fn.trace(*self.args, **self.kwargs)
@@ -400,7 +404,7 @@ def compile_program(p: Program, t: Target, *, cache_dir: str | None = None) -> d
       with open(tmp, "w") as f:
         json.dump(mem, f)
       os.replace(tmp, path)
-  row = {"name": p.name, **mem}
+  row = {"name": p.name, **mem, "steps": int(p.steps)}
   if mem.get("compile_error"):
     total = mem["argument_bytes"] + mem["temp_bytes"] + p.resident_bytes
   else:

@@ -148,8 +148,9 @@ def step_summary(report) -> dict | None:
   step = [progs[k] for k in ("rollout", "update") if k in progs]
   if any(p.get("limit_s") is None for p in step):
     return None
-  bound = sum(p["step_time_bound_s"] for p in step)
-  limit = sum(p["limit_s"] for p in step)
+  # A rollout decoded ahead serves `steps` steps (rollout.decode_ahead).
+  bound = sum(p["step_time_bound_s"] / p.get("steps", 1) for p in step)
+  limit = sum(p["limit_s"] / p.get("steps", 1) for p in step)
   return {"step_time_bound_s": bound, "step_limit_s": limit,
           "bound_over_limit": bound / limit}
 

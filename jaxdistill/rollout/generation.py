@@ -593,7 +593,9 @@ def generate(student, teacher=None, prompts=None, prompt_mask=None, *, rng,
       'spectrum' and 'coin_mixture'.
     prompts: [B, P] int token ids, left-padded (see `pad_prompts`).
     prompt_mask: [B, P], 1 on real tokens, a non-empty suffix of each row.
-    rng: PRNG key. Same rng -> same rollout.
+    rng: PRNG key, or [B] keys, one per row (rows of several rollouts
+      decoded in one call: row b draws as it would in a call with the key
+      rng[b]). Same rng -> same rollout.
     policy: 'student', 'teacher', 'spectrum' (the paper's pi_lambda) or
       'coin_mixture' (each token the student's with probability lam).
     lam: 'spectrum': the paper's lambda in [-2, 2] (-1 the teacher, +1 the
@@ -658,13 +660,14 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
             pad_token_id: int = 0, cache_len: int | None = None,
             mesh: Mesh | None = None, rules=None,
             vocab_size: int | None = None, teacher_prompts=None,
-            decode_layout: str = "auto"):
+            decode_layout: str = "auto", row_rngs: bool = False):
   """The program `generate` runs, for compiling ahead of time: (jitted
   function, arguments, static keyword arguments), with `prompts`,
   `prompt_mask` and the params abstract (jax.ShapeDtypeStruct leaves placed
   by their shardings). Arguments as `generate` (`teacher_prompts`: the
-  abstract [B, Pt] teacher prompt, used for its mask too); the prompts are
-  not checked (there are none), the settings are."""
+  abstract [B, Pt] teacher prompt, used for its mask too; `row_rngs`: the
+  program of a call given one key per row); the prompts are not checked
+  (there are none), the settings are."""
   sds = jax.ShapeDtypeStruct
   b = prompts.shape[0]
   row_sharding = None
@@ -673,7 +676,9 @@ def program(student, teacher=None, prompts=None, prompt_mask=None, *,
         ("batch",), (b,), mesh, rules or sharding.DEFAULT_RULES))
   return _plan(
       student, teacher, prompts, prompt_mask,
-      rng=sds((), jax.random.key(0).dtype), policy=policy, lam=lam,
+      rng=sds((b,) if row_rngs else (), jax.random.key(0).dtype,
+              sharding=row_sharding if row_rngs else None),
+      policy=policy, lam=lam,
       max_new_tokens=max_new_tokens, temperature=temperature,
       teacher_temperature=teacher_temperature, top_k=top_k,
       top_p=top_p, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
@@ -749,6 +754,10 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
     row_ids = jnp.arange(b, dtype=jnp.int32)
   elif tuple(np.shape(row_ids) if not abstract else row_ids.shape) != (b,):
     raise ValueError(f"row_ids: expected shape ({b},), got {np.shape(row_ids)}")
+  rng_shape = tuple(rng.shape) if abstract else tuple(jnp.shape(rng))
+  if rng_shape not in ((), (b,)):
+    raise ValueError(f"rng: one key or one per row ({b}), got shape "
+                     f"{rng_shape}")
   if eos_token_ids is None:
     eos = eos_ids(*(cfg for cfg, _ in given.values()))
   else:
@@ -777,6 +786,8 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
         ("batch",) + (None,) * (nd - 1), shape, mesh, rules))
     prompts, prompt_mask = jax.device_put((prompts, prompt_mask), rows(2, (b, p)))
     row_ids = jax.device_put(jnp.asarray(row_ids, jnp.int32), rows(1, (b,)))
+    if jnp.ndim(rng) == 1:  # one key per row: placed with its row
+      rng = jax.device_put(rng, rows(1, (b,)))
     if own:
       teacher_prompts, teacher_prompt_mask = jax.device_put(
           (teacher_prompts, teacher_prompt_mask), rows(2, (b, pt)))

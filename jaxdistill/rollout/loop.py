@@ -22,7 +22,10 @@ Each model has its own temperature (`temperature`: one per model).
 RNG (what is guaranteed): with `rng` split into a sampling stream and a coin
 stream, the key of row b at step i is fold_in(fold_in(stream, row_ids[b]), i).
 A row's draws therefore depend only on (rng, its row id, the step, its own
-logits), not on the batch size or on the other rows. Its logits can still
+logits), not on the batch size or on the other rows. `rng` may also be [B]
+keys, one per row (rows of several rollouts decoded in one call, each with
+its own key): row b's streams are then fold_in(rng[b], 0) and
+fold_in(rng[b], 1), the same keys a call with the scalar rng[b] gives it. Its logits can still
 differ in the last bits with batch composition (batched matmuls, padding to a
 different prompt width), which can flip a near-tie; bit-identical results are
 guaranteed only for identical inputs.
@@ -62,6 +65,15 @@ def row_keys(key, row_ids):
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
 
 
+def stream_keys(rng, stream: int, row_ids):
+  """[B] keys of a stream: fold_in(fold_in(rng, stream), row_id) per row,
+  where `rng` is one key or [B] keys (one per row)."""
+  if jnp.ndim(rng) == 0:
+    return row_keys(jax.random.fold_in(rng, stream), row_ids)
+  return jax.vmap(lambda k, r: jax.random.fold_in(
+      jax.random.fold_in(k, stream), r))(rng, row_ids)
+
+
 def _step_keys(keys, i):
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
 
@@ -92,7 +104,8 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
     step_fns: one step function, or (student, teacher) for two models.
     logits: per model [B, V] logits for the first new token (from prefill).
     caches: per model cache after prefill.
-    rng: PRNG key; streams fold_in(rng, 0) (sampling), fold_in(rng, 1) (coin).
+    rng: PRNG key, or [B] keys (one per row); streams fold_in(rng, 0)
+      (sampling), fold_in(rng, 1) (coin).
     row_ids: [B] int32 ids that key each row's RNG stream.
     max_new_tokens: N, static.
     sampler: static sampling settings.
@@ -120,8 +133,12 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
   if len(temps) != n_models:
     raise ValueError(f"temperature: one per model ({n_models}), got {len(temps)}")
   b = logits[0].shape[0]
-  sample_keys = row_keys(jax.random.fold_in(rng, 0), row_ids)  # [B]
-  coin_keys = row_keys(jax.random.fold_in(rng, 1), row_ids)  # [B]
+  if jnp.ndim(rng) not in (0, 1) or (jnp.ndim(rng) == 1
+                                     and rng.shape[0] != b):
+    raise ValueError(f"rng: one key or one per row ({b}), got shape "
+                     f"{tuple(jnp.shape(rng))}")
+  sample_keys = stream_keys(rng, 0, row_ids)  # [B]
+  coin_keys = stream_keys(rng, 1, row_ids)  # [B]
   eos = jnp.asarray(tuple(eos_ids), jnp.int32).reshape(-1)
 
   def choose(logits, keys, i):

@@ -6,7 +6,8 @@ then adds, per arm and for the grid, the device time those programs need
 at their step-time bounds (compile_only.py: max(compute, HBM, ICI) per
 chip):
 
-  training    total_steps x (rollout + update): one rollout (none for
+  training    total_steps x (rollout + update): one rollout (one per
+              chunk of rollout.decode_ahead steps where that is set; none for
               dataset rollouts or a teacher cache, and none for an arm
               that reads shared teacher rollouts: with
               grid.share_teacher_rollouts, the first teacher-policy arm of
@@ -47,6 +48,7 @@ from jaxdistill.sweep import grid as grid_lib
 from jaxdistill.sweep import inputs
 from jaxdistill.sweep import rlvr as rlvr_lib
 from jaxdistill.sweep import trajectory
+from jaxdistill.train import batches as train_batches
 from jaxdistill.train import disk as disk_lib
 from jaxdistill.train import shared_rollouts as shared_lib
 
@@ -92,8 +94,11 @@ def arm_calls(grid, run, reads: bool = False,
   reuses (updated; None: the baseline counted)."""
   c = run.config
   steps = int(c.total_steps)
-  out = [("train", p, steps) for p in TRAIN
-         if not (reads and p == "train rollout")]
+  # rollout.decode_ahead = k: one rollout call per chunk of k steps (the
+  # last, shorter chunk counted at the full call's bound: an upper figure).
+  ahead = train_batches.decode_ahead(c) if "rollout" in c else 1
+  out = [("train", p, -(-steps // ahead) if p == "train rollout" else steps)
+         for p in TRAIN if not (reads and p == "train rollout")]
   uncounted = []
   ec = inputs.eval_config(grid, run)
 

@@ -528,6 +528,7 @@ def _train(config, workdir, overwrite, mesh, rules, shared_rollouts=None):
   config_lib.check_fits(config, {"student": scfg} if sft or cached else
                         {"student": scfg, "teacher": tcfg}, vocab)
   disk.check_run(config, scfg, workdir)
+  train_batches.decode_ahead(config)  # refused here, before any weight
   # On a TPU: the run's programs compiled before any weight is loaded.
   compile_only.check_on_devices(
       run_programs(config, scfg, tcfg, vocab, mesh, rules, cached),
@@ -581,7 +582,9 @@ def _train(config, workdir, overwrite, mesh, rules, shared_rollouts=None):
                                                tokenizer, vocab_size=vocab)
   if cached:
     make_sequences = teacher_cache.CachedSequences(make_sequences.put)
-  elif shared_rollouts:
+  else:  # rollout.decode_ahead: the chunk's other steps
+    make_sequences.ahead_from(batches, seed_key, config.total_steps)
+  if shared_rollouts and not cached:
     make_sequences.shared = shared_lib.Store(
         shared_rollouts, shared_lib.describe(
             config, tokenizer, vocab=vocab, eos=make_sequences.eos,

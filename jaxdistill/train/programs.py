@@ -25,6 +25,7 @@ from jaxdistill import rollout as rollout_lib
 from jaxdistill import sharding
 from jaxdistill.models import flops
 from jaxdistill.models import lora
+from jaxdistill.train import batches as train_batches
 from jaxdistill.train import setup as train_setup
 from jaxdistill.train import step as step_lib
 
@@ -79,12 +80,14 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
                     *, rows, policy, prompt_len, max_new_tokens, temperature,
                     teacher_temperature=None, top_k=None, top_p=None, lam=None,
                     resident=0, teacher_prompt_len=None,
-                    decode_layout="auto"):
+                    decode_layout="auto", steps=1):
   """compile_only.Program of rollout.generate: `rows` prompts of
   `prompt_len` tokens, `max_new_tokens` more; `student`/`teacher` abstract
   params (None when the policy does not sample from it);
   `teacher_prompt_len`: the teacher's own prompt width (data.teacher_prompt),
-  None when it reads the student's."""
+  None when it reads the student's; `steps` > 1: the call of a rollout
+  decoded ahead (rollout.decode_ahead), one key per row, serving that many
+  steps."""
   p, n = int(prompt_len), int(max_new_tokens)
   prompts = batch_struct((rows, p), jnp.int32, mesh, rules)
   own = (policy != "student" and teacher_prompt_len is not None)
@@ -99,7 +102,7 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
       teacher_temperature=teacher_temperature,
       top_k=top_k, top_p=top_p, mesh=mesh, rules=rules, vocab_size=vocab,
       eos_token_ids=(0,), teacher_prompts=t_prompts,
-      decode_layout=decode_layout)
+      decode_layout=decode_layout, row_rngs=steps > 1)
   # Per decode step (and the prefill): each sampling model's weights as its
   # decode layout holds them on a chip, and the chip's rows of its KV cache.
   widths = [int(teacher_prompt_len) if own and i == len(used) - 1
@@ -115,7 +118,8 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
       model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
       bytes_accessed=n * (weights + kv), resident_bytes=resident,
       while_trips=n - 1, limit_bytes=n * (
-          sum(flops.weight_bytes(c) for c in used) / n_dev + kv))
+          sum(flops.weight_bytes(c) for c in used) / n_dev + kv),
+      steps=int(steps))
 
 
 def update_bytes(scfg, tcfg, *, passes: int, micro: int, n_dev: int,
@@ -174,8 +178,10 @@ def train_programs(config, scfg, tcfg, mesh, rules, vocab, *, optimizer,
     policy, lam, top_k, top_p = rollout_lib.sampling_policy(ro)
     s_in = student if policy != "teacher" else None
     t_in = teacher if policy != "student" else None
+    ahead = train_batches.decode_ahead(config)  # steps per call
     out.append(rollout_program(
-        "rollout", scfg, tcfg, s_in, t_in, mesh, rules, vocab, rows=b,
+        "rollout", scfg, tcfg, s_in, t_in, mesh, rules, vocab, rows=b * ahead,
+        steps=ahead,
         policy=policy, prompt_len=d.max_prompt_len,
         max_new_tokens=ro.max_new_tokens,
         temperature=config_lib.rollout_temperatures(config)[0],

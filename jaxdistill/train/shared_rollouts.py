@@ -184,14 +184,20 @@ class Store:
       f.write(buf.getvalue())
     _link_new(tmp, path)
 
-  def sequences(self, step: int, make, put):
+  def sequences(self, step: int, make, put, keep=None):
     """The step's (batch, metrics): read and placed with `put`, or made by
-    `make()` and stored."""
+    `make()` and stored. `make()` gives {step: (batch, metrics)} for this
+    step and any others decoded with it (rollout.decode_ahead): every one
+    is stored, and the others go into `keep` (a dict) for their own calls."""
     got = self.get(step)
     if got is None:
-      batch, metrics = make()
-      self.put(step, batch, metrics)
-      self.generated += 1
+      made = make()
+      for s, (batch, metrics) in made.items():
+        self.put(s, batch, metrics)
+      self.generated += len(made)
+      batch, metrics = made.pop(step)
+      if keep is not None:
+        keep.update(made)
       return batch, metrics
     self.read += 1
     arrays, metrics = got
