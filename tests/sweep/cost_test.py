@@ -130,6 +130,20 @@ def test_unshared_teacher_arms_each_count_their_rollouts(fake_compile):
     assert a["phases"]["train"]["bound_s"] == pytest.approx(2 * (3.0 + 5.0))
 
 
+@pytest.mark.parametrize("ahead,calls", [(2, 1), (3, 1), (1, 2)])
+def test_a_teacher_rollout_decoded_ahead_is_counted_once_per_chunk(
+    fake_compile, ahead, calls):
+  # runlocal: 2 steps; chunks of k steps, a short last chunk counted whole.
+  g = config_lib.load_config("configs/grid_main.py:runlocal")
+  g.share_teacher_rollouts = False
+  g.base.rollout.decode_ahead = ahead
+  _, _, c, _ = _estimate(g)
+  for name, a in c["per_arm"].items():
+    rollouts = calls if "policy=teacher" in name else 2  # students: per step
+    assert a["phases"]["train"]["bound_s"] == pytest.approx(
+        rollouts * 3.0 + 2 * 5.0), name
+
+
 def test_the_shared_rollout_store_is_counted_once_per_group():
   g = config_lib.load_config("configs/grid_main.py:runlocal")
   runs = grid_lib.expand(g)
