@@ -96,9 +96,11 @@ CHECKPOINTS = {
 # family -> rollout.decode_ahead: its teacher-policy arms decode this many
 # steps' prompts in one call on the family's slice (train/batches.py; tokens
 # unchanged). Measured 2026-12-06 with --compile_only (docs/tpu.md, "Decoding
-# ahead"): the 7B teacher on v5e-8 fits two steps (12.2 GiB; four need 15.9
-# of 16), the 8B teacher on v6e-8 four (17.5 GiB of 32).
-DECODE_AHEAD = {"llama": 4, "qwen05b": 2, "qwen15b": 2}
+# ahead"): two steps fit every task (the 7B teacher on v5e-8: 13.1 GiB of 16
+# for the MCQ tasks, four steps of Countdown-3 need 15.9; the 8B teacher on
+# v6e-8: four steps of Countdown-3 fit in 17.5 GiB of 32, of the MCQ tasks
+# need 32.1).
+DECODE_AHEAD = {"llama": 2, "qwen05b": 2, "qwen15b": 2}
 
 
 def _mcq(source, prompt):
