@@ -17,7 +17,7 @@ PyTorch reference is transformers' LlamaForCausalLM for both models with the
 same shapes, the same loss written in torch (as TRL's GKD computes it:
 log-softmax of both, sum p (log p - log q) over the vocabulary, mean over
 response tokens) and torch.optim.AdamW; both run on the same CPU in this
-process, one after the other.
+process, in alternating rounds (below).
 
 Model FLOPs per step: 6 N_s T (student forward + backward) + 2 N_t T (teacher
 forward), N = matmul parameters (all but the embedding lookup, lm_head
@@ -26,6 +26,13 @@ the student's forward+backward, 4 L T^2 d for the teacher; causal masking
 not discounted, as is customary). MFU = achieved model FLOP/s / the FLOP/s of
 a plain jnp.matmul in the models' dtype measured in the same run. Prints one
 JSON object.
+
+Timing: after a warm-up, rounds of one JAX step, one PyTorch step and one
+sample of the matmul rate; each figure is the median over the rounds. The
+rate is sampled beside the steps because the host is shared: sampled once
+before them (0.3 s of matmuls), load from another process in that moment
+lowered it and MFU read 1.137 (2026-12-07), more than any step can reach
+(one core kept busy during that moment only: 1.18).
 
 The exact loss takes the plain-logits path (losses.divergence, closed-form
 gradient, row-blocked on CPU) unless --fused.
@@ -91,7 +98,9 @@ def _batch(b, l, v, seed=0):
   return tokens, attn, loss_mask
 
 
-def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
+def jax_step(s, t, b, l, fused):
+  """(update, state, teacher params, batch): the jitted, donated step and
+  its arguments."""
   sp = models.init(s, jax.random.key(0))
   tp = models.init(t, jax.random.key(1))
   tokens, attn, lm = _batch(b, l, s.vocab_size)
@@ -108,6 +117,12 @@ def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
   update = jax.jit(functools.partial(
       step_lib.train_step, optimizer=opt, schedule=lambda _: 1e-4,
       loss_fn=loss_fn), donate_argnums=0)
+  return update, state, tp, batch
+
+
+def bench_jax(s, t, b, l, fused):
+  """(run one step, compile seconds)."""
+  update, state, tp, batch = jax_step(s, t, b, l, fused)
   t0 = time.perf_counter()
   compiled = update.lower(state, tp, batch).compile()
   compile_s = time.perf_counter() - t0
@@ -116,13 +131,11 @@ def bench_jax(s, t, b, l, iters, fused, dump_dir=None):
   def run():
     box[0], m = compiled(box[0], tp, batch)
     jax.block_until_ready(m["train/loss"])
-  sec, ts = bench.median_time(run, warmup=1, iters=iters)
-  prof = bench.profile_section(dump_dir, lambda d: profile.summary(
-      profile.op_times(run, d), groups=("teacher",)))
-  return sec, ts, compile_s, prof
+  return run, compile_s
 
 
-def bench_torch(s, t, b, l, iters):
+def bench_torch(s, t, b, l):
+  """(run one step, torch's thread count)."""
   import torch  # pylint: disable=g-import-not-at-top
   student, teacher = bench.torch_llama(s), bench.torch_llama(t).eval()
   opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
@@ -142,8 +155,27 @@ def bench_torch(s, t, b, l, iters):
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-  sec, ts = bench.median_time(run, warmup=1, iters=iters)
-  return sec, ts, torch.get_num_threads()
+  return run, torch.get_num_threads()
+
+
+def rounds(steps: dict, rate, iters: int, warmup: int = 1):
+  """Times `iters` rounds of every step in `steps` ({name: run}) once, then
+  one sample of the reference rate (`rate()`, FLOP/s), after `warmup`
+  untimed calls of each step: {name: [seconds]} and the rate samples. Load
+  from other processes then falls on the steps and the reference alike."""
+  for run in steps.values():
+    for _ in range(warmup):
+      run()
+  times, rates = {k: [] for k in steps}, []
+  for i in range(iters):
+    for k, run in steps.items():
+      t0 = time.perf_counter()
+      run()
+      times[k].append(time.perf_counter() - t0)
+    rates.append(rate())
+    _log(f"round {i}: " + " ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items())
+         + f" matmul {rates[-1] / 1e9:.1f} GFLOP/s")
+  return times, rates
 
 
 def _has_torch() -> bool:
@@ -176,11 +208,16 @@ def main(argv=None):
   else:
     (s, t, b, l), dtype = _configs(args.quick), "float32"
   step_fl = step_flops(s, t, b, l)
-  _log(f"measuring {dtype} matmul rate ...")
-  mm = presets.matmul_rate(dtype)
-  _log("jaxdistill step ...")
-  jsec, jts, compile_s, prof = bench_jax(s, t, b, l, args.iters, args.fused,
-                                         dump and dump.name)
+  _log("compiling the jaxdistill step ...")
+  steps = {}
+  steps["jax"], compile_s = bench_jax(s, t, b, l, args.fused)
+  if not args.no_torch:
+    steps["torch"], threads = bench_torch(s, t, b, l)
+  times, rates = rounds(steps, lambda: presets.matmul_rate(dtype), args.iters)
+  prof = bench.profile_section(dump and dump.name, lambda d: profile.summary(
+      profile.op_times(steps["jax"], d), groups=("teacher",)))
+  mm = float(np.median(rates))
+  jsec = float(np.median(times["jax"]))
   tokens = b * l
   out = {
       "config": {"student": dataclasses.asdict(s), "teacher": dataclasses.asdict(t),
@@ -188,18 +225,21 @@ def main(argv=None):
                  "preset": args.preset, "dtype": dtype,
                  "backend": jax.default_backend(),
                  "device": str(jax.devices()[0].device_kind)},
+      # The median of the samples taken beside the steps (rounds()).
       "matmul_flops_per_s": mm, "matmul_dtype": dtype,
+      "matmul_flops_per_s_samples": rates,
       "model_flops_per_step": step_fl,
-      "jax": {"step_s": jsec, "step_times_s": jts, "compile_s": compile_s,
-              "tokens_per_s": tokens / jsec, "mfu": step_fl / jsec / mm},
+      "jax": {"step_s": jsec, "step_times_s": times["jax"],
+              "compile_s": compile_s, "tokens_per_s": tokens / jsec,
+              "mfu": step_fl / jsec / mm},
       "profile": prof,
   }
   headline_value, goal = None, ">= 2.0x PyTorch and MFU >= 0.55"
   if not args.no_torch:
-    _log("PyTorch step ...")
-    tsec, tts, threads = bench_torch(s, t, b, l, args.iters)
-    out["torch"] = {"step_s": tsec, "step_times_s": tts, "threads": threads,
-                    "tokens_per_s": tokens / tsec, "mfu": step_fl / tsec / mm}
+    tsec = float(np.median(times["torch"]))
+    out["torch"] = {"step_s": tsec, "step_times_s": times["torch"],
+                    "threads": threads, "tokens_per_s": tokens / tsec,
+                    "mfu": step_fl / tsec / mm}
     headline_value = tsec / jsec
   mfu = out["jax"]["mfu"]
   if headline_value is not None:
