@@ -42,6 +42,11 @@ import dataclasses
 import math
 import re
 
+# Part of compile_only's cache key: a change to what `count` reads from a
+# program must not be hidden by reports cached before it. 2: fused loop
+# conditions (the GPU compiler's) read through; 3: and multi-output fusions.
+VERSION = 3
+
 _ITEMSIZE = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2,
              "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2,
              "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16}
@@ -207,8 +212,12 @@ class _Module:
     if op == "get-tuple-element":
       src = self.comps[comp].get(ins.operands[0])
       idx = int(re.search(r"index=(\d+)", ins.attrs).group(1))
+      while src is not None and src.opcode == "copy" and src.operands:
+        src = self.comps[comp].get(src.operands[0])
       if src is not None and src.opcode == "parameter":
         return ("iv", idx, 0)
+      if src is not None and src.opcode == "tuple":  # a multi-output fusion's
+        return self._affine(comp, src.operands[idx], depth + 1)
       return None
     if op in ("add", "subtract") and len(ins.operands) == 2:
       a = self._affine(comp, ins.operands[0], depth + 1)
@@ -251,6 +260,8 @@ class _Module:
 
   def _conjuncts(self, comp: str, name: str):
     ins = self.comps[comp].get(name)
+    if ins is not None and ins.opcode == "copy" and ins.operands:
+      return self._conjuncts(comp, ins.operands[0])
     if ins is not None and ins.opcode == "and" and len(ins.operands) == 2:
       return (self._conjuncts(comp, ins.operands[0])
               + self._conjuncts(comp, ins.operands[1]))
@@ -264,6 +275,7 @@ class _Module:
       return int(m.group(1)), "exact"
     cond, = _called(w, "condition")
     body, = _called(w, "body")
+    cond, body = self._flat(cond), self._flat(body)
     root = self.comps[body].get(self.roots.get(body))
     best, other = None, False
     for c in self._conjuncts(cond, self.roots[cond]):
@@ -275,6 +287,39 @@ class _Module:
     if best is None:
       return None, "unknown"
     return best, "at most" if other else "exact"
+
+  def _flat(self, comp: str, depth: int = 0) -> str:
+    """Computation `comp` with its fusions inlined (the GPU compiler fuses
+    a loop's condition and its counter's increment into loop fusions):
+    a fusion becomes a copy of its fused root, each fused parameter a copy
+    of the fusion's operand. Kept apart under a new name, which no walk
+    reaches, so no collective is counted twice."""
+    flat = comp + "#flat"
+    if flat in self.comps or depth > 20:
+      return flat if flat in self.comps else comp
+    out = {}
+    for ins in self.comps[comp].values():
+      called = _called(ins, "calls") if ins.opcode == "fusion" else []
+      if len(called) != 1 or called[0] not in self.comps:
+        out[ins.name] = ins
+        continue
+      inner = self._flat(called[0], depth + 1)
+      pre = ins.name + "/"
+      for f in self.comps[inner].values():
+        if f.opcode == "parameter":
+          k = int(f.raw_operands.strip())
+          src = [ins.operands[k]] if k < len(ins.operands) else []
+          out[pre + f.name] = Instr(pre + f.name, f.shape, "copy", src, "", "")
+        else:
+          out[pre + f.name] = dataclasses.replace(
+              f, name=pre + f.name,
+              operands=[pre + o if o in self.comps[inner] else o
+                        for o in f.operands])
+      out[ins.name] = Instr(ins.name, ins.shape, "copy",
+                            [pre + self.roots[inner]], "", "")
+    self.comps[flat] = out
+    self.roots[flat] = self.roots[comp]
+    return flat
 
   def _compare_trips(self, comp, w, cond, body, root, c):
     if c is None or c.opcode != "compare" or root is None or root.opcode != "tuple":

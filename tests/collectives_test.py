@@ -248,3 +248,71 @@ def test_shape_bytes():
   assert collectives.shape_bytes("bf16[8,512]{1,0:T(8,128)(2,1)S(1)}") == 8192
   assert collectives.shape_bytes("(s32[]{:T(128)}, f32[2,3], pred[4])") == 4 + 24 + 4
   assert collectives.shape_bytes("(f8e4m3fn[8], token[])") == 8
+
+
+# The GPU compiler's forms (XLA's GPU compiler, jax 0.10.2): a decode-like
+# loop whose condition is one loop fusion (j + 1 < 9 and not done, j from 1:
+# at most 7 trips) and whose counter comes out of a multi-output fusion; its
+# body all-gathers f32[8] (32 B) over iota groups of 4: 3 x 32 B a trip.
+GPU_HLO = """\
+HloModule jit_g, is_scheduled=true, num_partitions=4
+
+%fused_cond (p0: s32[], p1: pred[]) -> pred[] {
+  %p0 = s32[] parameter(0)
+  %one = s32[] constant(1)
+  %next = s32[] add(%p0, %one)
+  %nine = s32[] constant(9)
+  %lt = pred[] compare(%next, %nine), direction=LT
+  %p1 = pred[] parameter(1)
+  %notd = pred[] not(%p1)
+  ROOT %and = pred[] and(%lt, %notd)
+}
+
+%fused_step (q0: s32[], q1: f32[8]) -> (f32[8], s32[]) {
+  %q0 = s32[] parameter(0)
+  %q1 = f32[8]{0} parameter(1)
+  %c1 = s32[] constant(1)
+  %inc = s32[] add(%q0, %c1)
+  %neg = f32[8]{0} negate(%q1)
+  ROOT %t = (f32[8]{0}, s32[]) tuple(%neg, %inc)
+}
+
+%cond (c: (s32[], f32[8], pred[])) -> pred[] {
+  %c = (s32[], f32[8]{0}, pred[]) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %d = pred[] get-tuple-element(%c), index=2
+  ROOT %f = pred[] fusion(%i, %d), kind=kLoop, calls=%fused_cond
+}
+
+%body (b: (s32[], f32[8], pred[])) -> (s32[], f32[8], pred[]) {
+  %b = (s32[], f32[8]{0}, pred[]) parameter(0)
+  %bi = s32[] get-tuple-element(%b), index=0
+  %bx = f32[8]{0} get-tuple-element(%b), index=1
+  %bd = pred[] get-tuple-element(%b), index=2
+  %ag = f32[32]{0} all-gather(%bx), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}
+  %sl = f32[8]{0} slice(%ag), slice={[0:8]}
+  %ms = (f32[8]{0}, s32[]) fusion(%bi, %sl), kind=kLoop, calls=%fused_step
+  %nx = f32[8]{0} get-tuple-element(%ms), index=0
+  %ni = s32[] get-tuple-element(%ms), index=1
+  ROOT %r = (s32[], f32[8]{0}, pred[]) tuple(%ni, %nx, %bd)
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %z = s32[] constant(1)
+  %f = pred[] constant(false)
+  %init = (s32[], f32[8]{0}, pred[]) tuple(%z, %x, %f)
+  %w = (s32[], f32[8]{0}, pred[]) while(%init), condition=%cond, body=%body
+  ROOT %o = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_gpu_fused_loop_condition_read_through():
+  """The trip count is read through the fusions (before, 'unknown' and
+  the gather counted once: 96 B)."""
+  out = collectives.count(GPU_HLO, 4)
+  loop, = out["ici_loops"]
+  assert (loop["trips"], loop["trip_count"]) == (7, "at most")
+  assert out["ici_bytes"] == 7 * 3 * 32
+  assert out["ici_complete"]
