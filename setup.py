@@ -4,6 +4,10 @@ import setuptools
 # libtpu at the version the installed jax names (jax[tpu] pins it): wheels
 # exist for Linux x86-64 only.
 TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
+# NVIDIA GPUs: the CUDA 12 plugin and CUDA's libraries from pip, at the
+# version the installed jax names (jax[cuda12] pins them); Linux only. It
+# also compiles for a GPU on a host without one (--compile_only=h100-8).
+CUDA = "jax[cuda12]; platform_system == 'Linux'"
 MATH = "math-verify>=0.9"
 STYLE = "langdetect>=1.0.9"
 WANDB = "wandb>=0.19"
@@ -63,10 +67,15 @@ setuptools.setup(
         # Tested with 2026.10.1.
         "gcsfs>=2024.12.0",
     ],
+    # --compile_only's GPU cards (compile_only.GPUS): XLA GpuTargetConfigs.
+    package_data={"jaxdistill": ["gpu_targets/*.txtpb"]},
     extras_require={
         # TPU VMs, and --compile_only on any Linux x86-64 host: jax's own tpu
         # extra pins libtpu (and jaxlib) to the JAX version installed.
         "tpu": [TPU],
+        # NVIDIA GPU machines, and --compile_only=h100-8 etc. on any Linux
+        # host (docs/gpu.md).
+        "cuda": [CUDA],
         # torch is only a reference for parity tests and benchmarks. The pinned
         # version is a CPU build on our CI machines; an unpinned `torch` pulls a
         # multi-GB CUDA build.

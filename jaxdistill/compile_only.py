@@ -100,6 +100,9 @@ class Chip:
   dims: int
   names_count_cores: bool
   ici_bandwidth: float | None = None
+  platform: str = "tpu"
+  target_config: str | None = None  # GPUs: the file in gpu_targets/
+  device_kind: str | None = None    # GPUs: jax.Device.device_kind
 
 
 CHIPS = {
@@ -108,6 +111,44 @@ CHIPS = {
     "v5p": Chip("v5p", 95 * GiB, 459e12, 2765e9, 3, True, 1200e9),
     "v6e": Chip("v6e", 32 * GiB, 918e12, 1640e9, 2, False, 800e9),
 }
+
+# NVIDIA data-center GPUs (SXM boards), from NVIDIA's data sheets: dense bf16
+# tensor-core peak, HBM bandwidth, NVLink bandwidth per GPU (bidirectional:
+# H100 / H200 18 links x 50 GB/s = 900 GB/s, A100 12 x 50 = 600 GB/s); the
+# memory is the card's as the driver reports it (gpu_targets/*.txtpb). `dims`
+# unused; GPUs are named by count ('h100-8') or hosts x GPUs ('h100-2x8').
+GPUS = {
+    "h100": Chip("h100", 85520809984, 989.4e12, 3352e9, 0, False, 900e9,
+                 "gpu", "h100_sxm_80gb.txtpb", "NVIDIA H100 80GB HBM3"),
+    "h200": Chip("h200", 150754820096, 989.4e12, 4800e9, 0, False, 900e9,
+                 "gpu", "h200_sxm_141gb.txtpb", "NVIDIA H200"),
+    "a100-80g": Chip("a100-80g", 85899345920, 312e12, 2039e9, 0, False, 600e9,
+                     "gpu", "a100_sxm_80gb.txtpb", "NVIDIA A100-SXM4-80GB"),
+}
+# NVLink joins at most this many GPUs of one machine (an HGX board).
+GPUS_PER_HOST = (1, 2, 4, 8)
+# The share of a GPU's memory JAX's allocator takes when our commands run
+# (cli.py sets XLA_PYTHON_CLIENT_MEM_FRACTION to it unless the user did):
+# JAX's default, 0.75, leaves a quarter of an 80 GB card unused; 0.9 leaves
+# 8 GB for the CUDA context, cuBLAS / cuDNN workspaces and NCCL's buffers,
+# which the allocator's pool does not hold.
+GPU_MEM_FRACTION = 0.90
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+
+
+def gpu_mem_fraction() -> float:
+  """The share of a GPU's memory JAX's allocator takes in this process."""
+  raw = os.environ.get(MEM_FRACTION_ENV)
+  if raw is None:
+    return GPU_MEM_FRACTION
+  try:
+    frac = float(raw)
+  except ValueError:
+    raise ValueError(f"{MEM_FRACTION_ENV}={raw!r}: expected a fraction in "
+                     "(0, 1]") from None
+  if not 0.0 < frac <= 1.0:
+    raise ValueError(f"{MEM_FRACTION_ENV}={raw!r}: expected a fraction in (0, 1]")
+  return frac
 
 # Chips -> the topology of a slice of that many (2-D: v5e/v6e; 3-D: v4/v5p).
 _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8",
@@ -137,6 +178,8 @@ class Target:
 def _target(name, chip, topology, chips, devices, hbm_bytes=None) -> Target:
   per_device = chips / len(devices)  # v4: 2 devices a chip
   ici = None if chip.ici_bandwidth is None else chip.ici_bandwidth / 2
+  if hbm_bytes is None and chip.platform == "gpu":  # the allocator's pool
+    hbm_bytes = chip.hbm_bytes * gpu_mem_fraction()
   return Target(name, chip, topology, chips, tuple(devices),
                 int(hbm_bytes or chip.hbm_bytes * per_device),
                 chip.peak_flops * per_device, chip.hbm_bandwidth * per_device,
@@ -144,17 +187,23 @@ def _target(name, chip, topology, chips, devices, hbm_bytes=None) -> Target:
 
 
 def parse_slice(name: str) -> tuple[Chip, str, int]:
-  """'v5e-8' (a slice as Cloud TPU names it) or 'v5e:2x4' (a topology) ->
-  (chip, topology, chips). Raises ValueError naming what it accepts."""
-  known = ", ".join(sorted(CHIPS))
+  """'v5e-8' (a slice as Cloud TPU names it), 'v5e:2x4' (a topology), 'h100-8'
+  (GPUs of one machine), 'h100-2x8' (machines x GPUs each) -> (chip,
+  topology, chips). Raises ValueError naming what it accepts."""
+  known = ", ".join(sorted(CHIPS) + sorted(GPUS))
   if not isinstance(name, str) or not name.strip():
     raise ValueError(f"--compile_only: no slice given ({name!r}); give a Cloud "
-                     "TPU slice like v5e-8 or a topology like v5e:2x4")
+                     "TPU slice like v5e-8, a topology like v5e:2x4 or GPUs "
+                     "like h100-8")
+  gpu = re.fullmatch(r"([a-z]\d+(?:-\d+g)?)-(\d+)(?:x(\d+))?", name.strip().lower())
+  if gpu and gpu.group(1) in GPUS:
+    return _parse_gpus(name, GPUS[gpu.group(1)], gpu.group(2), gpu.group(3))
   m = re.fullmatch(r"(v\d+[a-z]?)([-:])(\S+)", name.strip().lower())
   if not m or m.group(1) not in CHIPS:
     raise ValueError(f"--compile_only: unknown slice {name!r}; give a Cloud TPU "
-                     f"slice like v5e-8, v6e-8, v5p-8, v4-8 or a topology like "
-                     f"v5e:2x4 (chips: {known})")
+                     f"slice like v5e-8, v6e-8, v5p-8, v4-8, a topology like "
+                     f"v5e:2x4, or NVIDIA GPUs like h100-1, h100-8, a100-80g-8, "
+                     f"h100-2x8 (chips: {known})")
   chip = CHIPS[m.group(1)]
   if m.group(2) == ":":
     dims = m.group(3).split("x")
@@ -181,9 +230,38 @@ def parse_slice(name: str) -> tuple[Chip, str, int]:
   return chip, f"{chip.name}:{shapes[chips]}", chips
 
 
+def _parse_gpus(name: str, chip: Chip, a: str, b: str | None):
+  """'h100-8' -> one machine of 8; 'h100-16' -> two of 8; 'h100-2x8' -> two
+  machines of 8. Topology 'h100:HOSTSx1xGPUS' (the CUDA plugin's
+  'hosts x 1 x GPUs per host')."""
+  hosts, per_host = (int(a), int(b)) if b is not None else (
+      (1, int(a)) if int(a) <= max(GPUS_PER_HOST) else
+      (int(a) // max(GPUS_PER_HOST), max(GPUS_PER_HOST)))
+  if (hosts < 1 or per_host not in GPUS_PER_HOST or
+      (b is None and int(a) > max(GPUS_PER_HOST) and
+       int(a) % max(GPUS_PER_HOST))):
+    raise ValueError(
+        f"--compile_only: {name!r}: give {chip.name}-N with N GPUs of one "
+        f"machine (N in {list(GPUS_PER_HOST)}) or a multiple of "
+        f"{max(GPUS_PER_HOST)}, or {chip.name}-HxG: H machines of G GPUs "
+        f"each (e.g. {chip.name}-2x8)")
+  return chip, f"{chip.name}:{hosts}x1x{per_host}", hosts * per_host
+
+
+def target_config_text(chip: Chip) -> str:
+  """The GpuTargetConfig (text proto) a GPU chip is compiled for."""
+  path = os.path.join(os.path.dirname(__file__), "gpu_targets",
+                      chip.target_config)
+  with open(path) as f:
+    return f.read()
+
+
 def target(name: str) -> Target:
-  """The compile-only devices of a slice (needs libtpu; no TPU)."""
+  """The compile-only devices of a TPU slice (needs libtpu; no TPU) or of
+  NVIDIA GPUs (needs the CUDA plugin; no GPU)."""
   chip, topology, chips = parse_slice(name)
+  if chip.platform == "gpu":
+    return _gpu_target(name, chip, topology, chips)
   # Compiling needs no TPU: this process neither takes the TPU of the host it
   # runs on (a TPU VM may be training) nor waits for libtpu's one-process
   # lock, so that several compile-only runs (and a run) can go at once.
@@ -199,33 +277,67 @@ def target(name: str) -> Target:
   return _target(name, chip, topology, chips, devices)
 
 
+def _gpu_target(name, chip, topology, chips) -> Target:
+  # The CPU stays this process's platform: a GPU on this host is not used.
+  if not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_platforms", "cpu")
+  try:
+    # The CUDA plugin reads the shape from its `topology` option, not from
+    # the topology's name.
+    devices = topologies.get_topology_desc(
+        platform="cuda", topology=topology.split(":")[1],
+        target_config=target_config_text(chip)).devices
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(
+        f"--compile_only={name}: cannot compile for an NVIDIA GPU here "
+        f"({_first_line(e)}); install the CUDA plugin for the installed JAX: "
+        "pip install -e '.[cuda]'") from None
+  return _target(name, chip, topology, chips, devices)
+
+
 # jax.Device.device_kind -> chip.
 _KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e",
           "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e",
           "TPU v6e": "v6e"}
 
 
+def _chip_of(device) -> Chip | None:
+  """The chip table's entry for a device (a TPU's or an NVIDIA GPU's), or
+  None (CPU, a GPU the table lacks)."""
+  if device.platform == "tpu":
+    kind = _KINDS.get(device.device_kind)
+    return None if kind is None else CHIPS[kind]
+  if device.platform == "gpu":
+    for chip in GPUS.values():
+      if chip.device_kind == device.device_kind:
+        return chip
+  return None
+
+
 def device_hbm_bytes(device) -> int | None:
-  """Memory of one device, bytes: as the runtime reports it, else the chip
-  table's for a TPU device of a compile-only topology; None when unknown
+  """Memory of one device, bytes: as the runtime reports it (on a GPU, the
+  allocator's pool), else the chip table's for a device of a compile-only
+  topology (a GPU's pool: gpu_mem_fraction() of it); None when unknown
   (CPU)."""
   try:
     return int(device.memory_stats()["bytes_limit"])
   except Exception:  # pylint: disable=broad-except
     pass
-  if device.platform != "tpu" or device.device_kind not in _KINDS:
+  chip = _chip_of(device)
+  if chip is None:
     return None
-  chip = CHIPS[_KINDS[device.device_kind]]
+  if chip.platform == "gpu":
+    return int(chip.hbm_bytes * gpu_mem_fraction())
   return chip.hbm_bytes // (2 if chip.names_count_cores else 1)
 
 
 def local_target(devices=None) -> Target | None:
-  """The TPU this process runs on, as a Target (its HBM as the runtime
-  reports it), or None off TPU or on a TPU generation the table lacks."""
+  """The TPU or NVIDIA GPUs this process runs on, as a Target (memory as the
+  runtime reports it), or None off them or on a chip the tables lack."""
   devices = list(jax.devices() if devices is None else devices)
-  if devices[0].platform != "tpu" or devices[0].device_kind not in _KINDS:
+  chip = _chip_of(devices[0])
+  if chip is None:
     return None
-  chip = CHIPS[_KINDS[devices[0].device_kind]]
   try:
     hbm = int(devices[0].memory_stats()["bytes_limit"])
   except Exception:  # pylint: disable=broad-except
@@ -344,13 +456,25 @@ def program_key(lowered, t: Target) -> str:
   temperature changes no buffer; a loop bound changes the collectives'
   trips), the devices it is laid out on, and the compiler's version."""
   text = re.sub(r"dense<(?!-?\d+>)[^>]*>", "dense<_>", lowered.as_text())
-  try:
-    libtpu = metadata.version("libtpu")
-  except metadata.PackageNotFoundError:
-    libtpu = "none"
   ids = ",".join(str(getattr(d, "id", d)) for d in t.devices)
-  blob = "\n".join([jax.__version__, libtpu, t.topology, ids, text])
+  card = target_config_text(t.chip) if t.chip.target_config else ""
+  blob = "\n".join([jax.__version__, compiler_version(t.chip.platform),
+                    f"collectives {collectives.VERSION}", t.topology, ids,
+                    card, text])
   return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def compiler_version(platform: str) -> str:
+  """The version of the package that holds `platform`'s compiler: libtpu,
+  or the CUDA plugin (cuda12 or cuda13)."""
+  names = (("libtpu",) if platform == "tpu" else
+           ("jax-cuda12-plugin", "jax-cuda13-plugin"))
+  for n in names:
+    try:
+      return f"{n} {metadata.version(n)}"
+    except metadata.PackageNotFoundError:
+      pass
+  return "none"
 
 
 def _memory(lowered, name, args, n_dev: int) -> dict:
@@ -362,7 +486,7 @@ def _memory(lowered, name, args, n_dev: int) -> dict:
   except Exception as e:  # pylint: disable=broad-except
     temp = _oom_temp_bytes(str(e))
     if temp is None:
-      raise RuntimeError(f"{name}: the TPU compiler failed: {_first_line(e)}") from e
+      raise RuntimeError(f"{name}: the compiler failed: {_first_line(e)}") from e
     return {"argument_bytes": tree_bytes_per_device(args), "output_bytes": None,
             "temp_bytes": int(temp), "alias_bytes": None,
             "compile_error": "out of memory", "ici_bytes": None}
@@ -454,6 +578,11 @@ def compile_programs(programs: Sequence[Program], t: Target, *,
           "peak_flops_per_chip": t.chip.peak_flops,
           "hbm_bandwidth_per_chip": t.chip.hbm_bandwidth,
           "ici_bandwidth_per_chip": t.chip.ici_bandwidth,
+          "platform": t.chip.platform,
+          "device_kind": getattr(t.devices[0], "device_kind", t.chip.name),
+          **({"memory_fraction": t.hbm_bytes / t.chip.hbm_bytes,
+              "memory_fraction_env": MEM_FRACTION_ENV}
+             if t.chip.platform == "gpu" else {}),
           "headroom_required": HEADROOM, "programs": rows}
 
 
@@ -463,9 +592,19 @@ def _gb(x) -> str:
 
 def format_report(report: dict) -> str:
   """The report as a table (GB = 1e9 bytes, per chip)."""
-  head = (f"{report['topology']} ({report['topology_desc']}, "
-          f"{report['chips']} chips, {report['hbm_bytes_per_device'] / GiB:.1f} "
-          f"GiB HBM per device; fits = {1 - HEADROOM:.0%} of it or less)")
+  if report.get("platform") == "gpu":
+    hosts = int(report["topology_desc"].split(":")[1].split("x")[0])
+    head = (f"{report['topology']} ({report['chips']} x {report['device_kind']}"
+            f" on {hosts} machine{'s' if hosts > 1 else ''}; "
+            f"{report['hbm_bytes_per_device'] / GiB:.1f} GiB per GPU: JAX's "
+            f"allocator pool, {report['memory_fraction_env']}="
+            f"{report['memory_fraction']:.2g} of "
+            f"{report['hbm_bytes_per_chip'] / GiB:.1f} GiB; fits = "
+            f"{1 - HEADROOM:.0%} of the pool or less; ICI = NVLink)")
+  else:
+    head = (f"{report['topology']} ({report['topology_desc']}, "
+            f"{report['chips']} chips, {report['hbm_bytes_per_device'] / GiB:.1f} "
+            f"GiB HBM per device; fits = {1 - HEADROOM:.0%} of it or less)")
   cols = ("program", "args GB", "out GB", "temp GB", "resident GB",
           "total GB", "fits", "headroom", "TFLOP", "ICI GB", "bound ms",
           "limit ms", "MFU ceiling")
@@ -509,9 +648,9 @@ def check(report: dict, advice: Callable[[dict], str] | None = None) -> None:
 
 
 def check_on_devices(programs: Sequence[Program], devices, advice=None) -> None:
-  """A run's fit check on the TPU it runs on, before it loads weights:
-  compiles its programs for those devices and raises FitError (one line)
-  if one does not fit. Nothing happens off TPU. The compilations go to
+  """A run's fit check on the TPU or GPUs it runs on, before it loads
+  weights: compiles its programs for those devices and raises FitError (one
+  line) if one does not fit. Nothing happens on CPU. The compilations go to
   JAX's persistent cache, where the run's own calls find them."""
   t = local_target(devices)
   if t is None:
@@ -552,16 +691,18 @@ def _json_default(x: Any):
 
 
 def define_flags(flag_values=flags.FLAGS) -> None:
-  """--compile_only SLICE and --json: compile the command's programs for a
-  TPU slice on this host and report their memory (this module). Shared by
-  train, sweep, evaluate and teacher_cache."""
+  """--compile_only TARGET and --json: compile the command's programs for a
+  TPU slice or NVIDIA GPUs on this host and report their memory (this
+  module). Shared by train, rl.train, sweep, evaluate and teacher_cache."""
   flags.DEFINE_string(
       "compile_only", None,
       "Compile every program of the run for this TPU slice (v5e-8, v6e-8, "
-      "v5p-8, v4-8, ... or a topology like v5e:2x4) on this host, without "
-      "weights, data or a TPU; print per-chip memory, FLOPs and the roofline "
-      "bound, and fail in one line if one does not fit. Needs libtpu: "
-      "pip install -e '.[tpu]'.", flag_values=flag_values)
+      "v5p-8, v4-8, ... or a topology like v5e:2x4) or these NVIDIA GPUs "
+      "(h100-1, h100-8, a100-80g-8, h200-8, h100-2x8: machines x GPUs) on "
+      "this host, without weights, data or an accelerator; print per-device "
+      "memory, FLOPs and the roofline bound, and fail in one line if one does "
+      "not fit. Needs libtpu (pip install -e '.[tpu]') or the CUDA plugin "
+      "(pip install -e '.[cuda]').", flag_values=flag_values)
   flags.DEFINE_bool("json", False, "--compile_only: print the report as one "
                     "JSON object.", flag_values=flag_values)
   flags.register_validator("compile_only", _check_slice, flag_values=flag_values)

@@ -378,7 +378,7 @@ def compile_for(config, checkpoint: str, slice_name: str) -> dict:
   mesh = programs.mesh_of(config, target.devices)
   rules = sharding.rules_from_config(config)
   cfg, vocab = programs.model_config(checkpoint, config.get("dtype"))
-  with sharding.compiling_for("tpu"):
+  with sharding.compiling_for(target.chip.platform):
     return compile_only.compile_programs(
         programs.eval_programs(config, cfg, vocab, mesh, rules), target)
 

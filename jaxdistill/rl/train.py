@@ -241,7 +241,7 @@ def compile_for(config, slice_name: str) -> dict:
   """--compile_only: the GRPO run's programs compiled for a TPU slice on this
   host (no weights, data or TPU) -> compile_only's report."""
   target = compile_only.target(slice_name)
-  with sharding.compiling_for("tpu"):
+  with sharding.compiling_for(target.chip.platform):
     report = compile_only.compile_programs(
         programs_for(config, target.devices), target)
   report["disk"] = disk.need(config, _models(resolve_paths(config))[0])

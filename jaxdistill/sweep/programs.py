@@ -148,7 +148,7 @@ def compile_for(grid, slice_name: str, only=None) -> dict:
   """--compile_only on a sweep: the report of every distinct program of the
   grid's arms, with `arms`: which arms each program serves."""
   target = compile_only.target(slice_name)
-  with sharding.compiling_for("tpu"):
+  with sharding.compiling_for(target.chip.platform):
     programs, arms = grid_programs(grid, target, only)
     report = compile_only.compile_programs(programs, target)
   report["arms"] = arms

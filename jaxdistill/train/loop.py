@@ -511,7 +511,7 @@ def compile_for(config, slice_name: str) -> dict:
   config_lib.validate_run(config, mesh, rules)
   scfg, tcfg, cached = model_configs(config)
   vocab = train_setup.compile_vocab(config, scfg, tcfg)
-  with sharding.compiling_for("tpu"):
+  with sharding.compiling_for(target.chip.platform):
     report = compile_only.compile_programs(
         run_programs(config, scfg, tcfg, vocab, mesh, rules, cached), target)
   report["disk"] = disk.need(config, scfg)

@@ -467,7 +467,7 @@ def compile_for(config, slice_name: str) -> dict:
   scfg = train_setup.model_config(config.student, "student")
   tcfg = train_setup.model_config(config.teacher, "teacher")
   vocab = train_setup.compile_vocab(config, scfg, tcfg)
-  with sharding.compiling_for("tpu"):
+  with sharding.compiling_for(target.chip.platform):
     return compile_only.compile_programs(
         programs(config, scfg, tcfg, vocab, mesh, rules), target)
 
