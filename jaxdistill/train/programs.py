@@ -113,12 +113,17 @@ def rollout_program(name, scfg, tcfg, student, teacher, mesh, rules, vocab,
            for c, w in zip(used, widths))
   weights = sum(rollout_lib.decode_weight_bytes(c, layout, mesh)
                 for c, layout in zip(used, kwargs["layouts"]))
+  # ... in the dtype the decode steps read them in: a layout other than
+  # 'train' casts a copy to the compute dtype once per rollout (a float32
+  # student is read in bfloat16), so its limit reads that copy's share.
+  in_place = sum(rollout_lib.decode_weight_bytes(
+      c, "train" if layout == "train" else "replicated", mesh)
+                 for c, layout in zip(used, kwargs["layouts"])) / n_dev
   return compile_only.Program(
       name, fn, args, kwargs,
       model_flops=flops.rollout_flops(scfg, tcfg, policy, rows * (p + n), p + n),
       bytes_accessed=n * (weights + kv), resident_bytes=resident,
-      while_trips=n - 1, limit_bytes=n * (
-          sum(flops.weight_bytes(c) for c in used) / n_dev + kv),
+      while_trips=n - 1, limit_bytes=n * (in_place + kv),
       steps=int(steps))
 
 
