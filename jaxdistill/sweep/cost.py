@@ -190,8 +190,10 @@ def estimate(grid, runs, report, needs=(), shared_bytes: int = 0) -> dict:
     total[f"{phase}_chip_hours"] = sum(
         a["phases"].get(phase, {"bound_s": 0.0})["bound_s"]
         for a in arms) * chips / 3600
+  # A GPU is the unit clouds rent and price GPUs by: GPU-hours there.
+  gpu = report.get("platform") == "gpu"
   return {"slice": report["topology"], "chips": chips, "note": NOTE,
-          "per_arm": per_arm, "grid": total}
+          "unit": "GPU" if gpu else "chip", "per_arm": per_arm, "grid": total}
 
 
 def _h(x) -> str:
@@ -201,6 +203,7 @@ def _h(x) -> str:
 def lines(cost) -> list[str]:
   """One line per arm and one for the grid."""
   chips = cost["chips"]
+  unit = cost.get("unit", "chip")
   out = []
   for name, a in cost["per_arm"].items():
     ph = a["phases"]
@@ -215,7 +218,7 @@ def lines(cost) -> list[str]:
                "run by lm-eval outside the compiled programs or without "
                "num_problems)")
     out.append(f"cost {name}: {' + '.join(parts)} = {a['bound_s'] / 3600:.3g} h"
-               f" x {chips} chips = {_h(a['chip_hours'])} chip-hours at the "
+               f" x {chips} {unit}s = {_h(a['chip_hours'])} {unit}-hours at the "
                f"bound (limit {_h(a['limit_chip_hours'])}){keeps}{missing}")
   g = cost["grid"]
   split = ", ".join(f"{k[:-len('_chip_hours')]} {v:.3g}" for k, v in g.items()
@@ -225,7 +228,7 @@ def lines(cost) -> list[str]:
            f"; the arms keep {disk_lib.gb(g['kept_bytes'])}")
   arms = f"{g['arms']} arm" + ("" if g["arms"] == 1 else "s")
   out.append(f"cost grid: {arms} on {cost['slice']}: "
-             f"{_h(g['chip_hours'])} chip-hours at the step-time bound "
+             f"{_h(g['chip_hours'])} {unit}-hours at the step-time bound "
              f"({split}), {_h(g['limit_chip_hours'])} at the physical limit"
              f"{keeps}; {cost['note']}")
   return out
