@@ -7,6 +7,7 @@ import json
 import jax
 import pytest
 
+from jaxdistill import compile_only
 from jaxdistill.bench import accelerator
 from jaxdistill.bench import suite
 
@@ -93,3 +94,35 @@ def test_quick_run_counts_by_hand(capsys):
     assert st["peer_s"] == peer["policies"]["student"]["step_s"] > 0
     assert peer["policies"]["teacher"]["step_s"] > 0
     assert h["unit"] == "x" and h["value"] == round(st["peer_s"] / st["s"], 3)
+
+
+@pytest.mark.slow
+def test_with_a_target_each_part_sits_beside_its_bound(monkeypatch, capsys):
+  # The path a GPU takes, on the CPU: a Target with H100-like figures for
+  # the CPU device, so that each program is compiled for its bound.
+  peak, bw = 989.4e12, 3.352e12
+
+  def local_target(devices):
+    return compile_only.Target("fake", compile_only.CHIPS["v5e"], "cpu", 1,
+                               tuple(devices), 16 << 30, peak, bw)
+  monkeypatch.setattr(compile_only, "local_target", local_target)
+  out = accelerator.main(["--quick", "--steps", "1", "--policies", "student",
+                          "--peer", "none"])
+  capsys.readouterr()
+  assert out["device"]["target"] == "fake"
+  assert out["limits"]["peak_flops_per_device"] == peak
+  r = out["policies"]["student"]
+  ro, up, st = r["rollout"], r["update"], r["step"]
+  # The rollout's limit: N decode steps, each reading the weights and the
+  # whole KV cache at the data sheet's bandwidth.
+  per_step = _weight_bytes(**STUDENT) + _kv_bytes(**STUDENT)
+  assert ro["decode_step_hbm_limit"]["s"] == pytest.approx(per_step / bw)
+  assert ro["compile_only"]["limit_s"] == pytest.approx(N * per_step / bw)
+  assert up["compile_only"]["limit_s"] > 0
+  assert st["bound_s"] == pytest.approx(
+      ro["compile_only"]["step_time_bound_s"]
+      + up["compile_only"]["step_time_bound_s"])
+  assert up["mfu"] == pytest.approx(_update_flops() / up["s"] / peak)
+  h = out["headline"]
+  assert h["unit"] == "x bound"
+  assert h["value"] == round(st["s"] / st["bound_s"], 3)
