@@ -698,6 +698,7 @@ def _plan(student, teacher, prompts, prompt_mask, *, rng, policy, lam,
   """Checks and resolves generate's arguments -> (_rollout, args, kwargs).
   `abstract`: prompts, params and row_ids are jax.ShapeDtypeStructs already
   placed (nothing is moved or read)."""
+  rng = loop.as_keys(rng)  # jax.random.PRNGKey's raw keys too
   given, vocab = _check_settings(student, teacher, policy, lam,
                                  max_new_tokens, temperature,
                                  teacher_temperature, top_k, top_p,

@@ -60,6 +60,23 @@ class LoopState:
   caches: tuple            # per model cache pytree
 
 
+def as_keys(rng):
+  """`rng` as typed PRNG keys: a typed key (jax.random.key) or [B] of them
+  as given; raw key data (jax.random.PRNGKey's uint32 [2], or [B, 2])
+  wrapped. Without it a raw key's 2 words read as 2 per-row keys."""
+  raw = getattr(rng, "dtype", None) == jnp.uint32
+  if not raw or jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    return rng
+  width = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+  if tuple(rng.shape[-1:]) != tuple(width) or len(rng.shape) > 2:
+    return rng  # left to the caller's shape check, which names it
+  if isinstance(rng, jax.ShapeDtypeStruct):
+    keys = jax.eval_shape(jax.random.wrap_key_data, rng)
+    return jax.ShapeDtypeStruct(keys.shape, keys.dtype,
+                                sharding=getattr(rng, "sharding", None))
+  return jax.random.wrap_key_data(rng)
+
+
 def row_keys(key, row_ids):
   """[B] keys, one per row id: fold_in(key, row_id)."""
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
@@ -133,6 +150,7 @@ def decode(step_fns: Sequence[StepFn], logits, caches, *, rng, row_ids,
   if len(temps) != n_models:
     raise ValueError(f"temperature: one per model ({n_models}), got {len(temps)}")
   b = logits[0].shape[0]
+  rng = as_keys(rng)
   if jnp.ndim(rng) not in (0, 1) or (jnp.ndim(rng) == 1
                                      and rng.shape[0] != b):
     raise ValueError(f"rng: one key or one per row ({b}), got shape "

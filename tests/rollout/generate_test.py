@@ -294,3 +294,26 @@ def test_prefill_in_chunks_is_the_one_pass_prefill(student, batch,
                        max_new_tokens=7, temperature=0.9, eos_token_ids=())
   np.testing.assert_allclose(np.asarray(r.logprobs),
                              _full_logprobs(student, r, 0.9, 96), atol=2e-4)
+
+
+def test_raw_prng_keys_accepted(student, batch):
+  """jax.random.PRNGKey's raw uint32 keys (one, or one per row) sample what
+  the typed keys holding the same data sample; before, a raw key's 2 words
+  were read as 2 per-row keys and refused ("one key or one per row")."""
+  prompts, mask = batch
+  kw = dict(max_new_tokens=12, temperature=1.0)
+  typed = rollout.generate(student, None, prompts, mask, rng=jax.random.key(3), **kw)
+  raw = rollout.generate(student, None, prompts, mask,
+                         rng=jax.random.PRNGKey(3), **kw)
+  np.testing.assert_array_equal(np.asarray(raw.tokens), np.asarray(typed.tokens))
+  b = prompts.shape[0]
+  rows = jax.random.split(jax.random.PRNGKey(4), b)  # raw [B, 2]
+  per_row_raw = rollout.generate(student, None, prompts, mask, rng=rows, **kw)
+  per_row = rollout.generate(student, None, prompts, mask,
+                             rng=jax.random.wrap_key_data(rows), **kw)
+  np.testing.assert_array_equal(np.asarray(per_row_raw.tokens),
+                                np.asarray(per_row.tokens))
+  assert not np.array_equal(np.asarray(per_row.tokens), np.asarray(typed.tokens))
+  with pytest.raises(ValueError, match="rng: one key or one per row"):
+    rollout.generate(student, None, prompts, mask,
+                     rng=jax.random.split(jax.random.key(0), b + 1), **kw)
