@@ -8,7 +8,7 @@ sweep, analysis, demo, models.inspect):
   errors with a traceback (each failure of a background save, which
   jaxdistill reports in one line when Orbax raises it) only with --verbose;
 - on an NVIDIA GPU, JAX's allocator takes 90 % of the card, not its default
-  75 % (XLA_PYTHON_CLIENT_MEM_FRACTION, unless set; compile_only.py);
+  75 % (XLA_PYTHON_CLIENT_MEM_FRACTION, unless set; sharding.py);
 - transformers' "PyTorch was not found" notice is not printed: jaxdistill
   uses transformers for tokenizers and configs only;
 - an error is printed as one line, `error: <message>`, exit status 1; with
@@ -33,8 +33,8 @@ from absl import flags
 from absl import logging as absl_logging
 import ml_collections
 
-from jaxdistill import compile_only
 from jaxdistill import config_lib
+from jaxdistill import sharding
 from jaxdistill import storage
 
 
@@ -216,8 +216,8 @@ def _prepare(argv):
   os.environ.setdefault(_QUIET_TRANSFORMERS, "1")
   # On a GPU, JAX's allocator takes this share of the card when its backend
   # starts (after this); --compile_only judges fit against the same pool.
-  os.environ.setdefault(compile_only.MEM_FRACTION_ENV,
-                        str(compile_only.GPU_MEM_FRACTION))
+  os.environ.setdefault(sharding.MEM_FRACTION_ENV,
+                        str(sharding.GPU_MEM_FRACTION))
   argv = list(sys.argv if argv is None else argv)
   verbose = is_verbose(argv)
   if not verbose:

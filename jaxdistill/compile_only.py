@@ -78,6 +78,7 @@ from jax.experimental import topologies
 import numpy as np
 
 from jaxdistill import collectives
+from jaxdistill import sharding
 
 # A program fits when it leaves at least this fraction of a chip's HBM free.
 HEADROOM = 0.10
@@ -127,13 +128,9 @@ GPUS = {
 }
 # NVLink joins at most this many GPUs of one machine (an HGX board).
 GPUS_PER_HOST = (1, 2, 4, 8)
-# The share of a GPU's memory JAX's allocator takes when our commands run
-# (cli.py sets XLA_PYTHON_CLIENT_MEM_FRACTION to it unless the user did):
-# JAX's default, 0.75, leaves a quarter of an 80 GB card unused; 0.9 leaves
-# 8 GB for the CUDA context, cuBLAS / cuDNN workspaces and NCCL's buffers,
-# which the allocator's pool does not hold.
-GPU_MEM_FRACTION = 0.90
-MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+# The share of a GPU's memory JAX's allocator takes (sharding.py).
+GPU_MEM_FRACTION = sharding.GPU_MEM_FRACTION
+MEM_FRACTION_ENV = sharding.MEM_FRACTION_ENV
 
 
 def gpu_mem_fraction() -> float:

@@ -93,9 +93,6 @@ POLICIES = ("student", "teacher")
 STEP_GOAL = 2.0   # step time <= this x its compile-only bound
 PEER_GOAL = 2.0   # without a bound: peer step time >= this x ours
 LR = 1e-5
-# JAX's allocator takes this share of a GPU (as cli.py sets it for the
-# commands, compile_only.GPU_MEM_FRACTION), unless the user set it.
-MEM_FRACTION = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.90")
 
 
 def _log(*a):
@@ -435,7 +432,9 @@ def main(argv=None):
                   help="skip the compile-only bounds (compiling each program "
                   "once more)")
   args = ap.parse_args(argv)
-  os.environ.setdefault(*MEM_FRACTION)  # before JAX's backend starts
+  # JAX's allocator takes this share of a GPU, as for the commands (cli.py),
+  # unless the user set it; before JAX's backend starts.
+  os.environ.setdefault(sharding.MEM_FRACTION_ENV, str(sharding.GPU_MEM_FRACTION))
   pair = "tiny" if args.quick else args.pair
   defaults = QUICK if args.quick else (32, 2048, 512, 3)
   b, p, n, steps = (d if v is None else v for v, d in zip(
