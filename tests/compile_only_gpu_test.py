@@ -7,8 +7,12 @@ that compile skip where the CUDA plugin is not installed: .ci/run installs
 it (`pip install -e '.[cuda]'`) in a virtual environment of its own and runs
 this file there."""
 import importlib.util
+import json
 import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +175,31 @@ def test_runlocal_distillation_compiles_for_h100s(tmp_path):
   assert all(p["fits"] for p in report["programs"])
   ro = report["programs"][0]
   assert ro["ici_complete"], ro.get("ici_loops")
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_sweep_compile_only_gpu_hours(tmp_path):
+  """`python -m jaxdistill.sweep --compile_only=h100-4` (the command, as a
+  user runs it): one runlocal arm's programs compiled for 4 H100s, and its
+  cost in GPU-hours from the report's own bounds, counted here (2 steps;
+  two Countdown suites: one greedy and one sampled call each, and the
+  baseline's greedy call on the OOD suite) x 4 GPUs."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run(
+      [sys.executable, "-m", "jaxdistill.sweep", "--config",
+       "configs/grid_main.py:runlocal", "--workdir", str(tmp_path),
+       "--only", "kl=forward,policy=student", "--compile_only=h100-4",
+       "--json"], cwd=root, capture_output=True, text=True,
+      env=dict(os.environ, PYTHONPATH=str(root)), timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  report = json.loads(out.stdout)
+  assert report["device_kind"] == "NVIDIA H100 80GB HBM3"
+  b = {r["name"].partition(": ")[0]: r["step_time_bound_s"]
+       for r in report["programs"]}
+  want = (2 * (b["train rollout"] + b["train update"])
+          + 2 * b["eval greedy"] + 2 * b["eval sampled"] + b["eval greedy"])
+  assert report["cost"]["grid"]["chip_hours"] == pytest.approx(want * 4 / 3600)
+  assert report["cost_lines"][-1].startswith(
+      "cost grid: 1 arm on h100-4: ")
+  assert "GPU-hours at the step-time bound" in report["cost_lines"][-1]
