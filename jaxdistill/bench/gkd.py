@@ -54,6 +54,7 @@ import numpy as np
 from jaxdistill import losses as losses_lib
 from jaxdistill import models
 from jaxdistill import sharding
+from jaxdistill.bench import torch_peer
 from jaxdistill.train import batches as train_batches
 from jaxdistill.train import step as step_lib
 
@@ -155,7 +156,6 @@ def bench_trl(student_dir, teacher_dir, prompts, n, steps, warmup=1):
   """Per-step seconds of TRL's GKDTrainer.train (on_step_begin -> end)."""
   try:
     import datasets  # pylint: disable=g-import-not-at-top
-    import tokenizers  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
     from trl.experimental.gkd import GKDConfig  # pylint: disable=g-import-not-at-top
@@ -165,32 +165,7 @@ def bench_trl(student_dir, teacher_dir, prompts, n, steps, warmup=1):
 
   b, p = prompts.shape
   vocab = int(transformers.AutoConfig.from_pretrained(student_dir).vocab_size)
-  # A word-level tokenizer over the model's ids (TRL wants a processing
-  # class with a pad token; no text is ever tokenized here).
-  tok = transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(
-          {f"t{i}": i for i in range(vocab)}, unk_token="t1")),
-      pad_token="t0", unk_token="t1")
-
-  def collate(rows):
-    ids = torch.tensor([r["prompt"] for r in rows], dtype=torch.long)
-    full = torch.cat([ids, torch.full((len(rows), n), 3, dtype=torch.long)], 1)
-    labels = full.clone()
-    labels[:, :p] = -100  # N response positions count, as after generation
-    return {"input_ids": full, "attention_mask": torch.ones_like(full),
-            "labels": labels, "prompts": ids,
-            "prompt_attention_mask": torch.ones_like(ids)}
-
-  times = []
-
-  class Timer(transformers.TrainerCallback):
-
-    def on_step_begin(self, args, state, control, **kw):
-      self.t0 = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kw):
-      times.append(time.perf_counter() - self.t0)
-      _log(f"trl step {len(times) - 1}: {times[-1]:.3f}s")
+  tok, collate, times, timer = torch_peer.trl_pieces(vocab, p, n, "trl")
 
   with tempfile.TemporaryDirectory() as out:
     args = GKDConfig(
@@ -214,7 +189,7 @@ def bench_trl(student_dir, teacher_dir, prompts, n, steps, warmup=1):
       m.generation_config.eos_token_id = None
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args,
                          train_dataset=data, data_collator=collate,
-                         processing_class=tok, callbacks=[Timer()])
+                         processing_class=tok, callbacks=[timer])
     trainer.generation_config.eos_token_id = None
     with contextlib.redirect_stdout(sys.stderr):  # Trainer prints a summary
       trainer.train()

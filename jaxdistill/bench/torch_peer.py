@@ -190,32 +190,26 @@ def _torch_times(spec, policy, device):
   return times[spec["warmup"]:]
 
 
-def _trl_times(spec, policy, device):
-  """Seconds per step of TRL's GKDTrainer (on_step_begin -> on_step_end),
-  as bench.gkd drives it: lmbda 1.0 (student rollouts) or lmbda 0.0 with
-  seq_kd (teacher rollouts), beta 0.0 (forward KL), the policy model's
-  sampling temperature, the run's micro-batches."""
-  import datasets  # pylint: disable=g-import-not-at-top
+def trl_pieces(vocab: int, p: int, n: int, label: str, sync=None):
+  """What a GKDTrainer race needs beside the models: a word-level tokenizer
+  over the ids (TRL wants a processing class with a pad token; no text is
+  tokenized), a collate of prompts of `p` ids followed by `n` placeholder
+  response ids (labels on the response only, as after generation), and a
+  callback appending each step's seconds to `times` (`sync()` first: a
+  GPU's queue)."""
   import tokenizers  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from trl.experimental.gkd import GKDConfig  # pylint: disable=g-import-not-at-top
-  from trl.experimental.gkd import GKDTrainer  # pylint: disable=g-import-not-at-top
-  s, t = _models(spec, device)
-  a, n, p = spec["grad_accum"], spec["new_tokens"], spec["prompt_len"]
-  total = spec["warmup"] + spec["steps"]
-  # A word-level tokenizer over the ids (TRL wants a processing class with
-  # a pad token; no text is tokenized).
   tok = transformers.PreTrainedTokenizerFast(
       tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(
-          {f"t{i}": i for i in range(spec["vocab"])}, unk_token="t1")),
+          {f"t{i}": i for i in range(vocab)}, unk_token="t1")),
       pad_token="t0", unk_token="t1")
 
   def collate(rows):
     ids = torch.tensor([r["prompt"] for r in rows], dtype=torch.long)
     full = torch.cat([ids, torch.full((len(rows), n), 3, dtype=torch.long)], 1)
     labels = full.clone()
-    labels[:, :p] = -100
+    labels[:, :p] = -100  # N response positions count, as after generation
     return {"input_ids": full, "attention_mask": torch.ones_like(full),
             "labels": labels, "prompts": ids,
             "prompt_attention_mask": torch.ones_like(ids)}
@@ -228,10 +222,29 @@ def _trl_times(spec, policy, device):
       self.t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
-      if device == "cuda":
-        torch.cuda.synchronize()
+      if sync is not None:
+        sync()
       times.append(time.perf_counter() - self.t0)
-      _log(f"peer {policy} step {len(times) - 1}: {times[-1]:.3f}s")
+      _log(f"{label} step {len(times) - 1}: {times[-1]:.3f}s")
+
+  return tok, collate, times, Timer()
+
+
+def _trl_times(spec, policy, device):
+  """Seconds per step of TRL's GKDTrainer (on_step_begin -> on_step_end),
+  as bench.gkd drives it: lmbda 1.0 (student rollouts) or lmbda 0.0 with
+  seq_kd (teacher rollouts), beta 0.0 (forward KL), the policy model's
+  sampling temperature, the run's micro-batches."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trl.experimental.gkd import GKDConfig  # pylint: disable=g-import-not-at-top
+  from trl.experimental.gkd import GKDTrainer  # pylint: disable=g-import-not-at-top
+  s, t = _models(spec, device)
+  a, n, p = spec["grad_accum"], spec["new_tokens"], spec["prompt_len"]
+  total = spec["warmup"] + spec["steps"]
+  tok, collate, times, timer = trl_pieces(
+      spec["vocab"], p, n, f"peer {policy}",
+      sync=torch.cuda.synchronize if device == "cuda" else None)
 
   mixed = spec["compute_dtype"] != spec["student_param_dtype"]
   with tempfile.TemporaryDirectory() as out:
@@ -252,7 +265,7 @@ def _trl_times(spec, policy, device):
     data = datasets.Dataset.from_dict({"prompt": prompts * total})
     trainer = GKDTrainer(model=s, teacher_model=t, args=args,
                          train_dataset=data, data_collator=collate,
-                         processing_class=tok, callbacks=[Timer()])
+                         processing_class=tok, callbacks=[timer])
     trainer.generation_config.eos_token_id = None
     with contextlib.redirect_stdout(sys.stderr):  # Trainer prints a summary
       trainer.train()
