@@ -68,9 +68,11 @@ def has_tokenizer(path: str) -> bool:
   return any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, *, need_chat_template: bool = True):
   """A transformers tokenizer from a checkpoint directory or hub name
-  (models.hub.resolve)."""
+  (models.hub.resolve). `need_chat_template`: refuse one without a chat
+  template (every prompt of training and evaluation is built with it);
+  False for lm-eval, where the template is opt-in (a base model's)."""
   transformers = import_transformers()
   if hub.is_hub_id(path) and not os.path.isdir(path):
     path = hub.resolve(path, allow_patterns=hub.CONFIG_FILES)[0]  # no weights
@@ -97,7 +99,7 @@ def load_tokenizer(path: str):
     # Llama 3 ships without a pad token; padding is masked out anyway, so
     # reuse EOS rather than growing the vocabulary.
     tok.pad_token = tok.eos_token
-  if not getattr(tok, "chat_template", None):
+  if need_chat_template and not getattr(tok, "chat_template", None):
     raise ValueError(f"{path}: tokenizer has no chat_template; prompts are built "
                      "with the model's own template")
   return tok

@@ -165,7 +165,9 @@ class JaxLM(lm_model.TemplateLM):
     if hub.is_hub_id(path) and not os.path.isdir(path):
       path = hub.resolve(path)[0]
     self.cfg, self.params = models.load_pretrained(path, dtype)
-    self.tokenizer = tok_lib.load_tokenizer(str(path))
+    # lm-eval applies a chat template only when asked (--apply_chat_template):
+    # a base model's tokenizer, which has none, is scored as HFLM scores it.
+    self.tokenizer = tok_lib.load_tokenizer(str(path), need_chat_template=False)
     self.vocab = len(self.tokenizer)
     if self.vocab > self.cfg.vocab_size:
       raise ValueError(f"{pretrained}: tokenizer has {self.vocab} tokens, more "
@@ -220,6 +222,9 @@ class JaxLM(lm_model.TemplateLM):
     return self.tokenizer.name_or_path.replace("/", "__")
 
   def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
+    if not getattr(self.tokenizer, "chat_template", None):
+      raise ValueError(f"--apply_chat_template: {self.pretrained}'s tokenizer "
+                       "has no chat template (a base model?); run without it")
     return self.tokenizer.apply_chat_template(
         chat_history, tokenize=False,
         add_generation_prompt=add_generation_prompt,

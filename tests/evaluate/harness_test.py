@@ -540,3 +540,30 @@ def test_harness_suite_config_errors(monkeypatch):
       "eqbench,none", 0.01)
   with pytest.raises(ValueError, match="forgetting: expected"):
     config_lib.load_config("configs/eval.py:forgetting=bogus")
+
+
+def test_base_model_without_chat_template(ckpt, tmp_path):
+  """A checkpoint whose tokenizer has no chat template (a base model) is
+  scored as lm-eval's HFLM scores it (the template is opt-in there); only
+  --apply_chat_template is refused, in one line. Before, loading failed
+  ("tokenizer has no chat_template")."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
+  base = tmp_path / "base"
+  shutil.copytree(ckpt, base)
+  (base / "chat_template.jinja").unlink(missing_ok=True)
+  cfg = json.loads((base / "tokenizer_config.json").read_text())
+  cfg.pop("chat_template", None)
+  (base / "tokenizer_config.json").write_text(json.dumps(cfg))
+  ours = harness.JaxLM(pretrained=str(base), dtype="float32", batch_size=2,
+                       max_length=MAX_LEN)
+  assert not getattr(ours.tokenizer, "chat_template", None)
+  ref = HFLM(pretrained=str(base), device="cpu", dtype="float32",
+             batch_size=1, max_length=MAX_LEN)
+  args = list(zip(CONTEXTS, CONTINUATIONS))
+  a = ours.loglikelihood(_reqs("loglikelihood", args))
+  b = ref.loglikelihood(_reqs("loglikelihood", args))
+  for (lp_a, g_a), (lp_b, g_b), req in zip(a, b, args):
+    assert abs(lp_a - lp_b) < TOL and g_a == g_b, req
+  with pytest.raises(ValueError, match="has no chat template"):
+    ours.apply_chat_template([{"role": "user", "content": "hi"}])
