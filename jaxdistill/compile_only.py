@@ -328,6 +328,48 @@ def device_hbm_bytes(device) -> int | None:
   return chip.hbm_bytes // (2 if chip.names_count_cores else 1)
 
 
+# The GpuTargetConfig fields a fit and a bound depend on.
+CARD_FIELDS = ("core_count", "fpus_per_core", "clock_rate_ghz",
+               "memory_bandwidth", "device_memory_size", "l2_cache_size",
+               "shared_memory_per_core", "shared_memory_per_block_optin")
+
+
+def _card_fields(text: str) -> dict:
+  out = {}
+  for f in CARD_FIELDS:
+    m = re.search(rf"\b{f}:\s*([\d.]+)", text)
+    out[f] = None if m is None else m.group(1)
+  # The compute capability (a text proto leaves out a field at its default, 0).
+  cc = re.search(r"cuda_compute_capability\s*\{([^}]*)\}", text)
+  for f in ("major", "minor"):
+    m = re.search(rf"\b{f}:\s*(\d+)", cc.group(1)) if cc else None
+    out[f"compute_capability_{f}"] = m.group(1) if m else "0"
+  return out
+
+
+def card_check(devices) -> dict | None:
+  """NVIDIA GPUs: the card's GpuTargetConfig as XLA reads it for `devices`
+  (on a real GPU, from the driver) beside the one shipped for
+  --compile_only (gpu_targets/), field by field: {'device', 'shipped',
+  'differ': [fields]}; None off GPUs. A diagnostic: it reads XLA's
+  private client, and says so in 'error' where that fails."""
+  devices = list(devices)
+  if devices[0].platform != "gpu":
+    return None
+  try:
+    from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+    text = xla_client.get_topology_for_devices(devices).target_config
+  except Exception as e:  # pylint: disable=broad-except
+    return {"error": _first_line(e)}
+  out = {"device_kind": devices[0].device_kind, "device": _card_fields(text)}
+  chip = _chip_of(devices[0])
+  if chip is not None:
+    out["shipped"] = _card_fields(target_config_text(chip))
+    out["differ"] = sorted(f for f in out["device"]
+                           if out["device"][f] != out["shipped"][f])
+  return out
+
+
 def local_target(devices=None) -> Target | None:
   """The TPU or NVIDIA GPUs this process runs on, as a Target (memory as the
   runtime reports it), or None off them or on a chip the tables lack."""

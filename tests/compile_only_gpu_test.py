@@ -203,3 +203,18 @@ def test_sweep_compile_only_gpu_hours(tmp_path):
   assert report["cost_lines"][-1].startswith(
       "cost grid: 1 arm on h100-4: ")
   assert "GPU-hours at the step-time bound" in report["cost_lines"][-1]
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["h100-8", "a100-80g-8", "h200-8"])
+def test_card_check_reads_back_the_shipped_config(spec):
+  """What XLA parsed from each shipped file, read back from its topology,
+  equals the file's own fields (so no field was dropped or misspelt); on a
+  real GPU the same call sets the driver's against ours (bench.accelerator
+  records it). Off GPUs there is nothing to check."""
+  t = compile_only.target(spec)
+  got = compile_only.card_check(t.devices)
+  assert got["differ"] == [], got
+  text = compile_only.target_config_text(compile_only.parse_slice(spec)[0])
+  assert got["device"]["core_count"] == _field(text, "core_count")
+  assert compile_only.card_check(jax.devices("cpu")) is None

@@ -340,8 +340,10 @@ def device_info(devices) -> dict:
     except metadata.PackageNotFoundError:
       pass
   d = devices[0]
+  # On a GPU: its own GpuTargetConfig against the one --compile_only uses.
   return {"platform": d.platform, "device_kind": d.device_kind,
-          "devices": len(devices), "jax": jax.__version__, **versions}
+          "devices": len(devices), "jax": jax.__version__, **versions,
+          "target_config": compile_only.card_check(devices)}
 
 
 # The peer: the same step in PyTorch (bench/torch_peer.py), in a child process.
