@@ -74,6 +74,7 @@ from typing import Any
 from absl import flags
 import jax
 from jax._src import xla_bridge
+from jax._src.lib import xla_client
 from jax.experimental import topologies
 import numpy as np
 
@@ -357,7 +358,6 @@ def card_check(devices) -> dict | None:
   if devices[0].platform != "gpu":
     return None
   try:
-    from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
     text = xla_client.get_topology_for_devices(devices).target_config
   except Exception as e:  # pylint: disable=broad-except
     return {"error": _first_line(e)}
