@@ -252,6 +252,10 @@ def _check_teacher_prompt(config) -> None:
   """data.teacher_prompt and what it cannot be combined with."""
   d = config.data
   if d.get("teacher_prompt") is None:
+    if d.get("teacher_system") is not None:
+      _err("data.teacher_system", "the system message of the teacher's own "
+           "prompt: only used with data.teacher_prompt (set it, or "
+           "teacher_system None)")
     return
   check_teacher_prompt(d.teacher_prompt)
   if d.get("task") == "synthetic":
@@ -351,6 +355,12 @@ def validate(config) -> None:
          "temperature: set student.temperature and teacher.temperature")
   rollout_temperatures(config)
   _check_topk(loss, config.rollout)
+  lora = config.student.get("lora") if "student" in config else None
+  if lora is not None and not lora.get("rank") and lora.get("base_quant"):
+    # (models/lora.py refuses it too, for code that builds a LoraConfig.)
+    _err("student.lora.base_quant", f"{lora.base_quant!r} holds the frozen "
+         "base of a LoRA run: set student.lora.rank too (or base_quant None); "
+         "without adapters the whole model would train unquantised")
 
   ro = config.rollout
   if ro.policy not in POLICIES:

@@ -347,6 +347,10 @@ def test_stale_fields_ignore_display_settings_and_moved_workdirs(tmp_path):
     ("optim.final_lr_frac", 1.5), ("optim.final_lr_frac", -0.5),
     ("ckpt_every", 0), ("eval_every", 0), ("log_every", 0), ("log_every", -3),
     ("data.task", "countdwn"), ("data.batch_size", 0),
+    # issue 62: an NF4 base without LoRA trained the whole float32 model; a
+    # teacher system message without a teacher prompt was ignored.
+    ("student.lora.base_quant", "nf4"),
+    ("data.teacher_system", "You are a careful teacher."),
 ])
 def test_silently_accepted_values_are_refused(tmp_path, field, value):
   c = _config(**{field: value})

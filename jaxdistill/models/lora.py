@@ -101,6 +101,12 @@ def from_config(block, field: str = "config.student.lora") -> LoraConfig | None:
   base_quant}; None
   when it is absent or its rank is 0 / None (LoRA off)."""
   if block is None or not block.get("rank"):
+    if block is not None and block.get("base_quant") is not None:
+      # Without adapters nothing would train on the quantised base: the run
+      # would train the whole model in its own dtype instead, silently.
+      raise ValueError(f"{field}.base_quant: {block.get('base_quant')!r} holds "
+                       "the frozen base of a LoRA run; set "
+                       f"{field}.rank too (or base_quant None)")
     return None
   try:
     return LoraConfig(rank=block["rank"], alpha=float(block.get("alpha", block["rank"])),

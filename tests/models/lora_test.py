@@ -192,3 +192,11 @@ def test_rank_zero_or_none_is_off():
   assert lora.from_config(dict(rank=0, alpha=256.0)) is None
   assert lora.from_config(dict(rank=None, alpha=256.0)) is None
   assert lora.from_config(dict(rank=256, alpha=256.0)).scale == 1.0
+
+
+def test_base_quant_without_a_rank_is_refused():
+  """An NF4 base with LoRA off would leave nothing to hold it for: refused,
+  naming the field (before, the whole model trained unquantised)."""
+  with pytest.raises(ValueError, match=r"config\.student\.lora\.base_quant"):
+    lora.from_config({"rank": None, "base_quant": "nf4"})
+  assert lora.from_config({"rank": 0}) is None
