@@ -331,6 +331,18 @@ def _check_topk(loss, ro) -> None:
            f"got {ro.policy!r}")
 
 
+def check_trained_dtypes(config) -> None:
+  """The model a run trains (config.student) in float16 is refused: nothing
+  here scales the loss, and its gradients overflowed to inf on every step
+  until an unrelated check failed at the end of the run."""
+  student = config.get("student") or {}
+  for f in ("dtype", "param_dtype"):
+    if str(student.get(f) or "") == "float16":
+      _err(f"student.{f}", "float16 trains without loss scaling here (its "
+           "gradients overflow to inf): use bfloat16, float16's memory with "
+           "float32's range, or float32")
+
+
 def validate(config) -> None:
   """Checks a training config before any compute; raises naming the field."""
   loss = config.loss
@@ -355,6 +367,7 @@ def validate(config) -> None:
          "temperature: set student.temperature and teacher.temperature")
   rollout_temperatures(config)
   _check_topk(loss, config.rollout)
+  check_trained_dtypes(config)
   lora = config.student.get("lora") if "student" in config else None
   if lora is not None and not lora.get("rank") and lora.get("base_quant"):
     # (models/lora.py refuses it too, for code that builds a LoraConfig.)

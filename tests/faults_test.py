@@ -351,6 +351,8 @@ def test_stale_fields_ignore_display_settings_and_moved_workdirs(tmp_path):
     # teacher system message without a teacher prompt was ignored.
     ("student.lora.base_quant", "nf4"),
     ("data.teacher_system", "You are a careful teacher."),
+    # ... a float16 student trained with inf gradients to the end.
+    ("student.dtype", "float16"), ("student.param_dtype", "float16"),
 ])
 def test_silently_accepted_values_are_refused(tmp_path, field, value):
   c = _config(**{field: value})
@@ -371,7 +373,7 @@ def test_batch_not_divisible_by_the_data_axes_names_data_batch_size(tmp_path):
 
 @pytest.mark.parametrize("field,value", [
     ("keep_ckpts", 0), ("optim.b1", 1.0), ("ckpt_every", 0),
-    ("optim.final_lr_frac", 2.0)])
+    ("optim.final_lr_frac", 2.0), ("student.dtype", "float16")])
 def test_grpo_refuses_the_same_values(tmp_path, field, value):
   with pytest.raises(ValueError, match="config." + field.replace(".", r"\.")):
     rl_train.train(_rl_config(**{field: value}), str(tmp_path),

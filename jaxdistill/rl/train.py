@@ -103,6 +103,7 @@ def _err(field, msg):
 
 def validate(config) -> None:
   """Checks a GRPO config before any compute; raises naming the field."""
+  config_lib.check_trained_dtypes(config)
   ro, g, opt = config.rollout, config.grpo, config.optim
   if ro.get("policy", "student") != "student":
     _err("rollout.policy", f"GRPO samples the policy itself: must be "
