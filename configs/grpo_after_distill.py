@@ -44,6 +44,11 @@ def get_config(arg=None):
   if arg.startswith("arm=") or ",arm=" in arg:
     head, _, arm = arg.partition("arm=")
     arg = head.rstrip(",")
+    if not arm.strip():
+      # An empty arm= (an unset shell variable) would train the config's own
+      # student instead of the arm's.
+      raise ValueError("configs/grpo_after_distill.py: arm= names no "
+                       "distillation workdir (empty); give arm=<workdir>")
   # `paper` first, so that a paper=False given after it wins.
   c = config_lib.load_config(
       f"configs/grpo_countdown.py:paper{',' + arg if arg else ''}")

@@ -315,3 +315,11 @@ def test_grid_main_precision_axis_is_opt_in(spec, n):
     assert pair[0][1] == pair[1][1]  # nothing else differs
   with pytest.raises(ValueError, match="no axis 'precisions'"):
     config_lib.load_config("configs/grid_main.py:axes=kl+precisions")
+
+
+@pytest.mark.parametrize("arg", ["arm=", "runlocal,arm=", "runlocal,arm= "])
+def test_rlvr_empty_arm_is_refused(arg):
+  """An empty arm= (an unset shell variable in the documented loop) used to
+  fall back to the config's own student: refused, naming arm=."""
+  with pytest.raises(ValueError, match="arm= names no distillation workdir"):
+    config_lib.load_config(f"configs/grpo_after_distill.py:{arg}")
