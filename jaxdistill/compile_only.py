@@ -680,6 +680,11 @@ def check(report: dict, advice: Callable[[dict], str] | None = None) -> None:
       need = r["total_bytes"] / GiB
       have = report["hbm_bytes_per_device"] / GiB
       extra = f"; {advice(r)}" if advice else ""
+      if report.get("platform") == "gpu":
+        extra += (f"; or give JAX's allocator more of the card "
+                  f"({report['memory_fraction_env']}, now "
+                  f"{report['memory_fraction']:.2g}; what it leaves holds "
+                  "CUDA's own workspaces)")
       raise FitError(
           f"{r['name']} does not fit {report['topology']}: it needs "
           f"{need:.1f} GiB per chip of {have:.1f} GiB (at most "

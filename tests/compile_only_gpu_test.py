@@ -218,3 +218,18 @@ def test_card_check_reads_back_the_shipped_config(spec):
   text = compile_only.target_config_text(compile_only.parse_slice(spec)[0])
   assert got["device"]["core_count"] == _field(text, "core_count")
   assert compile_only.card_check(jax.devices("cpu")) is None
+
+
+def test_gpu_fit_error_names_the_memory_fraction():
+  """A GPU program that does not fit is refused in one line that also names
+  the allocator's share, the knob a GPU user has beside the run's own."""
+  report = {"topology": "h100-1", "hbm_bytes_per_device": 70 * 2**30,
+            "platform": "gpu", "memory_fraction": 0.9,
+            "memory_fraction_env": compile_only.MEM_FRACTION_ENV,
+            "programs": [{"name": "update", "fits": False,
+                          "total_bytes": 68 * 2**30}]}
+  with pytest.raises(compile_only.FitError) as e:
+    compile_only.check(report, advice=lambda r: "try remat")
+  msg = str(e.value)
+  assert "\n" not in msg and "68.0 GiB" in msg and "try remat" in msg
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION, now 0.9" in msg
