@@ -1,6 +1,10 @@
 """Test-wide setup: simulate 8 CPU devices so sharding tests can build meshes,
-and share compiled programs between tests through JAX's persistent cache
-(many tests compile the same tiny models; this changes no result). The quick
+and share compiled programs between the commands tests start as subprocesses
+through JAX's persistent cache (many compile the same tiny models; this
+changes no result). The pytest processes themselves neither read nor write
+that cache: serializing a CPU executable for it segfaulted a long-lived xdist
+worker (jaxlib 0.10.2, twice at the same program, in CI on a cold cache; the
+same test passes alone), and short-lived subprocesses never did. The quick
 demo runs once per session (the `quick_demo` fixture).
 
 With pytest-xdist (`-n auto`, the README's test command), each test file runs
@@ -26,6 +30,22 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# After the environment above: it is what subprocesses inherit; this process
+# turns the persistent cache off for itself only (see the module docstring).
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+jax.config.update("jax_enable_compilation_cache", False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+  """A crashed xdist worker fails the run at once: pytest-xdist 3.8's file
+  scheduling (ByFile below, like its own --dist loadfile) hangs after it
+  replaces a crashed worker, and CI would wait out its time limit. An
+  explicit --max-worker-restart still wins."""
+  if getattr(config.option, "maxworkerrestart", "") is None:
+    config.option.maxworkerrestart = "0"
 
 
 # Files whose tests request the `quick_demo` fixture: one worker runs them all.

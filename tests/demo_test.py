@@ -546,9 +546,12 @@ def test_run_arms_names_a_worker_that_killed_itself(monkeypatch, tmp_path):
 
 
 def _copy_models(workdir, dest):
-  """The quick demo's tokenizer, teacher and student (cached), no arms."""
+  """The quick demo's tokenizer, teacher and student (cached), no arms, and
+  its compiled programs where it wrote any (not in pytest's own process:
+  conftest turns JAX's persistent cache off there)."""
   shutil.copytree(workdir / "models", dest / "models")
-  shutil.copytree(workdir / "jax_cache", dest / "jax_cache")
+  if (workdir / "jax_cache").is_dir():
+    shutil.copytree(workdir / "jax_cache", dest / "jax_cache")
 
 
 @pytest.mark.slow
