@@ -67,7 +67,6 @@ from jaxdistill.tasks import arith
 from jaxdistill.tasks import countdown
 from jaxdistill.tasks import language as lang_lib
 from jaxdistill.tasks import math_answer
-from jaxdistill.tasks import mcq
 
 Generator = Callable[..., tuple[Sequence[str], np.ndarray, np.ndarray]]
 MODES = ("greedy", "single", "sampled")
@@ -271,12 +270,10 @@ def evaluate_suites(generate: Generator, tokenizer,
                       "are not scored", name, batches.num_dropped, len(records),
                       max_prompt_len)
     task_ids = np.asarray([tasks.task_of(records[i]) for i in kept])
-    num_options = [len(records[i]["options"]) if t == tasks.MCQ else None
-                   for i, t in zip(kept, task_ids)]
     out[f"{name}/num_problems"] = float(len(kept))
     out[f"{name}/num_dropped"] = float(batches.num_dropped)
     for k, v in summarize(task_ids, runs.get("greedy"), runs.get("sampled"),
-                          ks if num_samples else (), num_options,
+                          ks if num_samples else (),
                           single=runs.get("single")).items():
       out[f"{name}/{k}"] = v
     if language is not None:
@@ -340,11 +337,8 @@ def _run(generate, batches, *, n, temperature, rng, desc, progress,
   return out
 
 
-def _answer_key(task: int, num_options: int | None = None):
-  # MCQ keys use the question's own letters, as the reward does: a correct
-  # "C ... The answer is: E" (E not offered) is the answer C, not a second one.
-  if task == tasks.MCQ:
-    return lambda text: mcq.extract_answer(text, num_options)
+def _answer_key(task: int):
+  """How two correct answers of a non-MCQ task are told apart."""
   return {tasks.COUNTDOWN: countdown.normalize_answer,
           tasks.COUNTDOWN_STEPS: countdown.paper_normalize_answer,
           tasks.ARITH: arith.extract_answer,
@@ -352,15 +346,9 @@ def _answer_key(task: int, num_options: int | None = None):
 
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,
-              sampled: Mapping | None, ks: Sequence[int],
-              num_options: Sequence[int | None] | None = None, *,
+              sampled: Mapping | None, ks: Sequence[int], *,
               single: Mapping | None = None) -> dict:
-  """Suite metrics (unprefixed keys) from per-problem results of `_run`.
-
-  `num_options[p]` is problem p's number of options (MCQ; None: all 26).
-  """
-  if num_options is None:
-    num_options = [None] * len(task_ids)
+  """Suite metrics (unprefixed keys) from per-problem results of `_run`."""
   out = {}
   for mode, res in (("greedy", greedy), ("single", single),
                     ("sampled", sampled)):
@@ -375,8 +363,11 @@ def summarize(task_ids: np.ndarray, greedy: Mapping | None,
   if sampled is not None:
     correct = sampled["reward"] > 0.5
     out.update(metrics.mean_pass_at_k(correct, ks))
-    distinct = [metrics.distinct_correct([t], [c], normalize=_answer_key(task, k))[0]
-                for t, c, task, k in zip(sampled["texts"], correct, task_ids,
-                                         num_options)]
+    # An MCQ sample is correct when its letter is the gold one, so its correct
+    # samples share one answer whatever letters a key would read (a run-on
+    # letter the question does not offer must not count as a second one).
+    distinct = [int(np.any(c)) if task == tasks.MCQ else
+                metrics.distinct_correct([t], [c], normalize=_answer_key(task))[0]
+                for t, c, task in zip(sampled["texts"], correct, task_ids)]
     out["distinct_correct"] = float(np.mean(distinct))
   return out

@@ -69,6 +69,13 @@ _NOT = re.compile(r"(?i)not(?![a-z])")
 _NOT_TAG = "not"  # ("not", X): "the answer is not X" withdraws X only.
 # Before the letter inside an <answer> block: "<answer>Option C</answer>".
 _BLOCK_NAME = re.compile(r"(?i)\s{0,4}(?:option|choice|letter)(?![a-z])[\s:]{0,4}")
+# A line that starts a new question or turn ("Question:", "Q2.", "**Problem
+# 3**:", "User:", a chat template's turn marker): a model that goes on after
+# its answer into a question of its own invents that question's answer too.
+_RUN_ON = re.compile(
+    r"(?im)^[ \t>#*_]{0,8}(?:(?:question|problem|q)"
+    r"(?:[ \t]{0,2}#?[ \t]{0,2}\d{1,4})?[ \t*_]{0,4}(?:[:.)]|$)"
+    r"|(?:user|human)[ \t]{0,2}:|<\|(?:im_start|start_header_id|user)\|>)")
 
 
 def build_prompt(question: str, options: Sequence[str]) -> str:
@@ -293,6 +300,21 @@ def _last(found) -> str | None:
   return None if answer == _NONE else answer
 
 
+def _cut_run_on(tail: str, offered: str) -> str:
+  """`tail` up to the first new question (_RUN_ON) that starts on a line
+  after its first answer (a complete <answer> block or a statement naming a
+  letter); all of it when there is none."""
+  first = [pos for pos, letter in _statements(tail, offered)
+           if isinstance(letter, str) and letter != _NONE]
+  close = tail.find(_CLOSE_TAG)
+  if close > 0 and tail.rfind(_OPEN_TAG, 0, close) >= 0:
+    first.append(close)
+  if not first:
+    return tail
+  m = _RUN_ON.search(tail, min(first))
+  return tail if m is None else tail[:m.start()]
+
+
 def _block_answer(content: str, offered: str) -> str | None:
   """The letter an <answer> block holds: one offered letter in markup,
   optionally after "option" and before its text ("B. Thiamine"), or the
@@ -346,6 +368,11 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
   6. Only when no statement names any letter, a last line that is nothing but
      the letter ("**B**") is the answer; a stray letter on the last line (a
      completion cut while re-listing the options) never overrides a statement.
+  7. A completion that, after its first answer (a statement naming a letter
+     or a complete <answer> block), goes on into a new question of its own (a
+     line starting "Question:", "Q2.", "Problem 3:", "User:" or a chat turn
+     marker) is graded on the text before that line: the run-on question's
+     answer is not this question's.
 
   Only the final MAX_SCAN_CHARS characters are searched, so hostile megabyte
   completions cost bounded time. An unparseable completion yields None, which
@@ -354,7 +381,8 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
   if not isinstance(text, str):
     raise ValueError(f"text must be a str, got {type(text).__name__}")
   offered = LETTERS[:_check_num_options(num_options)]
-  tail = text[-MAX_SCAN_CHARS:]
+  scanned = text[-MAX_SCAN_CHARS:]
+  tail = _cut_run_on(scanned, offered)
   block = _answer_block(tail)
   if block is not None:
     return _block_answer(block, offered)
@@ -364,7 +392,7 @@ def extract_answer(text: str, num_options: int | None = None) -> str | None:
   body = tail.rstrip()
   line = body[body.rfind("\n") + 1:].strip()
   # (A line that starts before the scanned tail is not looked at.)
-  if len(line) <= _LINE_MAX and ("\n" in body or len(tail) == len(text)):
+  if len(line) <= _LINE_MAX and ("\n" in body or len(scanned) == len(text)):
     return _lone(line, offered)
   return None
 

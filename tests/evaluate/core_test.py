@@ -348,3 +348,17 @@ def test_language_share_per_suite_and_pooled(tokenizer):
       greedy=False, single_temperature=0.5, **kw)
   assert not any("lang" in k for k in plain)
   assert {k: v for k, v in got.items() if "lang" not in k} == plain
+
+
+def test_mcq_distinct_correct_is_at_most_one_whatever_letters_the_text_holds():
+  # Both samples are correct (gold A); the second also states E, which a
+  # key reading all 26 letters took for a second answer (2.0 before).
+  texts = [["The answer is: A", "The answer is: A\n\nThe answer is: E"]]
+  res = {"texts": texts, "reward": np.ones((1, 2)), "format": np.ones((1, 2)),
+         "parsed": np.ones((1, 2), bool), "length": np.full((1, 2), 5),
+         "ended": np.ones((1, 2), bool)}
+  got = core.summarize(np.array([tasks.MCQ]), None, res, (1,))
+  assert got["distinct_correct"] == 1.0
+  res["reward"] = np.zeros((1, 2))
+  assert core.summarize(np.array([tasks.MCQ]), None, res, (1,))[
+      "distinct_correct"] == 0.0

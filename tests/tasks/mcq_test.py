@@ -308,3 +308,30 @@ def test_score_batch_uses_offered_options():
   out = tasks.score_batch(["The answer is I think C", "The answer is: C"], batch)
   np.testing.assert_array_equal(out["parsed"], [False, True])
   np.testing.assert_array_equal(out["reward"], [0, 1])
+
+
+# A completion that answers, then runs on into a question of its own (with its
+# own options and answer), is graded on its answer to this question: each of
+# the first five was graded by the run-on's letter before. (text, expected)
+RUN_ON = [
+    ("So the answer is: B\n\nQuestion: Which gas is inert?\nA. O2\nB. N2\n"
+     "C. Ar\nD. H2\nThe answer is: C", "B"),
+    ("The answer is B.\n\n**Question 2:** 2+2?\nA) 3\nB) 4\nAnswer: D", "B"),
+    ("<answer>B</answer>\nQ: and this one?\n<answer>D</answer>", "B"),
+    ("The answer is A\nUser: what about this?\nThe answer is D", "A"),
+    ("The answer is A\n<|im_start|>user\nnext\n<|im_start|>assistant\n"
+     "The answer is D", "A"),
+    # No answer before the new question's line: nothing is cut.
+    ("Question: restated here.\nThe answer is C", "C"),
+    ("Problem: find the organ.\nSo the answer is D", "D"),
+    # A revision is not a new question.
+    ("The answer is B. Wait, actually the answer is C.", "C"),
+    ("The answer is B.\nQuestion is whether B holds; the answer is C", "C"),
+]
+
+
+@pytest.mark.parametrize("text,expected", RUN_ON,
+                         ids=[f"runon{i}" for i in range(len(RUN_ON))])
+def test_extract_answer_stops_at_a_run_on_question(text, expected):
+  assert mcq.extract_answer(text, 4) == expected
+  assert mcq.reward(text, expected, 4) == 1.0
