@@ -539,6 +539,14 @@ def _train(config, workdir, overwrite, mesh, rules, shared_rollouts=None):
   else:
     batches = train_batches.make_batches(config, tokenizer, vocab)
   report_dropped(batches)
+  make_sequences = train_batches.SequenceMaker(config, scfg, tcfg, mesh, rules,
+                                               tokenizer, vocab_size=vocab)
+  if shared_rollouts and not cached:  # opened (and checked) before any write
+    make_sequences.shared = shared_lib.Store(
+        shared_rollouts, shared_lib.describe(
+            config, tokenizer, vocab=vocab, eos=make_sequences.eos,
+            pad=make_sequences.pad, mesh_shape=dict(mesh.shape)),
+        expect=shared_lib.expected(config))
   revisions = train_setup.revisions(
       config, ("student", "tokenizer") if sft or cached else
       ("student", "teacher", "tokenizer"))

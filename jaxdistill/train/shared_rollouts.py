@@ -22,8 +22,14 @@ resolved shape), with the platform and the JAX version. DIR/<key>/meta.json hold
 
 Writes are atomic and the first writer wins: a step is written to a
 temporary file and hard-linked into place, so two workers of one sweep that
-race on a step each keep a complete file (the same bytes). A step file that
-does not read back is refused, naming it.
+race on a step each keep a complete file (the same bytes). Every step file
+carries what it holds (`_entry`: its step, the store's key, each array's
+dtype and shape, and a sha256 of them all), and is checked against it and
+against the run's batch (rows, widths, which arrays) when read. Opening the
+store checks every step file already there in the same way, so a damaged
+store (a truncated or edited file, another step's file copied in, arrays of
+another width, a malformed meta.json) is refused, naming the file, before
+the run writes anything or computes a step.
 
 Single-host runs only (each host would need its rows of the global batch).
 """
@@ -33,6 +39,7 @@ import hashlib
 import io
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -45,11 +52,13 @@ from jaxdistill.models import hub
 from jaxdistill.train import teacher_cache
 
 META = "meta.json"
+ENTRY = "_entry"  # in a step file: JSON of what it holds (Store.put)
 # The arrays a SequenceMaker's rollout can hand the update; a run stores
 # those it made.
 ARRAYS = ("tokens", "attention_mask", "loss_mask", "teacher_tokens",
           "teacher_attention_mask", "behaviour_logprobs")
 FLAG = "--shared_rollouts"
+_STEP_FILE = re.compile(r"step_(\d+)\.npz")
 
 
 def shareable(config) -> bool:
@@ -128,16 +137,57 @@ def _link_new(tmp: str, path: str) -> None:
     os.remove(tmp)
 
 
+def expected(config) -> dict:
+  """{name: (rows, most columns)} of the arrays a run's stored steps hold:
+  tokens and both masks [B, P+N]; the behaviour log-probs where kept,
+  aligned with tokens; the teacher's own prompt and mask [B, Pt+N] with
+  data.teacher_prompt (P, Pt: the widths data.max_prompt_len and
+  data.max_teacher_prompt_len; N: rollout.max_new_tokens)."""
+  b, n = int(config.data.batch_size), int(config.rollout.max_new_tokens)
+  width = int(config.data.max_prompt_len) + n
+  names = ["tokens", "attention_mask", "loss_mask"]
+  names += ["behaviour_logprobs"] if behaviour(config) else []
+  out = dict.fromkeys(names, (b, width))
+  if config.data.get("teacher_prompt"):
+    pt = config.data.get("max_teacher_prompt_len") or config.data.max_prompt_len
+    out.update(dict.fromkeys(("teacher_tokens", "teacher_attention_mask"),
+                             (b, int(pt) + n)))
+  return out
+
+
+def _checksum(arrays: dict) -> str:
+  h = hashlib.sha256()
+  for k in sorted(arrays):
+    a = np.ascontiguousarray(arrays[k])
+    h.update(json.dumps([k, a.dtype.str, list(a.shape)]).encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def _entry(step: int, key: str, arrays: dict) -> dict:
+  return {"step": int(step), "key": key, "sha256": _checksum(arrays),
+          "arrays": {k: [np.asarray(v).dtype.str, list(np.shape(v))]
+                     for k, v in sorted(arrays.items())}}
+
+
 class Store:
   """DIR/<key>/: `get(step)` a stored rollout or None, `put(step, ...)`.
 
-  `generated` and `read` count the steps this run decoded and read."""
+  `expect` ({name: (rows, most columns)}, `expected(config)`): the batch
+  this run trains on; a stored step must hold exactly those arrays, each
+  with those rows and at most those columns (tokens, masks and behaviour
+  log-probs one width, the teacher's pair another). `generated` and `read`
+  count the steps this run decoded and read."""
 
-  def __init__(self, directory: str, made_from: dict):
+  def __init__(self, directory: str, made_from: dict, expect: dict | None = None):
     if jax.process_count() > 1:
       raise ValueError(f"{FLAG}: single-host runs only")
     self.key = _digest(made_from)
-    self.directory = os.path.join(os.path.expanduser(directory), self.key)
+    self.expect = expect
+    root = os.path.expanduser(directory)
+    if os.path.exists(root) and not os.path.isdir(root):
+      raise ValueError(f"{FLAG}: {root} is a file, not a directory")
+    self.directory = os.path.join(root, self.key)
     self.generated = self.read = 0
     os.makedirs(self.directory, exist_ok=True)
     meta = os.path.join(self.directory, META)
@@ -154,30 +204,72 @@ class Store:
     if have != made_from:  # a digest collision, or an edited meta.json
       raise ValueError(f"{FLAG}: {meta} describes other rollouts than this "
                        f"run's; delete {self.directory}")
+    for name in sorted(os.listdir(self.directory)):
+      m = _STEP_FILE.fullmatch(name)
+      if m:
+        self._load(os.path.join(self.directory, name), int(m.group(1)))
 
   def path(self, step: int) -> str:
     return os.path.join(self.directory, f"step_{int(step):06d}.npz")
+
+  def _load(self, path: str, step: int):
+    """(arrays, metrics) of the step file at `path`, checked against its
+    entry, this store and `expect`; ValueError naming the file otherwise."""
+    def bad(why):
+      return ValueError(f"{FLAG}: {path} {why}; delete it (the step is "
+                        "decoded again)")
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        held = {k: z[k] for k in z.files}
+      entry = json.loads(str(held.pop(ENTRY)))
+    except KeyError:
+      raise bad("has no entry (not written by this version's store)") from None
+    except Exception as e:  # pylint: disable=broad-except
+      raise bad(f"is unreadable ({type(e).__name__}: {e})") from None
+    if entry.get("key") != self.key:
+      raise bad(f"belongs to the rollouts {entry.get('key')!r}, not {self.key!r}")
+    if entry.get("step") != step:
+      raise bad(f"holds step {entry.get('step')!r}, not {step}")
+    if entry != _entry(step, self.key, held):
+      raise bad("does not match its entry (arrays edited or damaged)")
+    arrays = {k: v for k, v in held.items() if not k.startswith("m/")}
+    if self.expect is not None:
+      self._check_shapes(arrays, bad)
+    metrics = {k[2:]: float(v) for k, v in held.items() if k.startswith("m/")}
+    return arrays, metrics
+
+  def _check_shapes(self, arrays: dict, bad) -> None:
+    if sorted(arrays) != sorted(self.expect):
+      raise bad(f"holds the arrays {sorted(arrays)}; this run's batch has "
+                f"{sorted(self.expect)}")
+    widths = {}
+    for k, (rows, most) in self.expect.items():
+      shape = np.shape(arrays[k])
+      if len(shape) != 2 or shape[0] != rows or not 0 < shape[1] <= most:
+        raise bad(f"holds {k} of shape {shape}; this run's is [{rows}, at "
+                  f"most {most}]")
+      widths.setdefault(k.startswith("teacher_"), set()).add(shape[1])
+    for teacher, seen in widths.items():
+      if len(seen) > 1:
+        raise bad(f"holds {'teacher ' if teacher else ''}arrays of widths "
+                  f"{sorted(seen)}, which must be one")
 
   def get(self, step: int):
     """(arrays, metrics) of a stored step (host numpy), or None."""
     path = self.path(step)
     if not os.path.isfile(path):
       return None
-    try:
-      with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files if not k.startswith("m/")}
-        metrics = {k[2:]: float(z[k]) for k in z.files if k.startswith("m/")}
-    except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f"{FLAG}: {path} is unreadable ({e}); delete it") from None
-    return arrays, metrics
+    return self._load(path, step)
 
   def put(self, step: int, batch: dict, metrics: dict) -> None:
-    """Writes a step's arrays (device or host) and rollout metrics."""
+    """Writes a step's arrays (device or host) and rollout metrics, with
+    their entry."""
     arrays = {k: np.asarray(jax.device_get(v)) for k, v in batch.items()
               if k in ARRAYS}
     arrays.update((f"m/{k}", np.float64(v)) for k, v in metrics.items())
+    entry = json.dumps(_entry(step, self.key, arrays), sort_keys=True)
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays, **{ENTRY: np.array(entry)})
     path = self.path(step)
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -204,24 +296,17 @@ class Store:
     return {k: put(v) for k, v in arrays.items()}, metrics
 
 
-# np.savez's zip and .npy headers per array, and the metrics: an allowance.
+# np.savez's zip and .npy headers per array, the metrics and the entry: an
+# allowance.
 STEP_OVERHEAD_BYTES = 8 * 1024
 
 
 def step_bytes(config) -> int:
-  """Bytes of one stored step at the rollout's compiled width (prompt
-  width data.max_prompt_len, every row decoded to max_new_tokens): three
-  int32 [B, P+N] arrays, the teacher's own two with data.teacher_prompt, the
-  float32 behaviour log-probs where kept."""
-  b = int(config.data.batch_size)
-  n_new = int(config.rollout.max_new_tokens)
-  width = int(config.data.max_prompt_len) + n_new
-  own = 0
-  if config.data.get("teacher_prompt"):  # [B, Pt+N] tokens and mask
-    pt = config.data.get("max_teacher_prompt_len") or config.data.max_prompt_len
-    own = 2 * (int(pt) + n_new)
-  n = 3 + int(behaviour(config))
-  return 4 * b * (n * width + own) + STEP_OVERHEAD_BYTES
+  """Bytes of one stored step at the rollout's compiled width (every row
+  decoded to max_new_tokens): the arrays of `expected`, 4 bytes each
+  (int32 tokens and masks, float32 log-probs)."""
+  return (sum(4 * rows * width for rows, width in expected(config).values())
+          + STEP_OVERHEAD_BYTES)
 
 
 def store_bytes(configs) -> int:

@@ -165,10 +165,33 @@ def weights_fingerprint(directory: str) -> dict:
   return out
 
 
+def prepared_fingerprint(root: str) -> dict:
+  """sha256 of what a data_dir says of its prepared data sets: each
+  prepared/NAME.json (its source and revision) and each dataset_info.json
+  (splits, shard lengths), by path under `root`; the array_record shards
+  themselves are not read. {} for a directory that does not exist."""
+  out = {}
+  for d, _, names in os.walk(root):
+    for n in names:
+      path = os.path.join(d, n)
+      if n == "dataset_info.json" or (
+          n.endswith(".json") and os.path.basename(d) == "prepared"):
+        out[os.path.relpath(path, root)] = file_digest(path)
+  return dict(sorted(out.items()))
+
+
 def data_fingerprint(config) -> dict:
-  """sha256 of the data files a run reads: data.records_file, and the files
-  in data.manual_dir (the user's MCQ files)."""
+  """sha256 of the data files a run reads: data.records_file, the files
+  in data.manual_dir (the user's MCQ files), and the data sets prepared
+  under data.data_dir (prepared_fingerprint; a gs:// one through its local
+  mirror), so that data prepared again at another revision is not taken for
+  the old."""
   data, out = config.data, {}
+  if data.get("data_dir"):
+    root = (storage.mirror_dir(data.data_dir)
+            if storage.looks_remote(data.data_dir)
+            else os.path.expanduser(data.data_dir))
+    out["data_dir"] = prepared_fingerprint(root)
   if data.get("task") == "records" and data.get("records_file"):
     path = os.path.expanduser(data.records_file)
     if os.path.isfile(path):

@@ -5,6 +5,7 @@ files are written first-writer-wins."""
 import json
 import os
 import pathlib
+import shutil
 import sys
 
 import jax
@@ -126,3 +127,124 @@ def test_the_first_writer_of_a_step_wins_and_a_bad_file_is_named(tmp_path):
     json.dump({"other": 1}, f)
   with pytest.raises(ValueError, match="describes other rollouts"):
     shared_lib.Store(str(tmp_path), made_from)
+
+
+EXPECT = {"tokens": (2, 5), "attention_mask": (2, 5), "loss_mask": (2, 5)}
+
+
+def _step(width=4, fill=0):
+  return {k: np.full((2, width), fill, np.int32) for k in EXPECT}
+
+
+def _refused(directory, match, made_from=None):
+  with pytest.raises(ValueError, match=match):
+    shared_lib.Store(directory, made_from or {"any": 1}, expect=EXPECT)
+
+
+def test_a_damaged_store_is_refused_when_opened_naming_the_file(tmp_path):
+  """Each damage, on its own copy of a good store of steps 0 and 1: the
+  store's open (before a run computes or writes) names the file; the good
+  store opens and serves both steps."""
+  good = tmp_path / "good"
+  store = shared_lib.Store(str(good), {"any": 1}, expect=EXPECT)
+  store.put(0, _step(fill=0), {"rollout/len": 1.0})
+  store.put(1, _step(fill=1), {"rollout/len": 2.0})
+  again = shared_lib.Store(str(good), {"any": 1}, expect=EXPECT)
+  assert again.get(1)[0]["tokens"][0, 0] == 1 and again.get(1)[1] == {
+      "rollout/len": 2.0}
+
+  def damaged(name, damage):
+    root = tmp_path / name
+    shutil.copytree(good, root)
+    d = root / store.key
+    damage(d)
+    return str(root), d
+
+  root, d = damaged("copied", lambda d: shutil.copy(
+      d / "step_000000.npz", d / "step_000001.npz"))
+  _refused(root, rf"{d}/step_000001.npz holds step 0, not 1; delete it")
+  root, d = damaged("truncated", lambda d: (d / "step_000001.npz").write_bytes(
+      (d / "step_000001.npz").read_bytes()[:-100]))
+  _refused(root, rf"{d}/step_000001.npz is unreadable")
+
+  def narrower(d):  # a step of width 3 with a matching entry
+    other = shared_lib.Store(str(d.parent), {"any": 1})
+    os.remove(d / "step_000001.npz")
+    other.put(1, {**_step(), "loss_mask": np.ones((2, 3), np.int32)}, {})
+  root, d = damaged("narrower", narrower)
+  _refused(root, r"step_000001.npz holds arrays of widths \[3, 4\], which "
+           "must be one")
+
+  def wider(d):
+    os.remove(d / "step_000001.npz")
+    shared_lib.Store(str(d.parent), {"any": 1}).put(1, _step(width=6), {})
+  root, d = damaged("wider", wider)
+  _refused(root, r"holds tokens of shape \(2, 6\); this run's is "
+           r"\[2, at most 5\]")
+
+  def fewer(d):
+    os.remove(d / "step_000001.npz")
+    shared_lib.Store(str(d.parent), {"any": 1}).put(
+        1, {"tokens": np.zeros((2, 4), np.int32)}, {})
+  root, d = damaged("fewer", fewer)
+  _refused(root, r"holds the arrays \['tokens'\]; this run's batch has")
+
+  def edited(d):  # arrays rewritten, the old entry kept
+    with np.load(d / "step_000001.npz") as z:
+      held = {k: z[k] for k in z.files}
+    held["tokens"] = held["tokens"] + 1
+    np.savez(d / "step_000001.npz", **held)
+  root, d = damaged("edited", edited)
+  _refused(root, "does not match its entry")
+
+  def unmarked(d):  # written without an entry (another writer, old files)
+    np.savez(d / "step_000001.npz", **_step())
+  root, d = damaged("unmarked", unmarked)
+  _refused(root, "has no entry")
+
+  def foreign(d):  # another store's step file
+    other = shared_lib.Store(str(tmp_path / "other"), {"other": 2})
+    other.put(1, _step(), {})
+    shutil.copy(other.path(1), d / "step_000001.npz")
+  root, d = damaged("foreign", foreign)
+  _refused(root, "belongs to the rollouts")
+
+  root, d = damaged("meta", lambda d: (d / "meta.json").write_text("{"))
+  _refused(root, "meta.json: not valid JSON")
+  (tmp_path / "a_file").write_text("")
+  _refused(str(tmp_path / "a_file"), "a_file is a file, not a directory$")
+
+
+@pytest.mark.slow  # one tiny run of 2 steps
+def test_a_run_is_refused_a_damaged_store_before_writing_its_workdir(
+    tmp_path, teacher_calls):
+  store = tmp_path / "shared"
+  train_loop.train(_config(), str(tmp_path / "a"), devices=ONE_DEVICE,
+                   shared_rollouts=str(store))
+  (key,) = _keys(store)
+  shutil.copy(store / key / "step_000000.npz", store / key / "step_000001.npz")
+  with pytest.raises(ValueError, match="step_000001.npz holds step 0, not 1"):
+    train_loop.train(_config("runlocal,policy=teacher,kl=reverse"),
+                     str(tmp_path / "b"), devices=ONE_DEVICE,
+                     shared_rollouts=str(store))
+  assert not (tmp_path / "b").exists() or not os.listdir(tmp_path / "b")
+  assert teacher_calls == ["teacher"] * 2  # only run a's
+
+
+def test_the_store_key_changes_when_data_dir_is_prepared_again(tmp_path):
+  from jaxdistill.train import teacher_cache  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  c = ml_collections.ConfigDict({"data": {"data_dir": str(tmp_path),
+                                          "task": "mcq"}})
+  record = tmp_path / "prepared" / "sciknoweval.json"
+  record.parent.mkdir()
+  record.write_text(json.dumps({"repo": "r", "commit": "aaa", "records": {}}))
+  info = tmp_path / "mcq_files" / "sciknoweval" / "1.0.0" / "dataset_info.json"
+  info.parent.mkdir(parents=True)
+  info.write_text("{}")
+  first = teacher_cache.data_fingerprint(c)
+  assert sorted(first["data_dir"]) == [
+      "mcq_files/sciknoweval/1.0.0/dataset_info.json",
+      "prepared/sciknoweval.json"]
+  record.write_text(json.dumps({"repo": "r", "commit": "bbb", "records": {}}))
+  assert teacher_cache.data_fingerprint(c) != first
