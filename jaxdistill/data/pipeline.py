@@ -282,7 +282,17 @@ class PromptBatches(_Batches):
       fits = [f and len(t) <= t_max for f, t in zip(fits, t_ids)]
     keep = [i for i, f in enumerate(fits) if f]
     if ids and not keep:
+      if teacher_prompt is not None and any(
+          len(s) <= max_prompt_len for s in ids):  # the teacher's are long
+        raise TooLong("max_teacher_prompt_len", t_max, "teacher prompts",
+                      list(map(len, t_ids)))
       raise TooLong("max_prompt_len", max_prompt_len, "prompts", list(map(len, ids)))
+    # Records dropped by each limit (a record may exceed both).
+    self.dropped_by = {"max_prompt_len": sum(
+        len(s) > max_prompt_len for s in ids)}
+    if teacher_prompt is not None:
+      self.dropped_by["max_teacher_prompt_len"] = sum(
+          len(t) > t_max for t in t_ids)
     self._ids = [ids[i] for i in keep]
     if teacher_prompt is not None:
       self._teacher_ids = [t_ids[i] for i in keep]
@@ -668,6 +678,7 @@ def batches_from_config(config, tokenizer) -> PromptBatches | SequenceBatches:
           max_teacher_prompt_len=data.get("max_teacher_prompt_len"), **common)
   except TooLong as e:
     field = {"max_prompt_len": "data.max_prompt_len",
+             "max_teacher_prompt_len": "data.max_teacher_prompt_len",
              "max_response_len": "rollout.max_new_tokens"}[e.arg]
     raise ValueError(f"config.{field}: {e}") from None
   if data.get("task") == "records" and len(batches.keep) < batches.global_batch_size:

@@ -663,9 +663,11 @@ def report_dropped(batches) -> None:
   n = getattr(batches, "num_dropped", 0)
   if n:
     total = len(getattr(batches, "records", ())) or "?"
-    msg = (f"data: dropped {n} of {total} training examples longer than "
-           "data.max_prompt_len (or rollout.max_new_tokens for a dataset "
-           "response)")
+    by = getattr(batches, "dropped_by", None)  # prompt batches: per limit
+    msg = (f"data: dropped {n} of {total} training examples: " + (
+        ", ".join(f"{v} longer than data.{k}" for k, v in by.items() if v)
+        if by else "longer than rollout.max_new_tokens (dataset responses) "
+        "or data.max_prompt_len"))
     logging.warning(msg)
     if jax.process_index() == 0:
       print(msg, file=sys.stderr, flush=True)

@@ -148,10 +148,10 @@ def expected(config) -> dict:
   names = ["tokens", "attention_mask", "loss_mask"]
   names += ["behaviour_logprobs"] if behaviour(config) else []
   out = dict.fromkeys(names, (b, width))
-  if config.data.get("teacher_prompt"):
-    pt = config.data.get("max_teacher_prompt_len") or config.data.max_prompt_len
+  pt = config_lib.teacher_prompt_len(config)
+  if pt is not None:
     out.update(dict.fromkeys(("teacher_tokens", "teacher_attention_mask"),
-                             (b, int(pt) + n)))
+                             (b, pt + n)))
   return out
 
 

@@ -380,6 +380,16 @@ def test_teacher_prompt_is_its_own_chat_turn_on_the_same_records(
       recs, tiny_tokenizer, batch_size=2, max_prompt_len=P, seed=0,
       teacher_prompt=template, max_teacher_prompt_len=limit)
   assert short.num_dropped == sum(n > limit for n in t_len)
+  assert short.dropped_by == {"max_prompt_len": 0,
+                              "max_teacher_prompt_len": short.num_dropped}
+  # No teacher prompt fits while the student's do: the teacher's limit is
+  # named, with the teacher prompts' lengths.
+  with pytest.raises(ValueError, match=(
+      rf"^max_teacher_prompt_len=3: all {len(recs)} teacher prompts are "
+      rf"longer \(the shortest has {min(t_len)} tokens\)$")):
+    pipeline.make_prompt_batches(
+        recs, tiny_tokenizer, batch_size=2, max_prompt_len=P, seed=0,
+        teacher_prompt=template, max_teacher_prompt_len=3)
   for bad, match in (("no task here", r"\{prompt\}"),
                      ("{prompt} {style}", "no field 'style'"),
                      ("{prompt", "format string")):
