@@ -117,6 +117,24 @@ def from_config(block, field: str = "config.student.lora") -> LoraConfig | None:
     raise ValueError(f"{field}: {e}") from None
 
 
+def check_base(cfg: ModelConfig, lcfg: LoraConfig | None,
+               field: str = "config.student.lora") -> None:
+  """Refuses a base_quant this model's projections cannot take: NF4 packs
+  blocks of quant.BLOCK inputs, so every projection's input size must be a
+  multiple of it (Llama 3's and Qwen2.5's are)."""
+  if lcfg is None or lcfg.base_quant is None:
+    return
+  for t in MODULES:
+    n_in = math.prod(_kernel_dims(cfg, t)[0])
+    if n_in % quant.BLOCK:
+      raise ValueError(
+          f"{field}.base_quant: {lcfg.base_quant!r} quantises blocks of "
+          f"{quant.BLOCK} inputs, and this model's {t} projection has {n_in} "
+          f"inputs, not a multiple of {quant.BLOCK} (hidden_size, "
+          "intermediate_size and the attention heads' widths must be; or set "
+          f"{field}.base_quant None)")
+
+
 def _path(target):
   return ("layers", MODULES[target], target)
 

@@ -202,7 +202,7 @@ def _models(config):
   """(policy cfg, kl.reference's model config block and cfg or None, whether
   a reference is used) of a GRPO config."""
   scfg = train_setup.model_config(config.student, "student")
-  train_setup.lora_config(config.student)  # a bad lora block fails here
+  train_setup.lora_config(config.student, cfg=scfg)  # a bad block fails here
   # The frozen KL reference: the initial policy, unless kl.reference names one.
   use_ref = float(config.kl.coef) > 0 or config.kl.get("monitor", True)
   rmcfg = rcfg = None

@@ -476,7 +476,7 @@ def model_configs(config):
   fine-tuning ('ce') needs no teacher. Without a teacher, its cfg is the
   student's."""
   scfg = train_setup.model_config(config.student, "student")
-  train_setup.lora_config(config.student)  # a bad lora block fails here
+  train_setup.lora_config(config.student, cfg=scfg)  # a bad block fails here
   cached = bool(config.loss.get("teacher_cache"))
   no_teacher = config.loss.kind == losses.CE or cached
   tcfg = scfg if no_teacher else train_setup.model_config(config.teacher, "teacher")

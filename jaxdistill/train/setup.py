@@ -97,10 +97,15 @@ def load_params(cfg, mcfg, mesh, rules, rng, name: str = "student"):
   return jax.jit(functools.partial(models.init, cfg), out_shardings=shard)(rng)
 
 
-def lora_config(mcfg, name: str = "student"):
+def lora_config(mcfg, name: str = "student", cfg=None):
   """The lora.LoraConfig of config.<name>.lora, or None (absent, or rank 0 /
-  None: the model itself is trained)."""
-  return lora.from_config(mcfg.get("lora"), f"config.{name}.lora")
+  None: the model itself is trained); with the model's `cfg`, also checked
+  against it (lora.check_base)."""
+  field = f"config.{name}.lora"
+  lcfg = lora.from_config(mcfg.get("lora"), field)
+  if cfg is not None:
+    lora.check_base(cfg, lcfg, field)
+  return lcfg
 
 
 def frozen_base(cfg, lcfg, params, mesh, rules):

@@ -200,3 +200,25 @@ def test_base_quant_without_a_rank_is_refused():
   with pytest.raises(ValueError, match=r"config\.student\.lora\.base_quant"):
     lora.from_config({"rank": None, "base_quant": "nf4"})
   assert lora.from_config({"rank": 0}) is None
+
+
+def test_nf4_base_of_a_model_whose_sizes_are_not_blocks_is_refused_naming_it():
+  # intermediate_size 96 is not a multiple of NF4's 64-input blocks: down_proj
+  # (96 inputs) cannot be quantised; the other projections (64) can.
+  cfg = models.ModelConfig(vocab_size=40, hidden_size=64, intermediate_size=96,
+                           num_hidden_layers=1, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16)
+  lcfg = lora.from_config({"rank": 4, "base_quant": "nf4"})
+  with pytest.raises(ValueError, match=(
+      r"^config\.student\.lora\.base_quant: 'nf4' quantises blocks of 64 "
+      r"inputs, and this model's down_proj projection has 96 inputs")):
+    lora.check_base(cfg, lcfg)
+  lora.check_base(cfg, lora.from_config({"rank": 4}))  # no quantised base
+  ok = models.ModelConfig(vocab_size=40, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=1, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16)
+  lora.check_base(ok, lcfg)
+  # What the check stands for: quantising that model's base fails.
+  with pytest.raises(ValueError, match="multiple of the block size 64"):
+    lora.base_shapes(cfg, lcfg)
+  lora.base_shapes(ok, lcfg)
