@@ -54,6 +54,7 @@ its default device); one host process, no mesh.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import difflib
 import functools
 import json
 import logging
@@ -67,6 +68,7 @@ import numpy as np
 _NO_LMEVAL = ("jaxdistill.evaluate.harness needs lm-evaluation-harness: "
               "pip install 'jaxdistill[lmeval]'")
 try:
+  import lm_eval
   from lm_eval import utils as lm_utils
   from lm_eval.api import model as lm_model
   from lm_eval.api import registry as lm_registry
@@ -448,6 +450,34 @@ def score_key(task: str, metrics: dict | None = None) -> tuple[str, float]:
   return OOD_TASKS[task]
 
 
+_MANAGERS = {}  # include_path -> lm-eval's TaskManager
+
+
+def task_manager(include_path: str | None = None):
+  """lm-eval's TaskManager for `include_path`, built once per process
+  (indexing every task YAML takes seconds)."""
+  from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
+  key = include_path or None
+  if key not in _MANAGERS:
+    _MANAGERS[key] = lm_tasks.TaskManager(include_path=key)
+  return _MANAGERS[key]
+
+
+def check_tasks(name: str, spec) -> None:
+  """ValueError naming config.suites.NAME.tasks when lm-eval knows no task,
+  group or tag of that name (with its include_path): said before any
+  checkpoint loads, not after the other suites have run."""
+  include = spec.get("include_path") or None
+  known = task_manager(include).all_tasks
+  for t in (t for t in str(spec.get("tasks") or "").split("+") if t):
+    if t not in known:
+      close = difflib.get_close_matches(t, known, n=3)
+      raise ValueError(
+          f"config.suites.{name}.tasks: lm-eval {lm_eval.__version__} has no task "
+          f"{t!r}" + (f" (close: {', '.join(close)})" if close else "")
+          + (f", nor has include_path {include}" if include else ""))
+
+
 def evaluate_suite(pretrained: str, spec, *, dtype: str | None = None,
                    seed: int = 0, system: str | None = None) -> tuple[dict, dict]:
   """An evaluation suite of kind 'harness' (configs/eval.py's `lmeval`): its
@@ -465,7 +495,6 @@ def evaluate_suite(pretrained: str, spec, *, dtype: str | None = None,
   simple_evaluate call; the model is loaded once.
   """
   from lm_eval import evaluator  # pylint: disable=g-import-not-at-top
-  from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
   tasks = [t for t in str(spec.get("tasks") or "").split("+") if t]
   metrics = dict(spec.get("metrics") or {})
   keys = {t: score_key(t, metrics) for t in tasks}  # before any loading
@@ -477,7 +506,7 @@ def evaluate_suite(pretrained: str, spec, *, dtype: str | None = None,
     if v is not None:
       args[k] = v
   lm = JaxLM(**args)
-  manager = lm_tasks.TaskManager(include_path=spec.get("include_path") or None)
+  manager = task_manager(spec.get("include_path") or None)
   by_limit = {}
   for t in tasks:
     by_limit.setdefault(limits.get(t, spec.get("limit")), []).append(t)

@@ -301,9 +301,11 @@ def run(config, checkpoint: str, baseline: str | None = None,
   harness = suites_lib.harness_names(config, names)
   if harness:  # before any weights load
     try:
-      _harness()
+      harness_lib = _harness()
     except ImportError as e:
       raise ImportError(f"config.suites.{harness[0]}: {e}") from None
+    for name in harness:
+      harness_lib.check_tasks(name, config.suites[name])
   suites = suites_lib.load_suites(config, names)
   mesh = sharding.make_mesh(dict(config.mesh)) if config.get("mesh") else None
   rules = sharding.rules_from_config(config)

@@ -181,8 +181,8 @@ def check_harness(name: str, spec: Mapping, runnable: bool = True) -> None:
   if not tasks:
     raise ValueError(f"{_field(name, 'tasks')}: lm-eval task names joined by "
                      "'+', got none")
-  for key, value in [("limit", spec.get("limit")), ("batch_size",
-                     spec.get("batch_size"))] + [
+  for key, value in [(k, spec.get(k)) for k in (
+      "limit", "batch_size", "max_gen_toks", "max_length")] + [
                          (f"limits.{t}", v) for t, v in
                          dict(spec.get("limits") or {}).items()]:
     if value is not None and (not isinstance(value, int) or isinstance(

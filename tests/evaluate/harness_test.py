@@ -529,6 +529,8 @@ def test_harness_suite_config_errors(monkeypatch):
   evaluate_run.check_config(c)
   for field, value, match in (("tasks", "", "task names"),
                               ("limit", 0, "positive int"),
+                              ("max_gen_toks", 0, "positive int"),
+                              ("max_length", -8, "positive int"),
                               ("limits", {"bogus": 3}, "not one of")):
     bad = config_lib.load_config(spec + ",unsafe_code=True")
     bad.suites.lmeval[field] = value
@@ -540,6 +542,29 @@ def test_harness_suite_config_errors(monkeypatch):
       "eqbench,none", 0.01)
   with pytest.raises(ValueError, match="forgetting: expected"):
     config_lib.load_config("configs/eval.py:forgetting=bogus")
+
+
+def test_unknown_lm_eval_task_is_refused_before_any_suite_runs(ckpt, tmp_path):
+  """A task name lm-eval does not know (a typo) was found by lm-eval after
+  the other suites had run; now evaluate refuses it first, naming the
+  field, and writes nothing."""
+  from jaxdistill import config_lib  # pylint: disable=g-import-not-at-top
+  from jaxdistill.evaluate import run as evaluate_run  # pylint: disable=g-import-not-at-top
+  tasks = _local_tasks(tmp_path)
+  c = config_lib.load_config("configs/eval.py:runlocal")
+  c.suites.lmeval.update(tasks="tiny_mcq+tiny_gne", include_path=str(tasks),
+                         metrics={"tiny_mcq": "acc,none",
+                                  "tiny_gne": "exact_match,none"})
+  c.eval_suites, c.in_distribution, c.ood = (
+      ("countdown3", "lmeval"), ("countdown3",), ("lmeval",))
+  out = tmp_path / "eval.json"
+  with pytest.raises(ValueError, match=(
+      r"^config\.suites\.lmeval\.tasks: lm-eval \S+ has no task 'tiny_gne' "
+      r"\(close: tiny_gen.*\), nor has include_path ")):
+    evaluate_run.run(c, str(ckpt), None, str(out))
+  assert not out.exists()
+  harness.check_tasks("x", {"tasks": "truthfulqa_mc1+tiny_gen",
+                            "include_path": str(tasks)})
 
 
 def test_base_model_without_chat_template(ckpt, tmp_path):
