@@ -564,7 +564,10 @@ def lora_block(rank: int | None = None, alpha: float = 256.0) -> dict:
   (QLoRA, models/quant.py) (docs/training.md, "LoRA"). The paper: 256 / 256,
   on a 4-bit base for its GRPO stages."""
   return dict(rank=ml_collections.config_dict.placeholder(int) if rank is None
-              else rank, alpha=float(alpha), targets=list(LORA_TARGETS),
+              # A tuple: ml_collections' flags cannot override a list field
+              # (--config.student.lora.targets=q_proj,v_proj, or one
+              # flag per name, repeated).
+              else rank, alpha=float(alpha), targets=LORA_TARGETS,
               dtype="float32",
               base_quant=ml_collections.config_dict.placeholder(str))
 

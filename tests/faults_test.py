@@ -477,6 +477,28 @@ def _parse(*overrides):
                         text=True, timeout=600)
 
 
+@pytest.mark.parametrize("flags_given", [
+    ["--config.student.lora.targets=('q_proj', 'v_proj')"],
+    ["--config.student.lora.targets=q_proj,v_proj"],
+    ["--config.student.lora.targets=q_proj",
+     "--config.student.lora.targets=v_proj"]])
+def test_lora_targets_can_be_set_from_the_command_line(flags_given):
+  # The field was a list, which no command-line spelling could override.
+  script = ("import sys; from absl import flags; from jaxdistill import cli;"
+            "from jaxdistill.train import loop as train_loop;"
+            "from jaxdistill.models import lora;"
+            "train_loop.define_flags(); cli.parse_flags(sys.argv);"
+            "c = flags.FLAGS.config.student.lora; c.rank = 4;"
+            "print(*lora.from_config(c).targets)")
+  res = subprocess.run(
+      [sys.executable, "-c", script, "--config",
+       str(ROOT / "configs" / "distill.py"), "--workdir", "/tmp/x",
+       *flags_given], env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+      capture_output=True, text=True, timeout=600)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert res.stdout.split() == ["q_proj", "v_proj"]
+
+
 def test_config_flags_none_and_unknown_fields():
   res = _parse("--config.optim.clip_norm=None", "--config.rollout.lam=0.25")
   assert res.returncode == 0, res.stderr[-2000:]

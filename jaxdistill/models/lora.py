@@ -110,11 +110,23 @@ def from_config(block, field: str = "config.student.lora") -> LoraConfig | None:
     return None
   try:
     return LoraConfig(rank=block["rank"], alpha=float(block.get("alpha", block["rank"])),
-                      targets=tuple(block.get("targets") or TARGETS),
+                      targets=_names(block.get("targets")) or TARGETS,
                       dtype=block.get("dtype") or "float32",
                       base_quant=block.get("base_quant"))
   except (ValueError, TypeError) as e:
     raise ValueError(f"{field}: {e}") from None
+
+
+def _names(targets) -> tuple:
+  """targets as a tuple of names; a string (or an element) may list several
+  names split by commas ("q_proj,v_proj", as typed on a command line)."""
+  if targets is None:
+    return ()
+  if isinstance(targets, str):
+    targets = (targets,)
+  return tuple(n.strip() for t in targets
+               for n in (t.split(",") if isinstance(t, str) else (t,))
+               if not isinstance(n, str) or n.strip())
 
 
 def check_base(cfg: ModelConfig, lcfg: LoraConfig | None,
