@@ -11,6 +11,10 @@ sweep, analysis, demo, models.inspect):
   75 % (XLA_PYTHON_CLIENT_MEM_FRACTION, unless set; sharding.py);
 - transformers' "PyTorch was not found" notice is not printed: jaxdistill
   uses transformers for tokenizers and configs only;
+- on a host with libtpu installed (the test extra brings it, for compiling
+  for TPUs) but no TPU, JAX does not try the TPU backend (which prints
+  libtpu's errors about TPU hostnames): JAX_PLATFORMS is taken as 'cpu', or
+  'cuda,cpu' with an NVIDIA GPU and JAX's CUDA plugin, unless set;
 - an error is printed as one line, `error: <message>`, exit status 1; with
   `--verbose` (or JAXDISTILL_DEBUG=1) the full traceback and library INFO logs;
 - a run stopped by SIGTERM / SIGINT after saving its state prints one line
@@ -23,6 +27,8 @@ sweep, analysis, demo, models.inspect):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import glob
+import importlib.util
 import logging
 import os
 import re
@@ -31,6 +37,7 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
+import jax
 import ml_collections
 
 from jaxdistill import config_lib
@@ -212,8 +219,25 @@ def quiet_closed_loop_noise() -> None:
   sys.unraisablehook = hook
 
 
+def platforms_without_a_tpu(chosen: str | None) -> str | None:
+  """What JAX should try on a host with libtpu installed and no TPU ('cpu',
+  or 'cuda,cpu' with an NVIDIA GPU and the CUDA plugin); None where JAX's
+  own choice is quiet or the user chose (`chosen`: jax_platforms, as
+  JAX_PLATFORMS sets it)."""
+  if (chosen or importlib.util.find_spec("libtpu") is None
+      or glob.glob("/dev/accel*") or os.path.isdir("/dev/vfio")
+      or os.environ.get("TPU_ACCELERATOR_TYPE")):
+    return None
+  cuda = any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin",
+                                                   "jax_cuda13_plugin"))
+  return "cuda,cpu" if cuda and os.path.exists("/dev/nvidiactl") else "cpu"
+
+
 def _prepare(argv):
   os.environ.setdefault(_QUIET_TRANSFORMERS, "1")
+  platforms = platforms_without_a_tpu(jax.config.jax_platforms)
+  if platforms:  # read when JAX's backends start, after this
+    jax.config.update("jax_platforms", platforms)
   # On a GPU, JAX's allocator takes this share of the card when its backend
   # starts (after this); --compile_only judges fit against the same pool.
   os.environ.setdefault(sharding.MEM_FRACTION_ENV,

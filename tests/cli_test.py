@@ -1,6 +1,7 @@
 """The command lines as a newcomer meets them: configs found from any working
 directory, errors in one line, quiet library logs, no torch notice, a help
 example that parses, a runlocal workdir that jaxdistill.evaluate accepts."""
+import importlib.util
 import io
 import logging
 import os
@@ -329,3 +330,54 @@ def test_runlocal_train_then_evaluate_from_another_directory(tmp_path):
             "--out", str(tmp_path / "eval.json")], cwd=tmp_path, env=env)
   assert e.returncode == 0, e.stderr[-3000:]
   assert "countdown3" in e.stdout and (tmp_path / "eval.json").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="the noise comes from libtpu")
+def test_a_cpu_command_with_libtpu_installed_prints_no_tpu_errors():
+  # libtpu (the test extra) printed about five lines of errors about TPU
+  # hostnames in every CPU command, when JAX tried its TPU backend.
+  code = ("from jaxdistill import cli; cli._prepare([]); import jax; "
+          "print(jax.devices()[0].platform)")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  res = subprocess.run([sys.executable, "-c", code], env=env, text=True,
+                       capture_output=True, timeout=300, cwd=ROOT)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert res.stdout.strip() == "cpu"
+  assert "TPU" not in res.stderr and "libtpu" not in res.stderr, res.stderr
+  # The user's choice stands.
+  res = subprocess.run([sys.executable, "-c", code + "; print(jax.config.jax_platforms)"],
+                       env=dict(env, JAX_PLATFORMS="cpu"), text=True,
+                       capture_output=True, timeout=300, cwd=ROOT)
+  assert res.stdout.split() == ["cpu", "cpu"], res.stderr[-2000:]
+
+
+def test_platforms_without_a_tpu(monkeypatch):
+  have = {"libtpu"}
+  real_find = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda n, *a: object() if n in have else (
+                          None if n.startswith(("libtpu", "jax_cuda"))
+                          else real_find(n, *a)))
+  devs = set()
+  monkeypatch.setattr(cli.glob, "glob", lambda p: sorted(
+      d for d in devs if d.startswith(p.rstrip("*"))))
+  monkeypatch.setattr(cli.os.path, "isdir", lambda p: p in devs)
+  monkeypatch.setattr(cli.os.path, "exists", lambda p: p in devs)
+  monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
+  assert cli.platforms_without_a_tpu(None) == "cpu"
+  have.add("jax_cuda12_plugin")
+  assert cli.platforms_without_a_tpu(None) == "cpu"  # the plugin, no GPU
+  devs.add("/dev/nvidiactl")
+  assert cli.platforms_without_a_tpu(None) == "cuda,cpu"
+  for tpu in ("/dev/accel0", "/dev/vfio"):
+    devs.add(tpu)
+    assert cli.platforms_without_a_tpu(None) is None  # a TPU VM: JAX decides
+    devs.discard(tpu)
+  monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+  assert cli.platforms_without_a_tpu(None) is None
+  monkeypatch.delenv("TPU_ACCELERATOR_TYPE")
+  have.discard("libtpu")
+  assert cli.platforms_without_a_tpu(None) is None  # no libtpu: no noise
+  have.add("libtpu")
+  assert cli.platforms_without_a_tpu("cpu") is None  # the user's JAX_PLATFORMS
