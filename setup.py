@@ -82,6 +82,9 @@ setuptools.setup(
         # pytest-xdist: the README's test command runs the files on every core
         # (-n auto; tests/conftest.py keeps each file on one worker).
         "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0",
+                 # tests/colab_test.py builds the package without build
+                 # isolation: setuptools' own bdist_wheel (70.1+)
+                 "setuptools>=70.1",
                  # the notebooks under colab/ are executed by the tests
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  # tests/storage_test.py: a local GCS on 127.0.0.1 (its gaps

@@ -4,8 +4,11 @@ environment (so configs/ must come from the installed package), the kernel
 started by that environment's Python in a directory outside the checkout."""
 import glob
 import os
+import pathlib
+import site
 import subprocess
 import sys
+import sysconfig
 import textwrap
 
 import pytest
@@ -29,17 +32,29 @@ def _clean_env(**extra) -> dict:
 @pytest.fixture(scope="module")
 def installed_python(tmp_path_factory):
   """A fresh venv's python with jaxdistill installed from a build of a copy
-  of the checkout's files (`pip install <dir>`, not -e). The dependencies come from this
-  environment (--system-site-packages, --no-deps: no downloads in tests); the
-  venv's own site-packages come first on sys.path, so `import jaxdistill`
-  finds the installed copy, not an editable install of the checkout."""
+  of the checkout's files (`pip install <dir>`, not -e). The dependencies come
+  from the environment running the tests (--no-deps: no downloads in tests):
+  a .pth file puts its site-packages after the venv's own, so `import
+  jaxdistill` finds the installed copy, not an editable install of the
+  checkout. (Not --system-site-packages: when the tests run in a venv, that
+  would be the base interpreter's packages, without this environment's pip
+  setup, setuptools and dependencies.)"""
   root = tmp_path_factory.mktemp("nb_venv")
   venv = root / "venv"
   # --without-pip: the venv runs this environment's pip and setuptools (3.11's
   # ensurepip would bring a setuptools too old to build a wheel offline).
-  subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
-                  "--without-pip", str(venv)], check=True)
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+                 check=True)
   python = str(venv / "bin" / "python")
+  own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig."
+                        "get_path('purelib'))"], check=True,
+                       capture_output=True, text=True).stdout.strip()
+  outer = [p for p in site.getsitepackages() + [sysconfig.get_path("purelib")]
+           if os.path.isdir(p)]
+  # As --system-site-packages would: added after the venv's own, with their
+  # .pth files.
+  pathlib.Path(own, "zz_outer_environment.pth").write_text("".join(
+      f"import site; site.addsitedir({p!r})\n" for p in dict.fromkeys(outer)))
   # A copy, so the build's egg-info / build/ never land in the checkout.
   src = root / "src"
   files = subprocess.run(["git", "-C", REPO, "ls-files", "-co",
