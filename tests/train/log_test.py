@@ -52,13 +52,27 @@ def _records(path) -> list:
   return out
 
 
+def _finished_records(path, timeout=120.0):
+  """The records of a run's .wandb file once it holds the run's exit record:
+  wandb's service process may still be writing it after finish() returns
+  (on a loaded machine the last history record came later)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    records = _records(path)
+    if any(r.WhichOneof("record_type") == "exit" for r in records):
+      return records
+    if time.monotonic() > deadline:
+      raise AssertionError(f"{path}: no exit record after {timeout} s")
+    time.sleep(0.2)
+
+
 def _offline_runs(workdir):
   """[(run id, config {key: value}, {step: {metric: value}})] of the offline
   runs under <workdir>/wandb, oldest first."""
   out = []
   for f in sorted(pathlib.Path(workdir, "wandb").rglob("offline-run-*/run-*.wandb")):
     run_id, config, history = None, {}, {}
-    for r in _records(f):
+    for r in _finished_records(f):
       kind = r.WhichOneof("record_type")
       if kind == "run":
         run_id = r.run.run_id
