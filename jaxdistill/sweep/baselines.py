@@ -20,7 +20,9 @@ train/teacher_cache.weights_fingerprint), the process and device count, the
 platform and the JAX version. A changed config or other weights give
 another key, so a stale file is never read; `--rerun_stale` leaves the store
 alone (its files are keyed, not overwritten); deleting <workdir>/baselines
-evaluates the baseline again.
+evaluates the baseline again. Each file holds its key and a sha256 of its
+scores: a file copied under another key's name, edited or damaged is refused,
+naming it, when the sweep starts (`check`) and when an arm reads it.
 
 Several hosts: every host reads the store at the same point (after the
 "trained" barrier of an arm) and process 0 writes it before the "finished"
@@ -61,18 +63,52 @@ def path(workdir: str, k: str) -> str:
   return os.path.join(workdir, DIR, f"{k}.json")
 
 
+def _digest(metrics: dict, lmeval: dict) -> str:
+  return hashlib.sha256(json.dumps([metrics, lmeval], sort_keys=True).encode()
+                        ).hexdigest()
+
+
+def _read(p: str, k: str) -> tuple[dict, dict]:
+  def bad(why):
+    return ValueError(f"{p}: {why}; delete it to evaluate the baseline again")
+  try:
+    d = json.loads(storage.read_text(p))
+    metrics, lmeval = d["metrics"], d.get("lmeval") or {}
+    held, digest = d.get("key"), d.get("sha256")
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise bad(f"not a baseline store file ({type(e).__name__}: {e})") from None
+  if held is None or digest is None:
+    raise bad("has no key or checksum (written before they were kept)")
+  if held != k:
+    raise bad(f"holds the baseline of key {held!r}, not {k!r}")
+  if not (isinstance(metrics, dict) and isinstance(lmeval, dict) and all(
+      isinstance(v, (int, float)) and not isinstance(v, bool)
+      for v in metrics.values())):
+    raise bad("its metrics are not {name: number}")
+  if digest != _digest(metrics, lmeval):
+    raise bad("its scores do not match their checksum (edited or damaged)")
+  return dict(metrics), dict(lmeval)
+
+
 def load(workdir: str, k: str) -> tuple[dict, dict] | None:
   """(metrics without their 'baseline/' prefix, lm-eval's results) of an
-  earlier evaluation under key `k`, or None."""
+  earlier evaluation under key `k`, or None; ValueError naming a file that
+  is not one (_read)."""
   p = path(workdir, k)
   if not storage.isfile(p):
     return None
-  try:
-    d = json.loads(storage.read_text(p))
-    return dict(d["metrics"]), dict(d.get("lmeval") or {})
-  except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"{p}: not a baseline store file ({e}); delete it to "
-                     "evaluate the baseline again") from None
+  return _read(p, k)
+
+
+def check(workdir: str) -> None:
+  """Every file of <workdir>/baselines read as an arm would (before the
+  sweep trains anything)."""
+  d = os.path.join(workdir, DIR)
+  if not storage.isdir(d):
+    return
+  for name in sorted(storage.listdir(d)):
+    if name.endswith(".json"):
+      _read(os.path.join(d, name), name[:-len(".json")])
 
 
 def save(workdir: str, k: str, result: dict, baseline: str) -> None:
@@ -81,8 +117,8 @@ def save(workdir: str, k: str, result: dict, baseline: str) -> None:
              if m.startswith(PREFIX)}
   if not metrics:
     return  # no baseline suite was scored
+  lmeval = (result.get("lmeval") or {}).get("baseline") or {}
   storage.makedirs(os.path.join(workdir, DIR))
   storage.write_text(path(workdir, k), json.dumps(
-      {"baseline": baseline, "metrics": metrics,
-       "lmeval": (result.get("lmeval") or {}).get("baseline") or {}},
-      indent=1, sort_keys=True))
+      {"baseline": baseline, "key": k, "metrics": metrics, "lmeval": lmeval,
+       "sha256": _digest(metrics, lmeval)}, indent=1, sort_keys=True))

@@ -485,6 +485,7 @@ def run_sweep(grid, workdir: str, *, only: str | None = None,
   # A runlocal grid's student is its init until prepare_assets saves it: the
   # same ModelConfig either way.
   _check_runnable(todo)
+  baselines.check(workdir)
   if storage.is_gs(workdir):
     storage.check_writable_dir(workdir)
   else:
