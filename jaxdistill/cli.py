@@ -199,9 +199,37 @@ def _fail(e: BaseException, verbose: bool):
   if isinstance(e, KeyboardInterrupt):
     print("interrupted", file=sys.stderr, flush=True)
     sys.exit(130)
-  print(f"error: {one_line(e)}  (--verbose shows the traceback)",
+  lost = peer_lost(e)
+  print(f"error: {lost or one_line(e)}  (--verbose shows the traceback)",
         file=sys.stderr, flush=True)
+  if lost:
+    # JAX's exit would wait at the distributed shutdown barrier for the lost
+    # process, then abort with a C++ stack trace: end here instead.
+    sys.stdout.flush()
+    logging.shutdown()
+    os._exit(1)  # pylint: disable=protected-access
   sys.exit(1)
+
+
+# What a --distributed process sees when another one of its run has died
+# (killed, preempted, crashed): a collective's or the coordination service's
+# timeout.
+_PEER_LOST = re.compile(
+    r"Gloo context initialization failed|heartbeat timeout|"
+    r"tasks are unhealthy|GetKeyValue\(\) timed out|Connection reset by peer"
+    r"|Barrier timed out")
+
+
+def peer_lost(e: BaseException) -> str | None:
+  """For an error of a --distributed run that says another process stopped
+  answering: a line saying so and what to do (the library's words kept after
+  it); None otherwise."""
+  if jax.process_count() < 2 or not _PEER_LOST.search(str(e)):
+    return None
+  return ("another process of this --distributed run stopped answering "
+          "(killed, preempted or crashed: its own log says why); start the "
+          "same command again on every host, which resumes from the last "
+          f"checkpoint. ({one_line(e)})")
 
 
 def quiet_closed_loop_noise() -> None:

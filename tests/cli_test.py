@@ -381,3 +381,23 @@ def test_platforms_without_a_tpu(monkeypatch):
   assert cli.platforms_without_a_tpu(None) is None  # no libtpu: no noise
   have.add("libtpu")
   assert cli.platforms_without_a_tpu("cpu") is None  # the user's JAX_PLATFORMS
+
+
+def test_a_lost_peer_of_a_distributed_run_is_said_in_one_line(monkeypatch):
+  # What process 0 of a 2-process sweep printed when process 1 was
+  # SIGKILLed mid-arm (then JAX's shutdown barrier aborted it with a C++
+  # stack trace).
+  e = RuntimeError(
+      "UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: "
+      "GetKeyValue() timed out with key: cpu:gloo/0,2048/1 and duration: 30s")
+  import jax  # pylint: disable=g-import-not-at-top
+  assert cli.peer_lost(e) is None  # one process: not a lost peer
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  got = cli.peer_lost(e)
+  assert got.startswith("another process of this --distributed run stopped "
+                        "answering (killed, preempted or crashed")
+  assert "start the same command again on every host" in got
+  assert got.endswith("(UNKNOWN: Gloo context initialization failed: "
+                      "DEADLINE_EXCEEDED: GetKeyValue() timed out with key: "
+                      "cpu:gloo/0,2048/1 and duration: 30s)")
+  assert cli.peer_lost(ValueError("config.seed: must be an int")) is None
