@@ -346,9 +346,15 @@ def _answer_key(task: int):
 
 
 def summarize(task_ids: np.ndarray, greedy: Mapping | None,
-              sampled: Mapping | None, ks: Sequence[int], *,
+              sampled: Mapping | None, ks: Sequence[int],
+              num_options: Sequence[int | None] | None = None, *,
               single: Mapping | None = None) -> dict:
-  """Suite metrics (unprefixed keys) from per-problem results of `_run`."""
+  """Suite metrics (unprefixed keys) from per-problem results of `_run`.
+
+  `num_options` (each MCQ problem's option count) is still accepted and no
+  longer read: an MCQ problem's distinct correct answers are its gold
+  letter or none."""
+  del num_options
   out = {}
   for mode, res in (("greedy", greedy), ("single", single),
                     ("sampled", sampled)):

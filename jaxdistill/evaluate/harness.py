@@ -81,6 +81,7 @@ except ImportError as e:
 from jaxdistill import models
 from jaxdistill import rollout as rollout_lib
 from jaxdistill.data import tokenizer as tok_lib
+from jaxdistill.evaluate import suites as suites_lib
 from jaxdistill.models import checkpoint
 from jaxdistill.models import hub
 
@@ -469,7 +470,7 @@ def check_tasks(name: str, spec) -> None:
   checkpoint loads, not after the other suites have run."""
   include = spec.get("include_path") or None
   known = task_manager(include).all_tasks
-  for t in (t for t in str(spec.get("tasks") or "").split("+") if t):
+  for t in suites_lib.task_names(spec):
     if t not in known:
       close = difflib.get_close_matches(t, known, n=3)
       raise ValueError(
@@ -495,7 +496,7 @@ def evaluate_suite(pretrained: str, spec, *, dtype: str | None = None,
   simple_evaluate call; the model is loaded once.
   """
   from lm_eval import evaluator  # pylint: disable=g-import-not-at-top
-  tasks = [t for t in str(spec.get("tasks") or "").split("+") if t]
+  tasks = suites_lib.task_names(spec)
   metrics = dict(spec.get("metrics") or {})
   keys = {t: score_key(t, metrics) for t in tasks}  # before any loading
   limits = dict(spec.get("limits") or {})

@@ -173,11 +173,16 @@ def check_names(config, runnable: bool = True) -> tuple[str, ...]:
   return names
 
 
+def task_names(spec: Mapping) -> list[str]:
+  """A 'harness' suite's lm-eval task names (its '+'-joined `tasks`)."""
+  return [t for t in str(spec.get("tasks") or "").split("+") if t]
+
+
 def check_harness(name: str, spec: Mapping, runnable: bool = True) -> None:
   """A 'harness' suite's fields, without importing lm-eval; with `runnable`,
   also what running it needs: the code-execution opt-in, HF_ALLOW_CODE_EVAL
   and lm-eval installed."""
-  tasks = [t for t in str(spec.get("tasks") or "").split("+") if t]
+  tasks = task_names(spec)
   if not tasks:
     raise ValueError(f"{_field(name, 'tasks')}: lm-eval task names joined by "
                      "'+', got none")

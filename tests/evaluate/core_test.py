@@ -359,6 +359,10 @@ def test_mcq_distinct_correct_is_at_most_one_whatever_letters_the_text_holds():
          "ended": np.ones((1, 2), bool)}
   got = core.summarize(np.array([tasks.MCQ]), None, res, (1,))
   assert got["distinct_correct"] == 1.0
+  # The old call, with the option counts, still works and agrees.
+  assert core.summarize(np.array([tasks.MCQ]), None, res, (1,), [4]) == got
+  assert core.summarize(np.array([tasks.MCQ]), None, res, (1,),
+                        num_options=None) == got
   res["reward"] = np.zeros((1, 2))
   assert core.summarize(np.array([tasks.MCQ]), None, res, (1,))[
       "distinct_correct"] == 0.0

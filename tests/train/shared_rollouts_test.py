@@ -53,6 +53,14 @@ def _metrics(workdir):
           for r in train_log.read_metrics(str(workdir))]
 
 
+def _first_run(tmp_path):
+  """A 2-step teacher-policy run in tmp_path/a filling tmp_path/shared."""
+  store = tmp_path / "shared"
+  train_loop.train(_config(), str(tmp_path / "a"), devices=ONE_DEVICE,
+                   shared_rollouts=str(store))
+  return store
+
+
 def _keys(store):
   return sorted(os.listdir(store)) if os.path.isdir(store) else []
 
@@ -60,9 +68,7 @@ def _keys(store):
 @pytest.mark.slow  # five tiny runs of 2 steps
 def test_a_run_of_the_same_key_reads_another_of_a_different_key_decodes(
     tmp_path, teacher_calls):
-  store = tmp_path / "shared"
-  train_loop.train(_config(), str(tmp_path / "a"), devices=ONE_DEVICE,
-                   shared_rollouts=str(store))
+  store = _first_run(tmp_path)
   assert teacher_calls == ["teacher"] * 2  # one per step
   (key,) = _keys(store)
   assert sorted(os.listdir(store / key)) == [
@@ -218,9 +224,7 @@ def test_a_damaged_store_is_refused_when_opened_naming_the_file(tmp_path):
 @pytest.mark.slow  # one tiny run of 2 steps
 def test_a_run_is_refused_a_damaged_store_before_writing_its_workdir(
     tmp_path, teacher_calls):
-  store = tmp_path / "shared"
-  train_loop.train(_config(), str(tmp_path / "a"), devices=ONE_DEVICE,
-                   shared_rollouts=str(store))
+  store = _first_run(tmp_path)
   (key,) = _keys(store)
   shutil.copy(store / key / "step_000000.npz", store / key / "step_000001.npz")
   with pytest.raises(ValueError, match="step_000001.npz holds step 0, not 1"):
